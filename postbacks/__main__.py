@@ -1,0 +1,3 @@
+from postbacks.cli import main
+
+main()

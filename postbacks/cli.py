@@ -1,0 +1,187 @@
+"""The ``postbacks`` command: one entry point for every stage and tool.
+
+Settings are read from the environment here, once, and passed down. Configuration and
+service errors print one clear line and exit 2; nothing else prints a traceback at start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+from postbacks.errors import ConfigError, InvalidRecord, ServiceUnavailable
+from postbacks.settings import Settings, load_settings
+
+__all__ = ["main"]
+
+
+def _stage(name: str) -> Callable[[Settings, argparse.Namespace], int]:
+    def run(settings: Settings, _args: argparse.Namespace) -> int:
+        from postbacks.streams.runtime import setup_process
+
+        stop = setup_process(name, settings)
+        if name == "fanout":
+            from postbacks.streams.fanout import run_fanout as runner
+        elif name == "gate":
+            from postbacks.streams.gate import run_gate as runner
+        elif name == "agent":
+            from postbacks.streams.agent import run_agent as runner
+        else:
+            from postbacks.sinks.postgres import run_sink as runner
+        runner(settings, stop)
+        return 0
+
+    return run
+
+
+def _migrate(settings: Settings, _args: argparse.Namespace) -> int:
+    from postbacks.db.migrate import migrate
+
+    applied = migrate(settings.database_url)
+    print("applied: " + ", ".join(applied) if applied else "database schema is up to date")
+    return 0
+
+
+def _topics(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.topics.admin import create_topics, verify_topics
+
+    if args.action == "create":
+        created = create_topics(settings)
+        print(f"created {len(created)} topic(s)" + (": " + ", ".join(created) if created else ""))
+    drifts = verify_topics(settings)
+    for d in drifts:
+        print(f"DRIFT {d}", file=sys.stderr)
+    if not drifts:
+        print("topics match the registry")
+    return 1 if drifts else 0
+
+
+def _seed(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.tools.seed import seed_endpoints
+
+    seeded = seed_endpoints(
+        settings, apps=args.apps, endpoints_per_app=args.endpoints_per_app,
+        receiver_url=args.receiver_url, namespace=args.namespace, now_ms=int(time.time() * 1000),
+    )
+    for s in seeded:
+        print(f"{s.endpoint_id}\t{s.app_id}\t{s.url}\t{s.secret}")
+    return 0
+
+
+def _emit(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.emit import ConversionProducer, synthetic_conversions
+
+    producer = ConversionProducer(settings)
+    start = time.monotonic()
+    last = start
+    events = synthetic_conversions(
+        args.count, apps=args.apps, seed=args.seed, namespace=args.namespace,
+        now_ms=int(time.time() * 1000),
+    )
+    for i, event in enumerate(events, 1):
+        producer.send(event)
+        if args.rate > 0:
+            ahead = i / args.rate - (time.monotonic() - start)
+            if ahead > 0:
+                time.sleep(ahead)
+        if time.monotonic() - last >= 1.0:
+            last = time.monotonic()
+            print(f"emitted {i}/{args.count}", file=sys.stderr, flush=True)
+    left = producer.flush()
+    elapsed = time.monotonic() - start
+    print(f"emitted {producer.acked} conversion(s) in {elapsed:.1f}s "
+          f"({producer.acked / max(elapsed, 1e-9):.0f}/s), unacknowledged {left}, "
+          f"failed {len(producer.failed)}")
+    return 0 if left == 0 and not producer.failed else 1
+
+
+def _receiver(_settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.tools.receiver import main as receiver_main
+
+    receiver_main(["--host", args.host, "--port", str(args.port)])
+    return 0
+
+
+def _demo(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.tools.demo import run_demo
+
+    return run_demo(settings, count=args.count, apps=args.apps,
+                    endpoints_per_app=args.endpoints_per_app, rate=args.rate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="postbacks",
+        description="Kafka pipeline that delivers signed postbacks to ad publishers. "
+        "Settings come from the environment (KAFKA_BOOTSTRAP_SERVERS, POSTBACKS_*); "
+        "see README 'Settings'.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    for name, help_ in [
+        ("fanout", "run the fan-out stage (conversions -> deliveries)"),
+        ("gate", "run the gate stage (deliveries -> dispatch | held)"),
+        ("agent", "run a delivery agent (dispatch -> HTTP -> attempts, outcomes, retry, dlq)"),
+        ("sink", "run the PostgreSQL sink (deliveries, attempts, outcomes, dlq -> tables)"),
+    ]:
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.set_defaults(func=_stage(name))
+
+    sp = sub.add_parser("migrate", help="apply database migrations", description="Apply "
+                        "pending PostgreSQL migrations (idempotent).")
+    sp.set_defaults(func=_migrate)
+
+    sp = sub.add_parser("topics", help="create or verify Kafka topics",
+                        description="Create missing topics from the registry, or verify the "
+                        "broker matches it (exit 1 on drift).")
+    sp.add_argument("action", choices=["create", "verify"])
+    sp.set_defaults(func=_topics)
+
+    sp = sub.add_parser("seed", help="seed demo endpoints pointing at a receiver",
+                        description="Create endpoints and signing secrets; prints "
+                        "endpoint_id, app_id, url, secret per line.")
+    sp.add_argument("--apps", type=int, default=5)
+    sp.add_argument("--endpoints-per-app", type=int, default=2)
+    sp.add_argument("--receiver-url", default="http://127.0.0.1:8787")
+    sp.add_argument("--namespace", default="demo")
+    sp.set_defaults(func=_seed)
+
+    sp = sub.add_parser("emit", help="produce synthetic conversions",
+                        description="Produce synthetic ConversionEvents to conversions.v1.")
+    sp.add_argument("--count", type=int, default=1000)
+    sp.add_argument("--rate", type=float, default=0, help="events/s (0 = as fast as possible)")
+    sp.add_argument("--seed", type=int, default=1)
+    sp.add_argument("--apps", type=int, default=5)
+    sp.add_argument("--namespace", default="demo", help="app ids are app_<namespace>_NNNN")
+    sp.set_defaults(func=_emit)
+
+    sp = sub.add_parser("receiver", help="run the scriptable local receiver",
+                        description="A local postback receiver that verifies signatures.")
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8787)
+    sp.set_defaults(func=_receiver)
+
+    sp = sub.add_parser("demo", help="run the whole pipeline on local services",
+                        description="Start services, create topics, migrate, seed, run "
+                        "every stage, emit conversions, show progress and a summary.")
+    sp.add_argument("--count", type=int, default=20_000)
+    sp.add_argument("--apps", type=int, default=10)
+    sp.add_argument("--endpoints-per-app", type=int, default=3)
+    sp.add_argument("--rate", type=float, default=0)
+    sp.set_defaults(func=_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings()
+        code = args.func(settings, args)
+    except (ConfigError, ServiceUnavailable, InvalidRecord) as exc:
+        print(f"postbacks {args.command}: error: {exc}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

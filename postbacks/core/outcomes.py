@@ -1,0 +1,66 @@
+"""Builders for the records an attempt produces (Attempt, Outcome); pure."""
+
+from __future__ import annotations
+
+from postbacks.core.render import RenderedRequest
+from postbacks.ids import new_id
+from postbacks.records import AttemptRecord, DeliveryRecord, OutcomeRecord
+
+__all__ = ["REDACTED_HEADERS", "make_attempt", "make_outcome"]
+
+REDACTED_HEADERS = frozenset({"webhook-signature", "authorization"})
+
+
+def make_attempt(
+    d: DeliveryRecord, *, now_ms: int, result: str, req: RenderedRequest | None,
+    status: int | None = None, error_class: str | None = None, error_message: str | None = None,
+    queue_ms: float = 0.0, platform_ms: float = 0.0, wire_ms: float = 0.0,
+    excerpt: bytes | None = None, attempted_at: int | None = None,
+) -> AttemptRecord:
+    headers = {} if req is None else {
+        k: ("[redacted]" if k.lower() in REDACTED_HEADERS else v) for k, v in req.headers.items()
+    }
+    return AttemptRecord(
+        attempt_id=new_id("att", now_ms),
+        delivery_id=d["delivery_id"],
+        endpoint_id=d["endpoint_id"],
+        idempotency_key=d["idempotency_key"],
+        attempt_no=d["attempt"] + 1,
+        trigger=d["trigger"],
+        attempted_at=attempted_at if attempted_at is not None else now_ms,
+        result=result,
+        status_code=status,
+        error_class=error_class,
+        error_message=error_message,
+        queue_ms=queue_ms,
+        platform_ms=platform_ms,
+        wire_ms=wire_ms,
+        request_method=req.method if req else "",
+        request_url=req.url if req else "",
+        request_headers=headers,
+        request_body=req.body if req else None,
+        response_excerpt=excerpt,
+    )
+
+
+def make_outcome(
+    d: DeliveryRecord, kind: str, *, now_ms: int, reason: str | None = None,
+    actor: str | None = None, attempt_no: int | None = None,
+) -> OutcomeRecord:
+    c = d["conversion"]
+    return OutcomeRecord(
+        outcome_id=new_id("out", now_ms),
+        kind=kind,
+        delivery_id=d["delivery_id"],
+        endpoint_id=d["endpoint_id"],
+        app_id=c["app_id"],
+        conversion_id=c["conversion_id"],
+        event_type=c["event_type"],
+        goal_id=c["goal_id"],
+        idempotency_key=d["idempotency_key"],
+        payout_usd_micros=c["payout_usd_micros"] if kind == "delivered" else None,
+        attempt_no=d["attempt"] + 1 if attempt_no is None else attempt_no,
+        occurred_at=now_ms,
+        reason=reason,
+        actor=actor,
+    )

@@ -1,0 +1,1 @@
+"""The PostgreSQL adapter: the only package that imports ``psycopg``."""

@@ -1,0 +1,63 @@
+"""A read-mostly view of endpoint config, refreshed from PostgreSQL in the background.
+
+Stages read ``snapshot()`` on the hot path (no database round trip). A refresh failure
+keeps the last good view and is logged; the first load must succeed (fail fast at start).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from postbacks.core.endpoint import Endpoint
+from postbacks.db.connect import connect
+from postbacks.db.crypto import SecretBox
+from postbacks.db.endpoints import load_endpoints
+from postbacks.errors import PostbacksError
+
+__all__ = ["EndpointCache"]
+
+log = logging.getLogger(__name__)
+
+
+class EndpointCache:
+    def __init__(self, database_url: str, box: SecretBox, refresh_s: float) -> None:
+        self._url = database_url
+        self._box = box
+        self._refresh_s = refresh_s
+        self._by_id: Mapping[str, Endpoint] = MappingProxyType({})
+        self._by_app: Mapping[str, tuple[Endpoint, ...]] = MappingProxyType({})
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def load(self) -> None:
+        with connect(self._url) as conn:
+            endpoints = load_endpoints(conn, self._box)
+        by_app: dict[str, list[Endpoint]] = {}
+        for ep in endpoints:
+            by_app.setdefault(ep.app_id, []).append(ep)
+        self._by_id = MappingProxyType({e.endpoint_id: e for e in endpoints})
+        self._by_app = MappingProxyType({k: tuple(v) for k, v in by_app.items()})
+
+    def start(self) -> None:
+        self.load()
+        self._thread = threading.Thread(target=self._loop, name="endpoint-cache", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._refresh_s):
+            try:
+                self.load()
+            except PostbacksError as exc:
+                log.warning("endpoint config refresh failed, keeping last view: %s", exc)
+
+    def get(self, endpoint_id: str) -> Endpoint | None:
+        return self._by_id.get(endpoint_id)
+
+    def for_app(self, app_id: str) -> tuple[Endpoint, ...]:
+        return self._by_app.get(app_id, ())

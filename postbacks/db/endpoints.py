@@ -1,0 +1,78 @@
+"""Endpoint configuration: load for the stages, save for seeding and the console."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from postbacks.core.endpoint import Endpoint, SigningSecret
+from postbacks.core.signing import decode_secret
+from postbacks.db.crypto import SecretBox
+from postbacks.ids import new_id
+
+__all__ = ["add_secret", "load_endpoints", "upsert_endpoint"]
+
+
+def _ms(t: dt.datetime | None) -> int | None:
+    return None if t is None else int(t.timestamp() * 1000)
+
+
+def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox) -> list[Endpoint]:
+    """Every enabled endpoint with its (decrypted) secrets that have not expired."""
+    secrets: dict[str, list[SigningSecret]] = {}
+    for secret_id, endpoint_id, ciphertext, active_from, active_until in conn.execute(
+        "SELECT secret_id, endpoint_id, ciphertext, active_from, active_until"
+        " FROM endpoint_secrets WHERE active_until IS NULL OR active_until > now()"
+        " ORDER BY active_from"
+    ):
+        key = decode_secret(box.open(bytes(ciphertext), secret_id))
+        secrets.setdefault(endpoint_id, []).append(
+            SigningSecret(secret_id, key, _ms(active_from) or 0, _ms(active_until))
+        )
+    out = []
+    for row in conn.execute(
+        "SELECT endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency"
+        " FROM endpoints WHERE enabled"
+    ):
+        endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency = row
+        out.append(
+            Endpoint(
+                endpoint_id=endpoint_id, app_id=app_id, url=url, method=method,
+                provider=provider, event_types=frozenset(event_types), enabled=enabled,
+                concurrency=concurrency, secrets=tuple(secrets.get(endpoint_id, ())),
+            )
+        )
+    return out
+
+
+def upsert_endpoint(
+    conn: psycopg.Connection[Any], *, endpoint_id: str, app_id: str, url: str,
+    event_types: Sequence[str] = ("*",), provider: str = "v3", concurrency: int = 4,
+    name: str = "",
+) -> None:
+    conn.execute(
+        "INSERT INTO endpoints (endpoint_id, app_id, url, event_types, provider, concurrency, name)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+        " ON CONFLICT (endpoint_id) DO UPDATE SET app_id = EXCLUDED.app_id, url = EXCLUDED.url,"
+        " event_types = EXCLUDED.event_types, provider = EXCLUDED.provider,"
+        " concurrency = EXCLUDED.concurrency, name = EXCLUDED.name, updated_at = now()",
+        (endpoint_id, app_id, url, list(event_types), provider, concurrency, name),
+    )
+
+
+def add_secret(
+    conn: psycopg.Connection[Any], box: SecretBox, endpoint_id: str, secret: str,
+    *, active_from: dt.datetime | None = None, active_until: dt.datetime | None = None,
+    now_ms: int,
+) -> str:
+    decode_secret(secret)  # refuse a malformed secret before storing it
+    secret_id = new_id("sec", now_ms)
+    conn.execute(
+        "INSERT INTO endpoint_secrets (secret_id, endpoint_id, ciphertext, active_from,"
+        " active_until) VALUES (%s, %s, %s, coalesce(%s, now() - interval '1 minute'), %s)",
+        (secret_id, endpoint_id, box.seal(secret, secret_id), active_from, active_until),
+    )
+    return secret_id

@@ -1,0 +1,76 @@
+"""Client factories with the settings every stage shares.
+
+Consumers read ``read_committed`` and never auto-commit: offsets move only inside a
+producer transaction (stages) or a PostgreSQL transaction (the sink).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer
+
+from postbacks.errors import ServiceUnavailable
+from postbacks.settings import Settings
+
+__all__ = ["check_broker", "make_consumer", "make_producer", "make_transactional_producer"]
+
+
+def _base(settings: Settings) -> dict[str, Any]:
+    return {"bootstrap.servers": settings.kafka_bootstrap_servers, "client.id": "postbacks"}
+
+
+def make_consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
+    conf = {
+        **_base(settings),
+        "group.id": settings.topic(group),
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+        "session.timeout.ms": settings.consumer_session_timeout_ms,
+        "heartbeat.interval.ms": max(500, settings.consumer_session_timeout_ms // 5),
+        "max.poll.interval.ms": 300_000,
+        "fetch.wait.max.ms": 100,
+        **extra,
+    }
+    return Consumer(conf)
+
+
+def make_producer(settings: Settings, **extra: Any) -> Producer:
+    """Idempotent producer, acks=all: an ack means the record is durable on the broker."""
+    conf = {
+        **_base(settings),
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "compression.type": "lz4",
+        **extra,
+    }
+    return Producer(conf)
+
+
+def make_transactional_producer(settings: Settings, stage: str) -> Producer:
+    txn_id = settings.topic(f"postbacks-{stage}-{settings.instance_id}")
+    producer = make_producer(settings, **{"transactional.id": txn_id, "linger.ms": 2})
+    try:
+        producer.init_transactions(30)
+    except KafkaException as exc:
+        raise ServiceUnavailable(
+            f"Kafka transactions unavailable at {settings.kafka_bootstrap_servers}: {exc}. "
+            "Is the broker up (`make services-up`)?"
+        ) from exc
+    return producer
+
+
+def check_broker(settings: Settings, timeout: float = 10.0) -> None:
+    """Fail fast with a clear message when the broker cannot be reached."""
+    producer = Producer({**_base(settings), "socket.connection.setup.timeout.ms": 5000})
+    try:
+        producer.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise ServiceUnavailable(
+            f"Kafka is not reachable at {settings.kafka_bootstrap_servers} "
+            f"(KAFKA_BOOTSTRAP_SERVERS): {exc}. Start it with `make services-up` "
+            "(or `bash deploy/local/services.sh up`)."
+        ) from exc

@@ -1,0 +1,156 @@
+"""The one shape of every consume-transform-produce stage.
+
+consume a batch -> decode -> core -> encode -> produce -> send offsets -> commit, with the
+outputs of the batch and its input offsets in **one Kafka transaction**. A record that can
+never be processed becomes a DeadLetter (original bytes kept) inside the same transaction,
+so a bad record neither crashes the process nor stalls its partition. On an abortable
+transaction error the batch is aborted and the consumer rewound to its committed offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from postbacks.codec import codec_for
+from postbacks.errors import DeadLetterError
+from postbacks.ids import new_id
+from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS, observe_backlog
+from postbacks.records import DeadLetterRecord
+from postbacks.settings import Settings
+from postbacks.topics import TOPICS
+
+__all__ = ["Emit", "Output", "dead_letter_for", "run_stage"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Output:
+    """Messages a handler wants produced, in order: (topic base name, key, value)."""
+
+    items: list[tuple[str, bytes | None, bytes]] = field(default_factory=list)
+
+    def add(self, topic_base: str, key: bytes | None, value: bytes) -> None:
+        self.items.append((topic_base, key, value))
+
+
+Emit = Callable[[Message, Output, int], None]
+
+
+def dead_letter_for(
+    msg: Message, stage: str, exc: BaseException, reason: str, now_ms: int,
+    *, delivery_id: str | None = None, endpoint_id: str | None = None,
+) -> DeadLetterRecord:
+    return DeadLetterRecord(
+        dead_letter_id=new_id("dlq", now_ms),
+        reason=reason,
+        error_class=type(exc).__name__,
+        error_message=str(exc)[:2000],
+        stage=stage,
+        origin_topic=msg.topic() or "",
+        origin_partition=msg.partition() or 0,
+        origin_offset=msg.offset() or 0,
+        original_key=msg.key(),
+        original_value=msg.value(),
+        delivery_id=delivery_id,
+        endpoint_id=endpoint_id,
+        occurred_at=now_ms,
+    )
+
+
+def _rewind(consumer: Consumer) -> None:
+    assignment = consumer.assignment()
+    if not assignment:
+        return
+    for tp in consumer.committed(assignment, timeout=30):
+        offset = tp.offset if tp.offset >= 0 else 0
+        consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+
+
+def run_stage(
+    stage: str,
+    settings: Settings,
+    consumer: Consumer,
+    producer: Producer,
+    input_bases: list[str],
+    handle: Emit,
+    stop: threading.Event,
+    *,
+    clock: Callable[[], float] = time.time,
+) -> None:
+    """Run until ``stop`` is set. ``handle`` may raise DeadLetterError for one record."""
+    dlq_codec = codec_for("DeadLetter")
+    consumer.subscribe([settings.topic(b) for b in input_bases])
+    processed = STAGE_RECORDS.labels(stage=stage)
+    try:
+        while not stop.is_set():
+            msgs = consumer.consume(settings.batch_size, timeout=0.5)
+            if not msgs:
+                continue
+            now_ms = int(clock() * 1000)
+            out = Output()
+            offsets: dict[tuple[str, int], int] = {}
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    if err.fatal():
+                        raise KafkaException(err)
+                    log.warning("%s: consumer error: %s", stage, err)
+                    continue
+                offsets[(m.topic() or "", m.partition() or 0)] = (m.offset() or 0) + 1
+                observe_backlog(m, now_ms)
+                try:
+                    handle(m, out, now_ms)
+                except DeadLetterError as exc:
+                    dl = dead_letter_for(m, stage, exc, exc.reason, now_ms)
+                    out.add(TOPICS.dlq.base, m.key(), dlq_codec.encode(dl))
+                    DLQ_TOTAL.labels(stage=stage, reason=exc.reason).inc()
+                    log.warning("%s: dead-lettered %s[%s]@%s: %s", stage, m.topic(),
+                                m.partition(), m.offset(), exc)
+                except Exception as exc:  # a bug must not stall the partition either
+                    log.exception("%s: unexpected error on %s@%s", stage, m.topic(), m.offset())
+                    dl = dead_letter_for(m, stage, exc, "internal_error", now_ms)
+                    out.add(TOPICS.dlq.base, m.key(), dlq_codec.encode(dl))
+                    DLQ_TOTAL.labels(stage=stage, reason="internal_error").inc()
+            if not offsets:
+                continue
+            _commit_batch(stage, settings, consumer, producer, out, offsets)
+            processed.inc(len(msgs))
+    finally:
+        consumer.close()
+
+
+def _commit_batch(
+    stage: str, settings: Settings, consumer: Consumer, producer: Producer,
+    out: Output, offsets: dict[tuple[str, int], int],
+) -> None:
+    producer.begin_transaction()
+    try:
+        for topic_base, key, value in out.items:
+            while True:
+                try:
+                    producer.produce(settings.topic(topic_base), value, key)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.send_offsets_to_transaction(
+            [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+            consumer.consumer_group_metadata(), 30,
+        )
+        producer.commit_transaction(60)
+    except KafkaException as exc:
+        kerr = exc.args[0] if exc.args else None
+        if isinstance(kerr, KafkaError) and kerr.txn_requires_abort():
+            log.warning("%s: aborting transaction: %s", stage, kerr)
+            producer.abort_transaction(30)
+            _rewind(consumer)
+            return
+        raise

@@ -1,0 +1,62 @@
+"""Prometheus metrics, named after the seeds. Each process serves ``/metrics``.
+
+Label sets are bounded: ``endpoint`` labels appear only on gauges for open breakers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+__all__ = [
+    "ATTEMPTS_TOTAL",
+    "BACKLOG_AGE",
+    "DLQ_TOTAL",
+    "LATENCY",
+    "OUTCOMES_TOTAL",
+    "RENDER_ERRORS",
+    "SINK_ROWS",
+    "STAGE_RECORDS",
+    "observe_backlog",
+    "serve_metrics",
+]
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS_TOTAL = Counter(
+    "webhook_delivery_attempts_total", "HTTP delivery attempts by result", ["result"]
+)
+LATENCY = Histogram(
+    "webhook_delivery_latency_seconds", "Delivery latency split by phase", ["phase"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+BACKLOG_AGE = Gauge(
+    "webhook_backlog_age_seconds", "Age of the last record consumed, by topic", ["topic"]
+)
+DLQ_TOTAL = Counter("webhook_dlq_total", "Records dead-lettered", ["stage", "reason"])
+RENDER_ERRORS = Counter("webhook_render_errors_total", "Deliveries that failed to render")
+OUTCOMES_TOTAL = Counter("webhook_outcomes_total", "Outcome events produced", ["kind"])
+STAGE_RECORDS = Counter("postbacks_stage_records_total", "Records consumed by stage", ["stage"])
+SINK_ROWS = Counter("postbacks_sink_rows_total", "Rows written to PostgreSQL", ["table"])
+
+
+def observe_backlog(msg: Any, now_ms: int) -> None:
+    """Record how old the record being consumed is (broker timestamp to now)."""
+    ts_type, ts = msg.timestamp()
+    if ts_type and ts > 0:
+        BACKLOG_AGE.labels(topic=msg.topic()).set(max(0.0, (now_ms - ts) / 1000))
+
+
+def serve_metrics(port: int) -> int:
+    """Serve /metrics on 127.0.0.1:port (0 = any free port); returns the port."""
+    server, _thread = start_http_server(port, addr="127.0.0.1")
+    actual = int(server.server_port)
+    log.info("metrics on http://127.0.0.1:%d/metrics", actual)
+    return actual
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

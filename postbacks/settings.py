@@ -1,0 +1,127 @@
+"""One frozen settings object, read from ``POSTBACKS_*`` environment variables once.
+
+Entry points call :func:`load_settings` and pass the result down; nothing else in the
+package reads the environment. A bad value is a :class:`ConfigError` naming the variable,
+raised before any service is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+from postbacks.errors import ConfigError
+
+__all__ = ["Secret", "Settings", "load_settings"]
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """A string that never prints itself (logs, reprs, tracebacks)."""
+
+    value: str = field(repr=False)
+
+    def __repr__(self) -> str:
+        return "Secret('**********')"
+
+    def __str__(self) -> str:
+        return "**********"
+
+    def reveal(self) -> str:
+        return self.value
+
+
+# Development-only defaults. `postbacks demo` and the tests use them; production must set
+# POSTBACKS_IDEMPOTENCY_KEY and POSTBACKS_SECRETS_KEY (see README "Settings").
+_DEV_IDEMPOTENCY_KEY = "dev-only-idempotency-key-change-me"
+_DEV_SECRETS_KEY = "ZGV2LW9ubHktc2VjcmV0cy1rZXktMzItYnl0ZXMhIT0="
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every tunable of every stage. Field docs are the settings reference (README)."""
+
+    kafka_bootstrap_servers: str = "127.0.0.1:19092"
+    database_url: str = "postgresql://postbacks@127.0.0.1:15432/postbacks"
+    topic_prefix: str = ""
+    instance_id: str = field(default_factory=lambda: socket.gethostname())
+    metrics_port: int = 0
+    idempotency_key: Secret = field(default_factory=lambda: Secret(_DEV_IDEMPOTENCY_KEY))
+    secrets_key: Secret = field(default_factory=lambda: Secret(_DEV_SECRETS_KEY))
+    allow_loopback_targets: bool = False
+    http_timeout_s: float = 10.0
+    endpoint_concurrency: int = 4
+    batch_size: int = 500
+    config_refresh_s: float = 5.0
+    consumer_session_timeout_ms: int = 10_000
+    log_level: str = "INFO"
+
+    def topic(self, base: str) -> str:
+        """Full topic name for a registry base name (prefix applied)."""
+        return f"{self.topic_prefix}{base}"
+
+
+_ENV_NAMES: dict[str, str] = {
+    "kafka_bootstrap_servers": "KAFKA_BOOTSTRAP_SERVERS",
+    "database_url": "POSTBACKS_DATABASE_URL",
+}
+
+
+def env_name(field_name: str) -> str:
+    return _ENV_NAMES.get(field_name, f"POSTBACKS_{field_name.upper()}")
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean (use true/false)")
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+    """Build :class:`Settings` from ``env`` (default ``os.environ``) plus explicit overrides."""
+    source = os.environ if env is None else env
+    values: dict[str, object] = {}
+    defaults = Settings()
+    for f in fields(Settings):
+        name = env_name(f.name)
+        if name not in source:
+            continue
+        raw = source[name]
+        current = getattr(defaults, f.name)
+        try:
+            if isinstance(current, bool):
+                values[f.name] = _parse_bool(name, raw)
+            elif isinstance(current, int):
+                values[f.name] = int(raw)
+            elif isinstance(current, float):
+                values[f.name] = float(raw)
+            elif isinstance(current, Secret):
+                if not raw:
+                    raise ConfigError(f"{name} must not be empty")
+                values[f.name] = Secret(raw)
+            else:
+                values[f.name] = raw
+        except ValueError as exc:
+            raise ConfigError(f"{name}={raw!r} is not a valid {type(current).__name__}") from exc
+    values.update(overrides)
+    settings = Settings(**values)  # type: ignore[arg-type]
+    _validate(settings)
+    return settings
+
+
+def _validate(s: Settings) -> None:
+    if s.endpoint_concurrency < 1:
+        raise ConfigError("POSTBACKS_ENDPOINT_CONCURRENCY must be >= 1")
+    if s.batch_size < 1:
+        raise ConfigError("POSTBACKS_BATCH_SIZE must be >= 1")
+    if s.http_timeout_s <= 0:
+        raise ConfigError("POSTBACKS_HTTP_TIMEOUT_S must be > 0")
+    if not s.kafka_bootstrap_servers:
+        raise ConfigError("KAFKA_BOOTSTRAP_SERVERS must not be empty")
+    if not s.database_url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError("POSTBACKS_DATABASE_URL must be a postgresql:// URL")

@@ -1,0 +1,1 @@
+"""Sinks: consumers that write topics into PostgreSQL, exactly once."""

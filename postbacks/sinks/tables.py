@@ -1,0 +1,120 @@
+"""How each sunk record maps onto its table: row shape and the COPY -> INSERT bulk path."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import psycopg
+
+__all__ = ["STAGING_DDL", "TABLES", "Table"]
+
+
+def _ts(ms: int | None) -> dt.datetime | None:
+    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    name: str
+    target: str
+    columns: tuple[str, ...]
+    row: Callable[[Any], tuple[Any, ...]]
+    touches_delivery: bool
+
+    @property
+    def staging(self) -> str:
+        return f"stg_{self.target}"
+
+    def write(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> int:
+        cols = ", ".join(self.columns)
+        with conn.cursor() as cur:
+            with cur.copy(f"COPY {self.staging} ({cols}) FROM STDIN") as copy:
+                for r in rows:
+                    copy.write_row(r)
+            cur.execute(
+                f"INSERT INTO {self.target} ({cols}) SELECT {cols} FROM {self.staging}"
+                " ON CONFLICT DO NOTHING"
+            )
+            n = cur.rowcount
+            cur.execute(f"TRUNCATE {self.staging}")
+        return n
+
+
+def _delivery_row(d: Any) -> tuple[Any, ...]:
+    c = d["conversion"]
+    return (
+        d["delivery_id"], d["endpoint_id"], c["app_id"], c["conversion_id"], c["event_type"],
+        c["goal_id"], c["event_id"], d["idempotency_key"], c["payout_usd_micros"], _json(c),
+        _ts(d["created_at"]),
+    )
+
+
+def _attempt_row(a: Any) -> tuple[Any, ...]:
+    return (
+        a["attempt_id"], _ts(a["attempted_at"]), a["delivery_id"], a["endpoint_id"],
+        a["idempotency_key"], a["attempt_no"], a["trigger"], a["result"], a["status_code"],
+        a["error_class"], a["error_message"], a["queue_ms"], a["platform_ms"], a["wire_ms"],
+        a["request_method"], a["request_url"], _json(a["request_headers"]), a["request_body"],
+        a["response_excerpt"],
+    )
+
+
+def _outcome_row(o: Any) -> tuple[Any, ...]:
+    return (
+        o["outcome_id"], o["delivery_id"], o["endpoint_id"], o["app_id"], o["kind"],
+        o["attempt_no"], o["payout_usd_micros"], o["reason"], o["actor"], _ts(o["occurred_at"]),
+    )
+
+
+def _dead_letter_row(x: Any) -> tuple[Any, ...]:
+    return (
+        x["dead_letter_id"], x["reason"], x["error_class"], x["error_message"], x["stage"],
+        x["origin_topic"], x["origin_partition"], x["origin_offset"], x["original_key"],
+        x["original_value"], x["delivery_id"], x["endpoint_id"], _ts(x["occurred_at"]),
+    )
+
+
+TABLES: dict[str, Table] = {
+    "deliveries": Table(
+        "deliveries", "deliveries",
+        ("delivery_id", "endpoint_id", "app_id", "conversion_id", "event_type", "goal_id",
+         "event_id", "idempotency_key", "payout_usd_micros", "snapshot", "created_at"),
+        _delivery_row, True,
+    ),
+    "attempts": Table(
+        "attempts", "delivery_attempts",
+        ("attempt_id", "attempted_at", "delivery_id", "endpoint_id", "idempotency_key",
+         "attempt_no", "trigger", "result", "status_code", "error_class", "error_message",
+         "queue_ms", "platform_ms", "wire_ms", "request_method", "request_url",
+         "request_headers", "request_body", "response_excerpt"),
+        _attempt_row, True,
+    ),
+    "outcomes": Table(
+        "outcomes", "delivery_outcomes",
+        ("outcome_id", "delivery_id", "endpoint_id", "app_id", "kind", "attempt_no",
+         "payout_usd_micros", "reason", "actor", "occurred_at"),
+        _outcome_row, True,
+    ),
+    "dead_letters": Table(
+        "dead_letters", "dead_letters",
+        ("dead_letter_id", "reason", "error_class", "error_message", "stage", "origin_topic",
+         "origin_partition", "origin_offset", "original_key", "original_value", "delivery_id",
+         "endpoint_id", "occurred_at"),
+        _dead_letter_row, False,
+    ),
+}
+
+# Session-local staging tables, created once per sink connection.
+STAGING_DDL = "\n".join(
+    f"CREATE TEMP TABLE IF NOT EXISTS stg_{t.target}"
+    f" (LIKE {t.target} INCLUDING DEFAULTS);"
+    for t in TABLES.values()
+)

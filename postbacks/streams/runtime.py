@@ -1,0 +1,31 @@
+"""What every stage process does around its loop: logging, metrics, signals, fail-fast."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+from postbacks.metrics import serve_metrics
+from postbacks.settings import Settings
+
+__all__ = ["setup_process"]
+
+
+def setup_process(name: str, settings: Settings) -> threading.Event:
+    """Configure logging, serve /metrics, and return an event set on SIGTERM/SIGINT."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+    )
+    stop = threading.Event()
+
+    def _handler(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger(name).info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _handler)
+    signal.signal(signal.SIGINT, _handler)
+    serve_metrics(settings.metrics_port)
+    return stop

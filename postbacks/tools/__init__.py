@@ -1,0 +1,1 @@
+"""Operator and developer tools: seeding, the local receiver, the demo."""

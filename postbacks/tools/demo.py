@@ -1,0 +1,127 @@
+"""`postbacks demo`: the whole pipeline on local services, with live progress and a summary.
+
+services up -> migrations -> topics -> receiver -> seed endpoints -> fanout, gate, agent,
+sink -> emit conversions -> wait until every delivery reached the receiver and PostgreSQL
+-> summary -> stop everything it started.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from postbacks.db.connect import connect
+from postbacks.db.migrate import migrate
+from postbacks.emit import ConversionProducer, synthetic_conversions
+from postbacks.kafka.clients import check_broker
+from postbacks.settings import Settings
+from postbacks.tools.procs import Stack, free_port, http_json, wait_for
+from postbacks.tools.seed import seed_endpoints
+from postbacks.topics.admin import create_topics
+
+__all__ = ["run_demo"]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _say(msg: str) -> None:
+    print(f"[demo] {msg}", flush=True)
+
+
+def _pg_counts(settings: Settings, namespace: str) -> tuple[int, int, int, int]:
+    like = f"ep_{namespace}_%"
+    with connect(settings.database_url) as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM deliveries WHERE endpoint_id LIKE %(l)s),"
+            " (SELECT count(*) FROM deliveries WHERE endpoint_id LIKE %(l)s"
+            "   AND status = 'delivered'),"
+            " (SELECT count(*) FROM delivery_attempts WHERE endpoint_id LIKE %(l)s),"
+            " (SELECT count(*) FROM dead_letters WHERE occurred_at > now() - interval '1 hour')",
+            {"l": like},
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+
+
+def run_demo(
+    settings: Settings, *, count: int, apps: int, endpoints_per_app: int, rate: float
+) -> int:
+    t0 = time.monotonic()
+    script = ROOT / "deploy" / "local" / "services.sh"
+    if script.exists():
+        _say("starting Kafka and PostgreSQL (deploy/local/services.sh up)")
+        subprocess.run(["bash", str(script), "up"], check=True)
+    check_broker(settings)
+    _say(f"migrations: {', '.join(migrate(settings.database_url)) or 'up to date'}")
+    _say(f"topics created: {len(create_topics(settings))}")
+    namespace = f"d{int(time.time())}"
+    port = free_port()
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
+        "POSTBACKS_DATABASE_URL": settings.database_url,
+        "POSTBACKS_TOPIC_PREFIX": settings.topic_prefix,
+        "POSTBACKS_ALLOW_LOOPBACK_TARGETS": "true",
+    }
+    log_dir = ROOT / ".local" / "logs" / f"demo-{namespace}"
+    with Stack(env, log_dir) as stack:
+        stack.start("receiver", "receiver", "--port", str(port))
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: http_json(f"{base}/_control/stats"), 20, what="the receiver")
+        seeded = seed_endpoints(settings, apps=apps, endpoints_per_app=endpoints_per_app,
+                                receiver_url=base, namespace=namespace,
+                                now_ms=int(time.time() * 1000))
+        http_json(f"{base}/_control/secrets", {s.endpoint_id: [s.secret] for s in seeded})
+        _say(f"seeded {len(seeded)} endpoints over {apps} apps; receiver on {base}")
+        for stage in ("sink", "agent", "gate", "fanout"):
+            stack.start(stage, stage, extra_env={"POSTBACKS_METRICS_PORT": str(free_port())})
+        _say(f"stages running: fanout, gate, agent, sink (logs in {log_dir})")
+        expected = count * endpoints_per_app
+        producer = ConversionProducer(settings)
+        start = time.monotonic()
+        for i, ev in enumerate(synthetic_conversions(
+            count, apps=apps, seed=int(time.time()), namespace=namespace,
+            now_ms=int(time.time() * 1000),
+        ), 1):
+            producer.send(ev)
+            if rate > 0 and (ahead := i / rate - (time.monotonic() - start)) > 0:
+                time.sleep(ahead)
+        producer.flush()
+        _say(f"emitted {producer.acked} conversions -> {expected} deliveries expected")
+        last_print = 0.0
+        deadline = time.monotonic() + max(120.0, expected / 200)
+        rows = (0, 0, 0, 0)
+        stats: dict[str, int] = {"unique_ids": 0, "bad_signatures": 0}
+        while time.monotonic() < deadline:
+            stats = http_json(f"{base}/_control/stats")
+            rows = _pg_counts(settings, namespace)
+            if time.monotonic() - last_print >= 1.0:
+                last_print = time.monotonic()
+                el = time.monotonic() - start
+                _say(f"{el:5.1f}s received {stats['unique_ids']:>7}/{expected}"
+                     f"  ({stats['unique_ids'] / el:6.0f}/s)  rows: deliveries {rows[0]},"
+                     f" delivered {rows[1]}, attempts {rows[2]}")
+            if stats["unique_ids"] >= expected and rows[1] >= expected:
+                break
+            if stack.dead():
+                _say(f"a stage died: {stack.dead()}")
+                break
+            time.sleep(0.5)
+        elapsed = time.monotonic() - start
+    ok = stats["unique_ids"] >= expected and rows[1] >= expected and stats["bad_signatures"] == 0
+    print()
+    print("=== postbacks demo summary ===")
+    print(f"conversions emitted        {producer.acked}")
+    print(f"deliveries expected        {expected}")
+    print(f"delivered (unique ids)     {stats['unique_ids']}  "
+          f"(bad signatures: {stats['bad_signatures']})")
+    print(f"deliveries rows            {rows[0]}  (status delivered: {rows[1]})")
+    print(f"attempt rows               {rows[2]}")
+    print(f"dead letters (last hour)   {rows[3]}")
+    print(f"end-to-end throughput      {stats['unique_ids'] / max(elapsed, 1e-9):.0f} deliveries/s"
+          f" over {elapsed:.1f}s")
+    print(f"total wall time            {time.monotonic() - t0:.1f}s")
+    print(f"result                     {'OK' if ok else 'INCOMPLETE'}")
+    sys.stdout.flush()
+    return 0 if ok else 1

@@ -1,0 +1,120 @@
+"""Starting and stopping the pipeline's processes (demo, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+__all__ = ["Proc", "Stack", "free_port", "http_json", "wait_for"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_json(url: str, payload: Any = None, timeout: float = 10.0) -> Any:
+    data = None if payload is None else orjson.dumps(payload)
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return orjson.loads(resp.read())
+
+
+def wait_for(predicate: Any, timeout: float, interval: float = 0.2, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # the thing waited for may not be up yet
+            last_exc = exc
+        time.sleep(interval)
+    raise TimeoutError(
+        f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_exc})"
+    )
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill9(self) -> None:
+        if self.alive():
+            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+        self.log_file.close()
+        return self.popen.returncode
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Stack:
+    """A set of pipeline processes sharing one environment; stops them all on exit."""
+
+    env: Mapping[str, str]
+    log_dir: Path
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    def start(self, name: str, *args: str, extra_env: Mapping[str, str] | None = None) -> Proc:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        log_file = log_path.open("ab")
+        env = {**os.environ, **self.env, **(extra_env or {})}
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "postbacks", *args], env=env, stdout=log_file,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        proc = Proc(name, popen, log_path, log_file)
+        self.procs[name] = proc
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in list(self.procs.values()):
+            proc.stop()
+
+    def dead(self) -> list[str]:
+        return [n for n, p in self.procs.items() if not p.alive()]
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()

@@ -1,0 +1,54 @@
+"""Seed endpoints (and their signing secrets) for the demo, tests and benchmarks."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from postbacks.core.signing import generate_secret
+from postbacks.db.connect import connect
+from postbacks.db.crypto import SecretBox
+from postbacks.db.endpoints import add_secret, upsert_endpoint
+from postbacks.settings import Settings
+
+__all__ = ["SeededEndpoint", "app_id_for", "seed_endpoints"]
+
+
+def app_id_for(namespace: str, n: int) -> str:
+    return f"app_{namespace}_{n:04d}"
+
+
+@dataclass(frozen=True, slots=True)
+class SeededEndpoint:
+    endpoint_id: str
+    app_id: str
+    url: str
+    secret: str
+
+
+def seed_endpoints(
+    settings: Settings, *, apps: int, endpoints_per_app: int, receiver_url: str,
+    namespace: str = "demo", now_ms: int,
+) -> list[SeededEndpoint]:
+    """Create ``apps x endpoints_per_app`` endpoints ``ep_<ns>_<app>_<k>``, one secret each.
+
+    Apps are ``app_<ns>_0001`` ... (see :func:`app_id_for`); re-seeding replaces the
+    endpoints' URLs and adds a fresh
+    secret (the previous one stays valid until it is retired).
+    """
+    box = SecretBox(settings.secrets_key.reveal())
+    out: list[SeededEndpoint] = []
+    with connect(settings.database_url) as conn:
+        for a in range(1, apps + 1):
+            app_id = app_id_for(namespace, a)
+            for k in range(1, endpoints_per_app + 1):
+                endpoint_id = f"ep_{namespace}_{a:04d}_{k}"
+                url = f"{receiver_url.rstrip('/')}/hooks/{endpoint_id}"
+                upsert_endpoint(conn, endpoint_id=endpoint_id, app_id=app_id, url=url,
+                                name=f"{namespace} endpoint {a}/{k}")
+                seed = hashlib.sha256(f"{namespace}/{endpoint_id}/{now_ms}".encode()).digest()
+                secret = generate_secret(seed)
+                add_secret(conn, box, endpoint_id, secret, now_ms=now_ms)
+                out.append(SeededEndpoint(endpoint_id, app_id, url, secret))
+        conn.commit()
+    return out

@@ -1,0 +1,109 @@
+"""The one registry of topics: names, partitions, configs and the record each carries.
+
+No topic string appears anywhere else in the code; stages ask for ``TOPICS.<name>`` and
+prefix it with :meth:`Settings.topic`. ``deploy/`` and the tests read this module too (a
+contract test keeps DESIGN's topic list, the record schemas and this registry in step).
+
+Every delivery topic is keyed by ``endpoint_id`` and shares one partition count, so the
+same endpoint lands on the same partition number everywhere (the anomaly gate relies on
+that co-partitioning).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["RETRY_TIERS", "TOPICS", "TopicSpec", "all_topics"]
+
+DELIVERY_PARTITIONS = 6
+WEEK_MS = 7 * 24 * 3600 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    base: str
+    record: str
+    partitions: int
+    key: str
+    doc: str
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+def _delivery_topic(base: str, doc: str, **configs: str) -> TopicSpec:
+    return TopicSpec(base, "Delivery", DELIVERY_PARTITIONS, "endpoint_id", doc, dict(configs))
+
+
+# Delay tiers of the retry schedule: (tier name, delay in seconds).
+RETRY_TIERS: tuple[tuple[str, int], ...] = (
+    ("5s", 5),
+    ("30s", 30),
+    ("2m", 120),
+    ("10m", 600),
+    ("1h", 3600),
+    ("6h", 21600),
+)
+
+
+class _Topics:
+    """Attribute access to every topic spec (class attributes; one shared instance)."""
+
+    conversions: TopicSpec = TopicSpec(
+        "conversions.v1", "ConversionEvent", DELIVERY_PARTITIONS, "conversion_id",
+        "Upstream conversion events (input).",
+        {"retention.ms": str(2 * WEEK_MS), "min.insync.replicas": "1"},
+    )
+    deliveries: TopicSpec = _delivery_topic(
+        "deliveries.v1", "Fan-out output: one delivery per subscribed endpoint."
+    )
+    dispatch: TopicSpec = _delivery_topic(
+        "dispatch.v1", "Deliveries cleared to send now (gate and relay output)."
+    )
+    held: TopicSpec = _delivery_topic(
+        "held.v1", "Deliveries held by the anomaly gate, with hold_reason."
+    )
+    quarantine: TopicSpec = _delivery_topic(
+        "quarantine.v1", "Deliveries diverted from an endpoint with an open breaker or over "
+        "budget, with due_at.",
+    )
+    attempts: TopicSpec = TopicSpec(
+        "attempts.v1", "Attempt", DELIVERY_PARTITIONS, "endpoint_id",
+        "One record per HTTP attempt, to the PostgreSQL sink.",
+    )
+    outcomes: TopicSpec = TopicSpec(
+        "outcomes.v1", "Outcome", DELIVERY_PARTITIONS, "endpoint_id",
+        "Terminal and state-change outcomes, for analytics and the sink.",
+    )
+    dlq: TopicSpec = TopicSpec(
+        "dlq.v1", "DeadLetter", 3, "origin key",
+        "Dead letters from every stage, with the original bytes.",
+        {"retention.ms": str(4 * WEEK_MS)},
+    )
+    anomaly_control: TopicSpec = TopicSpec(
+        "anomaly.control.v1", "BreakerState", 1, "scope/scope_key/detector",
+        "Anomaly halt states (compacted).",
+        {"cleanup.policy": "compact"},
+    )
+    retry: tuple[TopicSpec, ...] = tuple(
+        _delivery_topic(f"retry.{tier}.v1", f"Retry delay tier {tier} (due_at carried).")
+        for tier, _ in RETRY_TIERS
+    )
+
+
+    def retry_tier(self, tier: str) -> TopicSpec:
+        """The retry topic of a delay tier (see RETRY_TIERS)."""
+        for spec in self.retry:
+            if spec.base == f"retry.{tier}.v1":
+                return spec
+        raise KeyError(f"unknown retry tier {tier!r}")
+
+
+TOPICS = _Topics()
+
+
+def all_topics() -> list[TopicSpec]:
+    """Every topic, in a stable order."""
+    t = TOPICS
+    return [
+        t.conversions, t.deliveries, t.dispatch, t.held, *t.retry, t.quarantine,
+        t.dlq, t.attempts, t.outcomes, t.anomaly_control,
+    ]

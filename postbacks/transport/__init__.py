@@ -1,0 +1,1 @@
+"""The HTTP adapter: the only package that imports ``aiohttp`` on the delivery path."""
