@@ -1,0 +1,65 @@
+# One way to run every check, the same locally and in CI.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SERVICES := bash deploy/local/services.sh
+# Service addresses: the local script's defaults unless already set in the environment.
+export KAFKA_BOOTSTRAP_SERVERS ?= 127.0.0.1:19092
+export POSTBACKS_DATABASE_URL ?= postgresql://postbacks@127.0.0.1:15432/postbacks
+PYTEST_ARGS ?=
+
+.PHONY: help install check lint typecheck test test-unit test-integration demo services-up \
+        services-down services-status bench clean
+
+help:
+	@echo "make demo            run the whole pipeline on local services (the main job)"
+	@echo "make test            start services and run every test tier"
+	@echo "make test-unit       unit + contract tiers only (no services)"
+	@echo "make check           ruff + mypy (strict)"
+	@echo "make services-up     start Kafka and PostgreSQL (deploy/local/services.sh)"
+	@echo "make services-down   stop them"
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip || true
+	for i in 1 2 3; do $(BIN)/pip install -q -e '.[dev]' && break; \
+	  echo "pip install failed (try $$i), retrying" >&2; sleep $$((i * 5)); \
+	  [ $$i -lt 3 ] || exit 1; done
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(BIN)/ruff check postbacks tests
+
+typecheck: install
+	$(BIN)/mypy
+
+check: lint typecheck
+
+services-up:
+	$(SERVICES) up
+
+services-down:
+	$(SERVICES) down
+
+services-status:
+	$(SERVICES) status
+
+test-unit: install
+	$(BIN)/pytest tests/unit tests/contract $(PYTEST_ARGS)
+
+test: install services-up
+	$(BIN)/pytest tests $(PYTEST_ARGS)
+
+demo: install
+	$(BIN)/postbacks demo
+
+bench: install services-up
+	$(BIN)/python bench/pipeline.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

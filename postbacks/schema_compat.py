@@ -1,0 +1,44 @@
+"""The schema-evolution gate: is a new schema version both backward and forward compatible
+with the previous one?
+
+Backward: a reader on the new version reads data written with the old one. Forward: a
+reader still on the old version reads data written with the new one (deploy skew: the
+producer upgraded first). Checked by Avro schema resolution on generated records of every
+shape the writer allows, so a removed default, a changed type or a new required field is
+caught.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import fastavro
+from fastavro.schema import parse_schema
+from fastavro.utils import generate_many
+
+__all__ = ["compatibility_errors"]
+
+
+def _reads(writer: Any, reader: Any, samples: int) -> str | None:
+    for datum in generate_many(writer, samples):
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, writer, datum)
+        buf.seek(0)
+        try:
+            fastavro.schemaless_reader(buf, writer, reader)
+        except Exception as exc:  # SchemaResolutionError and friends
+            return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def compatibility_errors(old: dict[str, Any], new: dict[str, Any], samples: int = 50) -> list[str]:
+    """Empty when ``new`` is backward and forward compatible with ``old``."""
+    old_p = parse_schema(old, _write_hint=False)
+    new_p = parse_schema(new, _write_hint=False)
+    errors = []
+    if (err := _reads(old_p, new_p, samples)) is not None:
+        errors.append(f"not backward compatible (new reader, old data): {err}")
+    if (err := _reads(new_p, old_p, samples)) is not None:
+        errors.append(f"not forward compatible (old reader, new data): {err}")
+    return errors

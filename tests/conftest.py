@@ -1,0 +1,123 @@
+"""Fixtures shared by the tiers. Unit and contract tests use none of the service fixtures.
+
+Integration and end-to-end tests need a real Kafka broker and a real PostgreSQL. They are
+found through KAFKA_BOOTSTRAP_SERVERS / POSTBACKS_DATABASE_URL (`make test` starts both with
+deploy/local/services.sh and exports them). When those are unset and a Docker engine is
+reachable, testcontainers starts them. Otherwise the tests FAIL with how to start the
+services: a missing service is never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from postbacks.settings import Settings, load_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _docker_reachable() -> bool:
+    if not shutil.which("docker"):
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def service_env() -> Iterator[dict[str, str]]:
+    kafka = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    db = os.environ.get("POSTBACKS_DATABASE_URL")
+    if kafka and db:
+        yield {"KAFKA_BOOTSTRAP_SERVERS": kafka, "POSTBACKS_DATABASE_URL": db}
+        return
+    if _docker_reachable():
+        from testcontainers.kafka import KafkaContainer  # type: ignore[import-not-found]
+        from testcontainers.postgres import PostgresContainer  # type: ignore[import-not-found]
+
+        with KafkaContainer("apache/kafka:4.1.1") as k, PostgresContainer("postgres:16") as p:
+            url = p.get_connection_url().replace("postgresql+psycopg2://", "postgresql://")
+            yield {"KAFKA_BOOTSTRAP_SERVERS": k.get_bootstrap_server(),
+                   "POSTBACKS_DATABASE_URL": url}
+        return
+    pytest.fail(
+        "integration/e2e tests need Kafka and PostgreSQL: run `make test` (which starts them "
+        "with deploy/local/services.sh), or set KAFKA_BOOTSTRAP_SERVERS and "
+        "POSTBACKS_DATABASE_URL",
+        pytrace=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def migrated(service_env: dict[str, str]) -> dict[str, str]:
+    from postbacks.db.migrate import migrate
+
+    migrate(service_env["POSTBACKS_DATABASE_URL"])
+    return service_env
+
+
+@pytest.fixture()
+def namespace() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture()
+def settings(migrated: dict[str, str], namespace: str) -> Settings:
+    """Settings with a fresh topic prefix (fresh topics and consumer groups) per test."""
+    from postbacks.topics.admin import create_topics
+
+    s = load_settings(
+        migrated, topic_prefix=f"{namespace}.", instance_id=namespace,
+        allow_loopback_targets=True, consumer_session_timeout_ms=6000,
+    )
+    create_topics(s)
+    return s
+
+
+@pytest.fixture()
+def stack_env(settings: Settings) -> dict[str, str]:
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
+        "POSTBACKS_DATABASE_URL": settings.database_url,
+        "POSTBACKS_TOPIC_PREFIX": settings.topic_prefix,
+        "POSTBACKS_ALLOW_LOOPBACK_TARGETS": "true",
+        "POSTBACKS_CONSUMER_SESSION_TIMEOUT_MS": "6000",
+        "POSTBACKS_CONFIG_REFRESH_S": "1",
+    }
+
+
+@pytest.fixture()
+def stack(stack_env: dict[str, str], namespace: str, request: pytest.FixtureRequest) -> Iterator:
+    from postbacks.tools.procs import Stack
+
+    log_dir = ROOT / ".local" / "test-logs" / namespace
+    st = Stack(stack_env, log_dir)
+    yield st
+    failed = getattr(request.node, "rep_call", None)
+    st.stop_all()
+    if failed is not None and failed.failed:
+        for proc in st.procs.values():
+            print(f"\n----- {proc.name} (last lines of {proc.log_path}) -----\n{proc.tail(60)}")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator:
+    rep = yield
+    if rep.when == "call":
+        item.rep_call = rep  # type: ignore[attr-defined]
+    return rep
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = Path(str(item.fspath)).parent.name
+        if tier in {"unit", "contract", "integration", "e2e"}:
+            item.add_marker(getattr(pytest.mark, tier))

@@ -1,0 +1,40 @@
+"""The topic registry is the single source: DESIGN's topics, keyed and co-partitioned."""
+
+from __future__ import annotations
+
+from postbacks.codec import load_schema_versions
+from postbacks.topics import RETRY_TIERS, TOPICS, all_topics
+
+DESIGN_TOPICS = {
+    "conversions.v1", "deliveries.v1", "dispatch.v1", "held.v1", "quarantine.v1", "dlq.v1",
+    "attempts.v1", "outcomes.v1", "anomaly.control.v1",
+} | {f"retry.{t}.v1" for t in ("5s", "30s", "2m", "10m", "1h", "6h")}
+
+
+def test_registry_has_exactly_the_designed_topics() -> None:
+    names = [t.base for t in all_topics()]
+    assert len(names) == len(set(names))
+    assert set(names) == DESIGN_TOPICS
+
+
+def test_every_topic_carries_a_known_record() -> None:
+    known = load_schema_versions()
+    for t in all_topics():
+        assert t.record in known, t.base
+
+
+def test_delivery_topics_are_co_partitioned_and_keyed_by_endpoint() -> None:
+    delivery = [t for t in all_topics() if t.record == "Delivery"]
+    assert {t.partitions for t in delivery} == {TOPICS.deliveries.partitions}
+    assert {t.key for t in delivery} == {"endpoint_id"}
+    assert TOPICS.conversions.partitions == TOPICS.deliveries.partitions
+
+
+def test_retry_tiers_increase_and_resolve() -> None:
+    delays = [s for _, s in RETRY_TIERS]
+    assert delays == sorted(delays) and delays[-1] == 6 * 3600
+    assert TOPICS.retry_tier("30s").base == "retry.30s.v1"
+
+
+def test_control_topic_is_compacted() -> None:
+    assert TOPICS.anomaly_control.configs["cleanup.policy"] == "compact"

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import pytest
+
+from postbacks.codec import MAGIC, codec_for
+from postbacks.errors import ConfigError, UndecodableRecord
+from postbacks.settings import Secret, load_settings
+from tests.unit.factories import make_conversion, make_delivery
+
+
+def test_roundtrip_every_delivery_field() -> None:
+    codec = codec_for("Delivery")
+    d = make_delivery(due_at=123, hold_reason="retrodated")
+    data = codec.encode(d)
+    assert data[:2] == MAGIC
+    assert codec.decode(data) == d
+
+
+@pytest.mark.parametrize(
+    "data",
+    [None, b"", b"\x00\x01", b"garbage that is not avro at all",
+     MAGIC + b"\x00" * 8 + b"body"],
+)
+def test_garbage_is_undecodable(data: bytes | None) -> None:
+    with pytest.raises(UndecodableRecord):
+        codec_for("ConversionEvent").decode(data)
+
+
+def test_another_record_type_is_undecodable() -> None:
+    data = codec_for("Delivery").encode(make_delivery())
+    with pytest.raises(UndecodableRecord, match="fingerprint"):
+        codec_for("ConversionEvent").decode(data)
+
+
+def test_truncated_and_trailing_bytes_are_undecodable() -> None:
+    data = codec_for("ConversionEvent").encode(make_conversion())
+    with pytest.raises(UndecodableRecord):
+        codec_for("ConversionEvent").decode(data[:-5])
+    with pytest.raises(UndecodableRecord, match="trailing"):
+        codec_for("ConversionEvent").decode(data + b"\x00")
+
+
+def test_encode_refuses_a_record_missing_a_field() -> None:
+    bad = dict(make_conversion())
+    del bad["conversion_id"]
+    with pytest.raises(ValueError):
+        codec_for("ConversionEvent").encode(bad)
+
+
+def test_settings_from_env() -> None:
+    s = load_settings({"KAFKA_BOOTSTRAP_SERVERS": "h:1", "POSTBACKS_ENDPOINT_CONCURRENCY": "8",
+                       "POSTBACKS_ALLOW_LOOPBACK_TARGETS": "yes",
+                       "POSTBACKS_IDEMPOTENCY_KEY": "s3cret"})
+    assert (s.kafka_bootstrap_servers, s.endpoint_concurrency, s.allow_loopback_targets) == (
+        "h:1", 8, True)
+    assert isinstance(s.idempotency_key, Secret) and "s3cret" not in repr(s)
+    assert s.topic("dlq.v1") == "dlq.v1"
+    assert load_settings({"POSTBACKS_TOPIC_PREFIX": "x."}).topic("dlq.v1") == "x.dlq.v1"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [({"POSTBACKS_ENDPOINT_CONCURRENCY": "many"}, "POSTBACKS_ENDPOINT_CONCURRENCY"),
+     ({"POSTBACKS_ENDPOINT_CONCURRENCY": "0"}, "POSTBACKS_ENDPOINT_CONCURRENCY"),
+     ({"POSTBACKS_ALLOW_LOOPBACK_TARGETS": "maybe"}, "boolean"),
+     ({"POSTBACKS_DATABASE_URL": "mysql://x"}, "postgresql"),
+     ({"POSTBACKS_SECRETS_KEY": ""}, "POSTBACKS_SECRETS_KEY")],
+)
+def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(env)
