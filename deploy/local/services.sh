@@ -24,7 +24,7 @@ PG_DB=postbacks
 
 POM="$SCRIPT_DIR/kafka/pom.xml"
 LOG4J_CONF="$SCRIPT_DIR/kafka/log4j2.properties"
-KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$POM" | head -n1)
+KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$POM")
 
 # Resolved in init_paths (STATE may be relative or not yet exist).
 LIB= LOGS= RUN= KAFKA_DATA= KAFKA_CONF_DIR= KAFKA_PROPS= KAFKA_LOG= KAFKA_PID=
@@ -127,8 +127,8 @@ apt_install() {
 }
 
 java_major() {
-  "$1" -XshowSettings:properties -version 2>&1 \
-    | sed -n 's/^ *java\.specification\.version = \([0-9]*\).*/\1/p' | head -n1
+  { "$1" -XshowSettings:properties -version 2>&1 || true; } \
+    | sed -n 's/^ *java\.specification\.version = \([0-9]*\).*/\1/p'
 }
 
 # Sets JAVA to a Java 17+ binary if one is installed.
@@ -208,13 +208,14 @@ kafka_tool() {
 }
 
 kafka_pid() {
-  local pid
+  local pid cmdline
   [[ -f $KAFKA_PID ]] || return 1
   pid=$(<"$KAFKA_PID")
   is_uint "$pid" || return 1
   kill -0 "$pid" 2>/dev/null || return 1
   # Guard against PID reuse: must be our broker with our config.
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "kafka.Kafka $KAFKA_PROPS" || return 1
+  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  [[ $cmdline == *"kafka.Kafka $KAFKA_PROPS"* ]] || return 1
   printf '%s' "$pid"
 }
 
@@ -618,8 +619,13 @@ cmd_down() {
   kafka_down
   pg_down
   if (( purge )); then
-    log "purging data: $KAFKA_DATA $KAFKA_CONF_DIR $PG_PRIMARY $PG_FALLBACK_HOME $RUN/pgsock (jar cache kept)"
-    rm -rf -- "$KAFKA_DATA" "$KAFKA_CONF_DIR" "$PG_PRIMARY" "$PG_FALLBACK_HOME" "$RUN/pgsock"
+    local d
+    for d in "$KAFKA_DATA" "$KAFKA_CONF_DIR" "$PG_PRIMARY" "$PG_FALLBACK_HOME" "$RUN/pgsock"; do
+      [[ -e $d ]] || continue
+      log "purge: removing $d"
+      rm -rf -- "$d"
+    done
+    log "purge: done (jar cache $LIB and logs kept)"
   fi
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import typing
 from pathlib import Path
@@ -25,7 +26,7 @@ def _versions(stem: str) -> list[dict[str, typing.Any]]:
 def test_every_version_is_backward_and_forward_compatible_with_the_previous(stem: str) -> None:
     versions = _versions(stem)
     assert versions, f"no schema files for {stem}"
-    for old, new in zip(versions, versions[1:], strict=False):
+    for old, new in itertools.pairwise(versions):
         assert compatibility_errors(old, new) == []
 
 

@@ -1,0 +1,39 @@
+"""A missing broker or database at start: one clear line naming it and how to start it,
+exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "postbacks", *args], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("stage", ["fanout", "agent"])
+def test_missing_broker(stage: str, migrated: dict[str, str]) -> None:
+    r = _run([stage], KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:1",
+             POSTBACKS_DATABASE_URL=migrated["POSTBACKS_DATABASE_URL"])
+    assert r.returncode == 2, r.stderr
+    assert "Kafka is not reachable at 127.0.0.1:1" in r.stderr
+    assert "make services-up" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [["migrate"], ["sink"], ["fanout"]])
+def test_missing_database(args: list[str], migrated: dict[str, str]) -> None:
+    r = _run(args, KAFKA_BOOTSTRAP_SERVERS=migrated["KAFKA_BOOTSTRAP_SERVERS"],
+             POSTBACKS_DATABASE_URL="postgresql://postbacks@127.0.0.1:1/postbacks")
+    assert r.returncode == 2, r.stderr
+    assert "PostgreSQL is not reachable at postgresql://postbacks@127.0.0.1:1" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_setting_is_a_clear_error() -> None:
+    r = _run(["migrate"], POSTBACKS_ENDPOINT_CONCURRENCY="lots")
+    assert r.returncode == 2
+    assert "POSTBACKS_ENDPOINT_CONCURRENCY='lots' is not a valid int" in r.stderr

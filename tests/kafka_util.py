@@ -1,0 +1,45 @@
+"""Small helpers for tests that talk to the real broker and database."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer
+
+from postbacks.codec import codec_for
+from postbacks.db.connect import connect
+from postbacks.settings import Settings
+
+
+def read_topic(settings: Settings, base: str, n: int, timeout: float = 60.0) -> list[Any]:
+    """Read at least ``n`` committed messages from the start of a topic (or fail)."""
+    consumer = Consumer({
+        "bootstrap.servers": settings.kafka_bootstrap_servers,
+        "group.id": f"test-reader-{uuid.uuid4().hex[:8]}",
+        "auto.offset.reset": "earliest", "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+    })
+    consumer.subscribe([settings.topic(base)])
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < n and time.monotonic() < deadline:
+            for m in consumer.consume(500, timeout=0.5):
+                if m.error() is None:
+                    out.append(m)
+    finally:
+        consumer.close()
+    assert len(out) >= n, f"{base}: expected {n} messages within {timeout}s, got {len(out)}"
+    return out
+
+
+def decode(record: str, msg: Any) -> dict[str, Any]:
+    return codec_for(record).decode(msg.value())
+
+
+def scalar(settings: Settings, sql: str, params: Any = None) -> Any:
+    with connect(settings.database_url) as conn:
+        row = conn.execute(sql, params).fetchone()
+    return None if row is None else row[0]
