@@ -28,6 +28,8 @@ def _stage(name: str) -> Callable[[Settings, argparse.Namespace], int]:
             from postbacks.streams.gate import run_gate as runner
         elif name == "agent":
             from postbacks.streams.agent import run_agent as runner
+        elif name == "relay":
+            from postbacks.streams.relay import run_relay as runner
         else:
             from postbacks.sinks.postgres import run_sink as runner
         runner(settings, stop)
@@ -124,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("fanout", "run the fan-out stage (conversions -> deliveries)"),
         ("gate", "run the gate stage (deliveries -> dispatch | held)"),
         ("agent", "run a delivery agent (dispatch -> HTTP -> attempts, outcomes, retry, dlq)"),
+        ("relay", "run the delay relay (retry.*, quarantine -> dispatch when due)"),
         ("sink", "run the PostgreSQL sink (deliveries, attempts, outcomes, dlq -> tables)"),
     ]:
         sp = sub.add_parser(name, help=help_, description=help_)

@@ -25,7 +25,7 @@ from postbacks.records import DeadLetterRecord
 from postbacks.settings import Settings
 from postbacks.topics import TOPICS
 
-__all__ = ["Emit", "Output", "dead_letter_for", "run_stage"]
+__all__ = ["Emit", "Output", "commit_batch", "dead_letter_for", "run_stage"]
 
 log = logging.getLogger(__name__)
 
@@ -122,13 +122,13 @@ def run_stage(
                     DLQ_TOTAL.labels(stage=stage, reason="internal_error").inc()
             if not offsets:
                 continue
-            _commit_batch(stage, settings, consumer, producer, out, offsets)
+            commit_batch(stage, settings, consumer, producer, out, offsets)
             processed.inc(len(msgs))
     finally:
         consumer.close()
 
 
-def _commit_batch(
+def commit_batch(
     stage: str, settings: Settings, consumer: Consumer, producer: Producer,
     out: Output, offsets: dict[tuple[str, int], int],
 ) -> None:

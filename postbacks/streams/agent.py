@@ -29,7 +29,7 @@ from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
 from postbacks.errors import DeadLetterError, PostbacksError
 from postbacks.kafka.clients import check_broker, make_consumer, make_transactional_producer
-from postbacks.kafka.stage import Output, _commit_batch, dead_letter_for
+from postbacks.kafka.stage import Output, commit_batch, dead_letter_for
 from postbacks.metrics import (
     ATTEMPTS_TOTAL,
     DLQ_TOTAL,
@@ -214,7 +214,7 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                 )
                 merged = Output([item for o in outs for item in o.items])
                 await loop.run_in_executor(
-                    None, _commit_batch, "agent", settings, consumer, producer, merged, offsets
+                    None, commit_batch, "agent", settings, consumer, producer, merged, offsets
                 )
     finally:
         cache.stop()

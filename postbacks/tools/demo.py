@@ -74,9 +74,9 @@ def run_demo(
                                 now_ms=int(time.time() * 1000))
         http_json(f"{base}/_control/secrets", {s.endpoint_id: [s.secret] for s in seeded})
         _say(f"seeded {len(seeded)} endpoints over {apps} apps; receiver on {base}")
-        for stage in ("sink", "agent", "gate", "fanout"):
+        for stage in ("sink", "relay", "agent", "gate", "fanout"):
             stack.start(stage, stage, extra_env={"POSTBACKS_METRICS_PORT": str(free_port())})
-        _say(f"stages running: fanout, gate, agent, sink (logs in {log_dir})")
+        _say(f"stages running: fanout, gate, agent, relay, sink (logs in {log_dir})")
         expected = count * endpoints_per_app
         producer = ConversionProducer(settings)
         start = time.monotonic()

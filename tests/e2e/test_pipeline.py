@@ -29,7 +29,7 @@ def start_pipeline(settings: Settings, stack: Stack, namespace: str, *, conversi
                             receiver_url=base, namespace=namespace,
                             now_ms=int(time.time() * 1000))
     http_json(f"{base}/_control/secrets", {s.endpoint_id: [s.secret] for s in seeded})
-    for stage in ("sink", "agent", "gate", "fanout"):
+    for stage in ("sink", "relay", "agent", "gate", "fanout"):
         stack.start(stage, stage)
     producer = ConversionProducer(settings)
     for ev in synthetic_conversions(conversions, apps=apps, seed=7, namespace=namespace,
