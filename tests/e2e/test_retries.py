@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
+from postbacks.emit import ConversionProducer, synthetic_conversions
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, http_json, wait_for
 from tests.e2e.test_pipeline import start_pipeline, stats
@@ -15,8 +17,6 @@ def test_failing_first_two_requests_then_delivered_on_schedule(
 ) -> None:
     p = start_pipeline(settings, stack, namespace, conversions=0, apps=1, endpoints_per_app=1)
     http_json(f"{p.base}/_control/script", {"*": {"statuses": [500, 503, 200]}})
-    from postbacks.emit import ConversionProducer, synthetic_conversions
-
     producer = ConversionProducer(settings)
     for ev in synthetic_conversions(1, apps=1, seed=3, namespace=namespace,
                                     now_ms=int(time.time() * 1000)):
@@ -27,7 +27,7 @@ def test_failing_first_two_requests_then_delivered_on_schedule(
     assert [r["status"] for r in got] == [500, 503, 200]
     assert [r["attempt"] for r in got] == ["1", "2", "3"]
     assert len({r["webhook_id"] for r in got}) == 1  # the same idempotency key every time
-    gaps = [b["at"] - a["at"] for a, b in zip(got, got[1:], strict=False)]
+    gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(got)]
     # schedule: 5 s then 10 s (+ up to 20 % jitter), never earlier
     assert gaps[0] >= 5.0 and gaps[1] >= 10.0, gaps
     assert gaps[0] < 5.0 * 1.2 + 5 and gaps[1] < 10.0 * 1.2 + 5, gaps
