@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 
 from postbacks.errors import ConfigError
 
-__all__ = ["Secret", "Settings", "load_settings"]
+__all__ = ["Secret", "Settings", "load_settings", "parse_event_type_limits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,21 @@ class Settings:
     config_refresh_s: float = 5.0
     consumer_session_timeout_ms: int = 10_000
     log_level: str = "INFO"
+    # Retry schedule (see core/retry.py and README "Retry schedule").
+    retry_base_s: float = 5.0
+    retry_max_delay_s: float = 6 * 3600.0
+    retry_ceiling_s: float = 24 * 3600.0
+    retry_max_attempts: int = 50
+    retry_max_attempts_by_event_type: str = ""  # "superseded=1,progress=5"
+    failing_after: int = 3  # emit a `failing` outcome at this many failed attempts
+    # Per-endpoint isolation (see core/breaker.py and streams/lanes.py).
+    breaker_failure_threshold: int = 20
+    breaker_open_s: float = 300.0
+    breaker_ramp_s: float = 300.0
+    endpoint_budget: int = 200  # buffered + in-flight deliveries per endpoint per agent
+    quarantine_delay_s: float = 30.0  # over-budget deliveries come back after this
+    max_buffered: int = 5000  # per agent: consumption pauses above this many unfinished
+    commit_interval_ms: int = 100
 
     def topic(self, base: str) -> str:
         """Full topic name for a registry base name (prefix applied)."""
@@ -123,5 +138,29 @@ def _validate(s: Settings) -> None:
         raise ConfigError("POSTBACKS_HTTP_TIMEOUT_S must be > 0")
     if not s.kafka_bootstrap_servers:
         raise ConfigError("KAFKA_BOOTSTRAP_SERVERS must not be empty")
+    if s.retry_ceiling_s > 72 * 3600:
+        raise ConfigError("POSTBACKS_RETRY_CEILING_S must be at most 72 h (259200)")
+    for name in ("retry_base_s", "retry_max_delay_s", "retry_ceiling_s", "breaker_open_s",
+                 "breaker_ramp_s", "quarantine_delay_s"):
+        if getattr(s, name) <= 0:
+            raise ConfigError(f"{env_name(name)} must be > 0")
+    for name in ("retry_max_attempts", "failing_after", "breaker_failure_threshold",
+                 "endpoint_budget", "max_buffered", "commit_interval_ms"):
+        if getattr(s, name) < 1:
+            raise ConfigError(f"{env_name(name)} must be >= 1")
+    parse_event_type_limits(s.retry_max_attempts_by_event_type)
     if not s.database_url.startswith(("postgresql://", "postgres://")):
         raise ConfigError("POSTBACKS_DATABASE_URL must be a postgresql:// URL")
+
+
+def parse_event_type_limits(raw: str) -> dict[str, int]:
+    """``"superseded=1, progress=5"`` -> ``{"superseded": 1, "progress": 5}``."""
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or not value.strip().isdigit() or int(value) < 1:
+            raise ConfigError(
+                f"POSTBACKS_RETRY_MAX_ATTEMPTS_BY_EVENT_TYPE: {part!r} is not <event_type>=<n>"
+            )
+        out[name.strip()] = int(value)
+    return out

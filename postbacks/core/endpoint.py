@@ -1,10 +1,24 @@
-"""An endpoint's configuration as the stages see it (loaded from PostgreSQL)."""
+"""An endpoint's configuration as the stages see it (loaded from PostgreSQL).
+
+``EndpointConfig`` is the parsed form of the ``endpoints.config`` JSON column. Parsing is
+strict: an unknown key or a wrong type is a :class:`ConfigError` naming the key, so bad
+config is refused when it is saved; an endpoint whose stored config no longer parses is
+loaded with ``config_error`` set and its deliveries fail to render (``render_failed``)
+instead of being sent with a guessed config.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
-__all__ = ["Endpoint", "SigningSecret", "active_keys"]
+from postbacks.errors import ConfigError
+
+__all__ = ["Endpoint", "EndpointConfig", "SigningSecret", "ValidatorSpec", "active_keys"]
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +35,124 @@ class SigningSecret:
 
 
 @dataclass(frozen=True, slots=True)
+class ValidatorSpec:
+    """Response validator: ``status_only`` | ``non_empty_body`` | ``body_matches`` |
+    ``json_field``. Params: body_matches ``{"pattern": <regex>}``; json_field
+    ``{"field": "a.b", "op": "exists"|"equals"|"not_equals", "value": <json>}``."""
+
+    kind: str = "status_only"
+    params: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+
+_CONFIG_KEYS = {
+    "schema_version", "fields", "aliases", "validator", "on_validation_failure",
+    "redact_fields", "max_attempts", "follow_redirects", "headers", "provider_options",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointConfig:
+    schema_version: int = 1
+    fields: tuple[str, ...] | None = None  # V3 field subset; None = the version's defaults
+    aliases: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # canonical -> sent key
+    validator: ValidatorSpec | None = None  # None = the provider's default (else status_only)
+    on_validation_failure: str = "hold"  # hold | retry
+    redact_fields: tuple[str, ...] = ()  # body/query fields masked in attempt records
+    max_attempts: int | None = None
+    follow_redirects: bool = False
+    headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    provider_options: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> EndpointConfig:
+        """Parse the stored JSON; raises :class:`ConfigError` naming the bad key."""
+        if not data:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise ConfigError("endpoint config must be a JSON object")
+        unknown = sorted(set(data) - _CONFIG_KEYS)
+        if unknown:
+            raise ConfigError(f"unknown endpoint config key(s): {', '.join(unknown)}")
+        kw: dict[str, Any] = {}
+        if "schema_version" in data:
+            kw["schema_version"] = _int(data, "schema_version", minimum=1)
+        if data.get("fields") is not None:
+            kw["fields"] = tuple(_str_list(data, "fields"))
+        if "aliases" in data:
+            kw["aliases"] = MappingProxyType(dict(_str_map(data, "aliases")))
+        if data.get("validator") is not None:
+            v = data["validator"]
+            if not isinstance(v, Mapping) or not isinstance(v.get("kind"), str):
+                raise ConfigError('validator must be {"kind": <name>, ...params}')
+            kw["validator"] = ValidatorSpec(
+                v["kind"], MappingProxyType({k: x for k, x in v.items() if k != "kind"})
+            )
+        if "on_validation_failure" in data:
+            mode = data["on_validation_failure"]
+            if mode not in ("hold", "retry"):
+                raise ConfigError("on_validation_failure must be 'hold' or 'retry'")
+            kw["on_validation_failure"] = mode
+        if "redact_fields" in data:
+            kw["redact_fields"] = tuple(_str_list(data, "redact_fields"))
+        if data.get("max_attempts") is not None:
+            kw["max_attempts"] = _int(data, "max_attempts", minimum=1)
+        if "follow_redirects" in data:
+            if not isinstance(data["follow_redirects"], bool):
+                raise ConfigError("follow_redirects must be true or false")
+            kw["follow_redirects"] = data["follow_redirects"]
+        if "headers" in data:
+            kw["headers"] = MappingProxyType(dict(_str_map(data, "headers")))
+        if "provider_options" in data:
+            if not isinstance(data["provider_options"], Mapping):
+                raise ConfigError("provider_options must be a JSON object")
+            kw["provider_options"] = MappingProxyType(dict(data["provider_options"]))
+        return cls(**kw)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"schema_version": self.schema_version}
+        if self.fields is not None:
+            out["fields"] = list(self.fields)
+        if self.aliases:
+            out["aliases"] = dict(self.aliases)
+        if self.validator is not None:
+            out["validator"] = {"kind": self.validator.kind, **self.validator.params}
+        out["on_validation_failure"] = self.on_validation_failure
+        if self.redact_fields:
+            out["redact_fields"] = list(self.redact_fields)
+        if self.max_attempts is not None:
+            out["max_attempts"] = self.max_attempts
+        out["follow_redirects"] = self.follow_redirects
+        if self.headers:
+            out["headers"] = dict(self.headers)
+        if self.provider_options:
+            out["provider_options"] = dict(self.provider_options)
+        return out
+
+
+def _int(data: Mapping[str, Any], key: str, *, minimum: int) -> int:
+    value = data[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{key} must be an integer >= {minimum}")
+    return value
+
+
+def _str_list(data: Mapping[str, Any], key: str) -> list[str]:
+    value = data[key]
+    if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
+        raise ConfigError(f"{key} must be a list of non-empty strings")
+    return value
+
+
+def _str_map(data: Mapping[str, Any], key: str) -> Mapping[str, str]:
+    value = data[key]
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ConfigError(f"{key} must be an object of strings")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
 class Endpoint:
     endpoint_id: str
     app_id: str
@@ -31,6 +163,8 @@ class Endpoint:
     enabled: bool = True
     concurrency: int = 4
     secrets: tuple[SigningSecret, ...] = ()
+    config: EndpointConfig = field(default_factory=EndpointConfig)
+    config_error: str | None = None  # stored config no longer parses: deliveries render_failed
 
     def subscribes(self, app_id: str, event_type: str) -> bool:
         return self.enabled and self.app_id == app_id and (

@@ -7,10 +7,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
-from postbacks.core.endpoint import Endpoint, SigningSecret
+from postbacks.core.endpoint import Endpoint, EndpointConfig, SigningSecret
 from postbacks.core.signing import decode_secret
 from postbacks.db.crypto import SecretBox
+from postbacks.errors import ConfigError
 from postbacks.ids import new_id
 
 __all__ = ["add_secret", "load_endpoints", "upsert_endpoint"]
@@ -34,15 +36,20 @@ def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox) -> list[Endpoi
         )
     out = []
     for row in conn.execute(
-        "SELECT endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency"
-        " FROM endpoints WHERE enabled"
+        "SELECT endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency,"
+        " config FROM endpoints WHERE enabled"
     ):
-        endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency = row
+        endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency, cfg = row
+        try:
+            config, error = EndpointConfig.from_json(cfg), None
+        except ConfigError as exc:
+            config, error = EndpointConfig(), f"stored endpoint config is invalid: {exc}"
         out.append(
             Endpoint(
                 endpoint_id=endpoint_id, app_id=app_id, url=url, method=method,
                 provider=provider, event_types=frozenset(event_types), enabled=enabled,
                 concurrency=concurrency, secrets=tuple(secrets.get(endpoint_id, ())),
+                config=config, config_error=error,
             )
         )
     return out
@@ -51,15 +58,17 @@ def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox) -> list[Endpoi
 def upsert_endpoint(
     conn: psycopg.Connection[Any], *, endpoint_id: str, app_id: str, url: str,
     event_types: Sequence[str] = ("*",), provider: str = "v3", concurrency: int = 4,
-    name: str = "",
+    name: str = "", method: str = "POST", config: EndpointConfig | None = None,
 ) -> None:
+    cfg = Jsonb((config or EndpointConfig()).to_json())
     conn.execute(
-        "INSERT INTO endpoints (endpoint_id, app_id, url, event_types, provider, concurrency, name)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+        "INSERT INTO endpoints (endpoint_id, app_id, url, event_types, provider, concurrency,"
+        " name, method, config) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
         " ON CONFLICT (endpoint_id) DO UPDATE SET app_id = EXCLUDED.app_id, url = EXCLUDED.url,"
         " event_types = EXCLUDED.event_types, provider = EXCLUDED.provider,"
-        " concurrency = EXCLUDED.concurrency, name = EXCLUDED.name, updated_at = now()",
-        (endpoint_id, app_id, url, list(event_types), provider, concurrency, name),
+        " concurrency = EXCLUDED.concurrency, name = EXCLUDED.name, method = EXCLUDED.method,"
+        " config = EXCLUDED.config, updated_at = now()",
+        (endpoint_id, app_id, url, list(event_types), provider, concurrency, name, method, cfg),
     )
 
 
