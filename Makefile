@@ -59,7 +59,7 @@ demo: install
 	$(BIN)/postbacks demo
 
 bench: install services-up
-	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/delivery.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

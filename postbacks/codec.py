@@ -91,8 +91,11 @@ def _inline(schema: dict[str, Any], name: str, embedded: dict[str, Any]) -> dict
 
 
 def _make(record: str, version: int, schema: dict[str, Any]) -> SchemaVersion:
-    parsed = parse_schema(schema, _write_hint=False)
-    fp_hex = fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO")
+    # The fingerprint comes from the plain canonical form; the hinted parse (which fastavro
+    # recognises and does not re-parse on every call) is what reads and writes use.
+    canonical = to_parsing_canonical_form(parse_schema(schema, _write_hint=False))
+    parsed = parse_schema(schema)
+    fp_hex = fingerprint(canonical, "CRC-64-AVRO")
     fp = int.from_bytes(bytes.fromhex(fp_hex), "big")
     return SchemaVersion(record, version, schema, parsed, fp)
 

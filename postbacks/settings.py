@@ -68,7 +68,8 @@ class Settings:
     breaker_failure_threshold: int = 20
     breaker_open_s: float = 300.0
     breaker_ramp_s: float = 300.0
-    endpoint_budget: int = 200  # buffered + in-flight deliveries per endpoint per agent
+    endpoint_budget_s: float = 30.0  # divert when an endpoint's backlog needs longer to drain
+    endpoint_max_queue: int = 2000  # and never buffer more than this per endpoint
     quarantine_delay_s: float = 30.0  # over-budget deliveries come back after this
     max_buffered: int = 5000  # per agent: consumption pauses above this many unfinished
     commit_interval_ms: int = 100
@@ -141,11 +142,11 @@ def _validate(s: Settings) -> None:
     if s.retry_ceiling_s > 72 * 3600:
         raise ConfigError("POSTBACKS_RETRY_CEILING_S must be at most 72 h (259200)")
     for name in ("retry_base_s", "retry_max_delay_s", "retry_ceiling_s", "breaker_open_s",
-                 "breaker_ramp_s", "quarantine_delay_s"):
+                 "breaker_ramp_s", "quarantine_delay_s", "endpoint_budget_s"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{env_name(name)} must be > 0")
     for name in ("retry_max_attempts", "failing_after", "breaker_failure_threshold",
-                 "endpoint_budget", "max_buffered", "commit_interval_ms"):
+                 "endpoint_max_queue", "max_buffered", "commit_interval_ms"):
         if getattr(s, name) < 1:
             raise ConfigError(f"{env_name(name)} must be >= 1")
     parse_event_type_limits(s.retry_max_attempts_by_event_type)

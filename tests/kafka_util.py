@@ -43,3 +43,29 @@ def scalar(settings: Settings, sql: str, params: Any = None) -> Any:
     with connect(settings.database_url) as conn:
         row = conn.execute(sql, params).fetchone()
     return None if row is None else row[0]
+
+
+def murmur2_partition(key: bytes, partitions: int) -> int:
+    """The Java client's (and librdkafka murmur2_random's) partition for a non-null key."""
+    length = len(key)
+    seed, m, r = 0x9747B28C, 0x5BD1E995, 24
+    h = (seed ^ length) & 0xFFFFFFFF
+    for i in range(0, length - length % 4, 4):
+        k = int.from_bytes(key[i:i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    rest = length % 4
+    tail = key[length - rest:]
+    if rest == 3:
+        h ^= tail[2] << 16
+    if rest >= 2:
+        h ^= tail[1] << 8
+    if rest >= 1:
+        h ^= tail[0]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return (h & 0x7FFFFFFF) % partitions

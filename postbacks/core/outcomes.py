@@ -8,7 +8,7 @@ from postbacks.records import AttemptRecord, DeliveryRecord, OutcomeRecord
 
 __all__ = ["REDACTED_HEADERS", "make_attempt", "make_outcome"]
 
-REDACTED_HEADERS = frozenset({"webhook-signature", "authorization"})
+REDACTED_HEADERS = frozenset({"webhook-signature", "authorization", "x-partner-signature"})
 
 
 def make_attempt(

@@ -38,9 +38,14 @@ def make_consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
 
 
 def make_producer(settings: Settings, **extra: Any) -> Producer:
-    """Idempotent producer, acks=all: an ack means the record is durable on the broker."""
+    """Idempotent producer, acks=all: an ack means the record is durable on the broker.
+
+    Keys are partitioned with murmur2, as the Java client and Faust/aiokafka do, so every
+    producer of a delivery topic puts one endpoint on the same partition number (the
+    anomaly gate's co-partitioning depends on it)."""
     conf = {
         **_base(settings),
+        "partitioner": "murmur2_random",
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -130,8 +130,10 @@ def run_stage(
 
 def commit_batch(
     stage: str, settings: Settings, consumer: Consumer, producer: Producer,
-    out: Output, offsets: dict[tuple[str, int], int],
-) -> None:
+    out: Output, offsets: Mapping[tuple[str, int], int | tuple[int, str]],
+) -> bool:
+    """Produce ``out`` and commit ``offsets`` in one transaction. False = aborted and the
+    consumer rewound to its committed offsets (the caller must forget in-memory progress)."""
     producer.begin_transaction()
     try:
         for topic_base, key, value in out.items:
@@ -142,15 +144,18 @@ def commit_batch(
                 except BufferError:
                     producer.poll(0.05)
         producer.send_offsets_to_transaction(
-            [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+            [TopicPartition(t, p, o) if isinstance(o, int)
+             else TopicPartition(t, p, o[0], metadata=o[1])
+             for (t, p), o in offsets.items()],
             consumer.consumer_group_metadata(), 30,
         )
         producer.commit_transaction(60)
+        return True
     except KafkaException as exc:
         kerr = exc.args[0] if exc.args else None
         if isinstance(kerr, KafkaError) and kerr.txn_requires_abort():
             log.warning("%s: aborting transaction: %s", stage, kerr)
             producer.abort_transaction(30)
             _rewind(consumer)
-            return
+            return False
         raise

@@ -160,13 +160,32 @@ class PostgresSink:
 
 
 def _project_status(conn: psycopg.Connection[Any], delivery_ids: list[str]) -> None:
-    """Re-derive the status projection of the touched deliveries from outcomes and attempts."""
+    """Re-derive the status projection of the touched deliveries from outcomes and attempts:
+    status = the latest outcome's kind; held_at/hold_reason from the latest ``held``
+    outcome; ``suppressed`` outcomes (permanent mapping failures) become
+    postback_suppressions rows."""
     conn.execute(
         "UPDATE deliveries d SET status = o.kind, status_at = o.occurred_at"
         " FROM (SELECT DISTINCT ON (delivery_id) delivery_id, kind, occurred_at"
         "       FROM delivery_outcomes WHERE delivery_id = ANY(%(ids)s)"
         "       ORDER BY delivery_id, occurred_at DESC, outcome_id DESC) o"
         " WHERE d.delivery_id = o.delivery_id",
+        {"ids": delivery_ids},
+    )
+    conn.execute(
+        "UPDATE deliveries d SET held_at = o.occurred_at, hold_reason = o.reason"
+        " FROM (SELECT DISTINCT ON (delivery_id) delivery_id, occurred_at, reason"
+        "       FROM delivery_outcomes WHERE delivery_id = ANY(%(ids)s) AND kind = 'held'"
+        "       ORDER BY delivery_id, occurred_at DESC, outcome_id DESC) o"
+        " WHERE d.delivery_id = o.delivery_id AND d.status = 'held'",
+        {"ids": delivery_ids},
+    )
+    conn.execute(
+        "INSERT INTO postback_suppressions (delivery_id, endpoint_id, reason, created_at)"
+        " SELECT DISTINCT ON (delivery_id) delivery_id, endpoint_id, coalesce(reason, ''),"
+        " occurred_at FROM delivery_outcomes WHERE delivery_id = ANY(%(ids)s)"
+        " AND kind = 'suppressed' ORDER BY delivery_id, occurred_at"
+        " ON CONFLICT (delivery_id) DO NOTHING",
         {"ids": delivery_ids},
     )
     conn.execute(

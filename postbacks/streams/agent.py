@@ -1,181 +1,62 @@
-"""Delivery agent: dispatch.v1 -> HTTP -> attempts.v1, outcomes.v1, retry.*, dlq.v1.
+"""Delivery agent: dispatch.v1 -> HTTP -> attempts.v1, outcomes.v1, retry.*, held.v1,
+quarantine.v1, dlq.v1.
 
-Per batch: decode, render and sign each delivery, send them concurrently (at most the
-endpoint's concurrency in flight per endpoint), then produce every attempt, next step and
-outcome of the batch and commit the batch's input offsets in **one Kafka transaction**.
-HTTP is at-least-once: a crash after a send but before the commit re-sends the delivery
-with the same idempotency key; everything between topics is exactly-once.
+Consumption, lanes and commits run side by side on one event loop: records are consumed
+in batches (on a single Kafka thread), spread over per-endpoint lanes (see lanes.py), and
+every ``commit_interval_ms`` the outputs of every finished record are produced in **one
+Kafka transaction** with the commit that covers them: the lowest unfinished offset plus
+the finished records above it, in the commit metadata (see offsets.py). HTTP is
+at-least-once: a crash after a send and before its commit re-sends the delivery with the
+same idempotency key; everything between topics is exactly-once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from postbacks.codec import codec_for
-from postbacks.core.classify import Delivered, Permanent, Retryable, classify
 from postbacks.core.endpoint import Endpoint
-from postbacks.core.outcomes import make_attempt, make_outcome
-from postbacks.core.render import RenderedRequest, RenderError, render
-from postbacks.core.retry import DeadLetter, RetryPolicy, ScheduleRetry, next_step
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
-from postbacks.errors import DeadLetterError, PostbacksError
+from postbacks.errors import PostbacksError
 from postbacks.kafka.clients import check_broker, make_consumer, make_transactional_producer
-from postbacks.kafka.stage import Output, commit_batch, dead_letter_for
-from postbacks.metrics import (
-    ATTEMPTS_TOTAL,
-    DLQ_TOTAL,
-    LATENCY,
-    OUTCOMES_TOTAL,
-    RENDER_ERRORS,
-    observe_backlog,
-)
-from postbacks.records import DeliveryRecord
+from postbacks.kafka.stage import Output, commit_batch
+from postbacks.metrics import STAGE_RECORDS, UNFINISHED, observe_backlog
+from postbacks.policies import breaker_policy, retry_policy
 from postbacks.settings import Settings
+from postbacks.streams.delivery import Deliverer
+from postbacks.streams.lanes import Lanes
+from postbacks.streams.offsets import Tracker, decode_done
 from postbacks.topics import TOPICS
 from postbacks.transport.http import HttpTransport
 
-__all__ = ["Agent", "run_agent"]
+__all__ = ["run_agent"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Agent:
-    settings: Settings
-    endpoints: EndpointCache
-    transport: HttpTransport
-    policy: RetryPolicy = field(default_factory=RetryPolicy)
-    clock: Callable[[], float] = time.time
-    rng: random.Random = field(default_factory=random.Random)
-    _sems: dict[str, asyncio.Semaphore] = field(default_factory=dict)
-    _last_reload: float = 0.0
+class _Endpoints:
+    """Endpoint lookup with a rate-limited reload when an id is not (yet) known."""
 
-    def __post_init__(self) -> None:
-        self._dlv = codec_for("Delivery")
-        self._att = codec_for("Attempt")
-        self._out = codec_for("Outcome")
-        self._dlq = codec_for("DeadLetter")
+    def __init__(self, cache: EndpointCache) -> None:
+        self._cache = cache
+        self._last_reload = 0.0
 
-    def _sem(self, endpoint_id: str, cap: int) -> asyncio.Semaphore:
-        sem = self._sems.get(endpoint_id)
-        if sem is None:
-            sem = self._sems[endpoint_id] = asyncio.Semaphore(cap)
-        return sem
-
-    def _endpoint(self, endpoint_id: str) -> Endpoint | None:
-        ep = self.endpoints.get(endpoint_id)
-        if ep is None and self.clock() - self._last_reload > 1.0:
-            self._last_reload = self.clock()
+    def __call__(self, endpoint_id: str) -> Endpoint | None:
+        ep = self._cache.get(endpoint_id)
+        if ep is None and time.monotonic() - self._last_reload > 1.0:
+            self._last_reload = time.monotonic()
             try:
-                self.endpoints.load()
+                self._cache.load()
             except PostbacksError as exc:
                 log.warning("endpoint reload failed: %s", exc)
-            ep = self.endpoints.get(endpoint_id)
+            ep = self._cache.get(endpoint_id)
         return ep
-
-    async def process(self, msg: Message, out: Output) -> None:
-        """Deliver one dispatch record; everything it yields goes to ``out``."""
-        picked = self.clock()
-        now_ms = int(picked * 1000)
-        observe_backlog(msg, now_ms)
-        try:
-            d: DeliveryRecord = self._dlv.decode(msg.value())  # type: ignore[assignment]
-        except DeadLetterError as exc:
-            self._dead_letter(msg, out, exc, exc.reason, now_ms)
-            return
-        key = d["endpoint_id"].encode()
-        ep = self._endpoint(d["endpoint_id"])
-        if ep is None:
-            unknown = DeadLetterError(f"endpoint {d['endpoint_id']} is unknown or disabled")
-            self._dead_letter(msg, out, unknown, "unknown_endpoint", now_ms, d)
-            self._outcome(out, d, "dead_lettered", now_ms, "unknown_endpoint")
-            return
-        queue_ms = max(0.0, now_ms - (d["enqueued_at"] or d["created_at"]))
-        try:
-            req = render(d, ep, now_ms=now_ms)
-        except RenderError as exc:
-            RENDER_ERRORS.inc()
-            self._attempt(out, d, now_ms, "render_failed", None, error_class="render_error",
-                          error_message=str(exc), queue_ms=queue_ms)
-            self._dead_letter(msg, out, exc, "render_failed", now_ms, d)
-            self._outcome(out, d, "dead_lettered", now_ms, "render_failed")
-            return
-        async with self._sem(ep.endpoint_id, ep.concurrency):
-            sent_at = self.clock()
-            result = await self.transport.send(req)
-        done = self.clock()
-        now_ms = int(done * 1000)
-        platform_ms = max(0.0, (done - picked) * 1000 - result.wire_ms - (sent_at - picked) * 1000)
-        verdict = classify(result.http)
-        if result.blocked is not None:
-            verdict = Permanent("blocked_address")
-        common = dict(
-            status=result.http.status, queue_ms=queue_ms, platform_ms=platform_ms,
-            wire_ms=result.wire_ms, excerpt=result.excerpt, attempted_at=int(sent_at * 1000),
-        )
-        LATENCY.labels(phase="queue").observe(queue_ms / 1000)
-        LATENCY.labels(phase="wire").observe(result.wire_ms / 1000)
-        LATENCY.labels(phase="platform").observe(platform_ms / 1000)
-        first = d["first_attempt_at"] or int(sent_at * 1000)
-        match verdict:
-            case Delivered():
-                self._attempt(out, d, now_ms, "delivered", req, **common)
-                self._outcome(out, d, "delivered", now_ms)
-            case Permanent(error_class=ec):
-                result_name = "blocked_address" if ec == "blocked_address" else "permanent"
-                self._attempt(out, d, now_ms, result_name, req, error_class=ec,
-                              error_message=result.blocked, **common)
-                exc2 = DeadLetterError(f"permanent failure: {ec}")
-                self._dead_letter(msg, out, exc2, result_name, now_ms, d)
-                self._outcome(out, d, "dead_lettered", now_ms, ec)
-            case Retryable(error_class=ec, retry_after_s=after):
-                self._attempt(out, d, now_ms, "retryable", req, error_class=ec, **common)
-                step = next_step(
-                    self.policy, attempt_no=d["attempt"] + 1,
-                    event_type=d["conversion"]["event_type"], first_attempt_ms=first,
-                    now_ms=now_ms, retry_after_s=after, rand=self.rng.random(),
-                )
-                match step:
-                    case ScheduleRetry(tier=tier, due_at_ms=due):
-                        nxt = dict(d)
-                        nxt.update(attempt=d["attempt"] + 1, trigger="retry", due_at=due,
-                                   enqueued_at=now_ms, first_attempt_at=first, last_error=ec)
-                        out.add(TOPICS.retry_tier(tier).base, key, self._dlv.encode(nxt))
-                    case DeadLetter(reason=reason):
-                        exc3 = DeadLetterError(f"retries exhausted, last error {ec}")
-                        self._dead_letter(msg, out, exc3, reason, now_ms, d)
-                        self._outcome(out, d, "exhausted", now_ms, ec)
-
-    def _attempt(self, out: Output, d: DeliveryRecord, now_ms: int, result: str,
-                 req: RenderedRequest | None, **kw: object) -> None:
-        ATTEMPTS_TOTAL.labels(result=result).inc()
-        rec = make_attempt(d, now_ms=now_ms, result=result, req=req, **kw)  # type: ignore[arg-type]
-        out.add(TOPICS.attempts.base, d["endpoint_id"].encode(), self._att.encode(rec))
-
-    def _outcome(self, out: Output, d: DeliveryRecord, kind: str, now_ms: int,
-                 reason: str | None = None) -> None:
-        OUTCOMES_TOTAL.labels(kind=kind).inc()
-        rec = make_outcome(d, kind, now_ms=now_ms, reason=reason)
-        out.add(TOPICS.outcomes.base, d["endpoint_id"].encode(), self._out.encode(rec))
-
-    def _dead_letter(self, msg: Message, out: Output, exc: BaseException, reason: str,
-                     now_ms: int, d: DeliveryRecord | None = None) -> None:
-        DLQ_TOTAL.labels(stage="agent", reason=reason).inc()
-        rec = dead_letter_for(
-            msg, "agent", exc, reason, now_ms,
-            delivery_id=d["delivery_id"] if d else None,
-            endpoint_id=d["endpoint_id"] if d else None,
-        )
-        out.add(TOPICS.dlq.base, msg.key(), self._dlq.encode(rec))
 
 
 async def _run(settings: Settings, stop: threading.Event) -> None:
@@ -185,17 +66,52 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
     cache.start()
     consumer = make_consumer(settings, "postbacks-agent")
     producer = make_transactional_producer(settings, "agent")
-    consumer.subscribe([settings.topic(TOPICS.dispatch.base)])
+    revoked: list[TopicPartition] = []
+    skip: dict[tuple[str, int], set[int]] = {}  # finished above the committed offset
+
+    def on_assign(c: Consumer, partitions: list[TopicPartition]) -> None:
+        _load_skips(c, partitions, skip)
+
+    def on_revoke(_c: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked.extend(partitions)
+
+    consumer.subscribe([settings.topic(TOPICS.dispatch.base)], on_assign=on_assign,
+                       on_revoke=on_revoke, on_lost=on_revoke)
+    kafka = ThreadPoolExecutor(1, thread_name_prefix="kafka")  # every Kafka call, serialized
     loop = asyncio.get_running_loop()
+    tracker = Tracker()
+    processed = STAGE_RECORDS.labels(stage="agent")
+    interval = settings.commit_interval_ms / 1000
     try:
         async with HttpTransport(
             timeout_s=settings.http_timeout_s, allow_loopback=settings.allow_loopback_targets
         ) as transport:
-            agent = Agent(settings, cache, transport)
+            deliverer = Deliverer(transport, retry_policy(settings), breaker_policy(settings),
+                                  settings.failing_after, settings.quarantine_delay_s)
+            lanes = Lanes(deliverer, _Endpoints(cache), breaker_policy(settings),
+                          settings.endpoint_budget_s, settings.endpoint_max_queue,
+                          settings.quarantine_delay_s)
+            last_commit = time.monotonic()
+            last_wake = last_commit
             while not stop.is_set():
-                msgs = await loop.run_in_executor(None, consumer.consume, settings.batch_size, 0.5)
-                batch = []
-                offsets: dict[tuple[str, int], int] = {}
+                room = settings.max_buffered - tracker.unfinished()
+                UNFINISHED.set(tracker.unfinished())
+                if room <= 0:
+                    await loop.run_in_executor(kafka, consumer.pause, consumer.assignment())
+                    msgs = await loop.run_in_executor(kafka, consumer.consume, 1, interval)
+                    await loop.run_in_executor(kafka, consumer.resume, consumer.assignment())
+                else:
+                    msgs = await loop.run_in_executor(
+                        kafka, consumer.consume, min(settings.batch_size, room), interval
+                    )
+                if revoked:
+                    gone = {(tp.topic, tp.partition) for tp in revoked}
+                    revoked.clear()
+                    for topic, partition in gone:
+                        tracker.forget(topic, partition)
+                        skip.pop((topic, partition), None)
+                    lanes.drop_partitions(gone)
+                now_ms = int(time.time() * 1000)
                 for m in msgs:
                     err = m.error()
                     if err is not None:
@@ -204,21 +120,66 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                         if err.code() != KafkaError._PARTITION_EOF:
                             log.warning("consumer error: %s", err)
                         continue
-                    batch.append(m)
-                    offsets[(m.topic() or "", m.partition() or 0)] = (m.offset() or 0) + 1
-                if not batch:
-                    continue
-                outs = [Output() for _ in batch]
-                await asyncio.gather(
-                    *(agent.process(m, o) for m, o in zip(batch, outs, strict=True))
-                )
-                merged = Output([item for o in outs for item in o.items])
-                await loop.run_in_executor(
-                    None, commit_batch, "agent", settings, consumer, producer, merged, offsets
-                )
+                    observe_backlog(m, now_ms)
+                    topic, partition, offset = m.topic() or "", m.partition() or 0, m.offset() or 0
+                    slot = tracker.track(topic, partition, offset)
+                    done = skip.get((topic, partition))
+                    if done and offset in done:
+                        done.discard(offset)  # finished and committed before a restart
+                        slot.finish([])
+                        continue
+                    lanes.submit(m, slot)
+                processed.inc(len(msgs))
+                await asyncio.sleep(0)  # let finished sends fill their slots
+                now = time.monotonic()
+                if now - last_wake >= 1.0:
+                    lanes.wake()
+                    last_wake = now
+                if now - last_commit >= interval:
+                    last_commit = now
+                    await _commit(loop, kafka, settings, consumer, producer, tracker, lanes,
+                                  skip)
+            await _drain(loop, kafka, settings, consumer, producer, tracker, lanes, skip)
     finally:
         cache.stop()
-        consumer.close()
+        await loop.run_in_executor(kafka, consumer.close)
+        kafka.shutdown()
+
+
+def _load_skips(c: Consumer, partitions: list[TopicPartition],
+                skip: dict[tuple[str, int], set[int]]) -> None:
+    """Read the committed offsets' metadata: records above them that already finished."""
+    if not partitions:
+        return
+    for tp in c.committed(partitions, timeout=30):
+        done = decode_done(tp.offset, tp.metadata) if tp.offset >= 0 else set()
+        skip[(tp.topic, tp.partition)] = done
+
+
+async def _commit(loop: asyncio.AbstractEventLoop, kafka: ThreadPoolExecutor,
+                  settings: Settings, consumer: Consumer, producer: Producer, tracker: Tracker,
+                  lanes: Lanes, skip: dict[tuple[str, int], set[int]]) -> None:
+    items, commits = tracker.drain()
+    if not commits:
+        return
+    committed = await loop.run_in_executor(
+        kafka, commit_batch, "agent", settings, consumer, producer, Output(items), commits
+    )
+    if not committed:  # aborted and rewound: everything consumed will be seen again
+        tracker.clear()
+        lanes.clear()
+        await loop.run_in_executor(kafka, _load_skips, consumer, consumer.assignment(), skip)
+
+
+async def _drain(loop: asyncio.AbstractEventLoop, kafka: ThreadPoolExecutor,
+                 settings: Settings, consumer: Consumer, producer: Producer, tracker: Tracker,
+                 lanes: Lanes, skip: dict[tuple[str, int], set[int]],
+                 timeout_s: float = 15.0) -> None:
+    """On shutdown: stop taking work, let in-flight sends finish, commit what finished."""
+    lanes.clear()
+    if lanes.tasks:
+        await asyncio.wait(list(lanes.tasks), timeout=timeout_s)
+    await _commit(loop, kafka, settings, consumer, producer, tracker, lanes, skip)
 
 
 def run_agent(settings: Settings, stop: threading.Event) -> None:

@@ -56,7 +56,7 @@ class ReceiverState:
             return "unverified"
         for secret in secrets:
             try:
-                Webhook(secret).verify(body, headers)
+                Webhook(secret).verify(body, headers, json_parse=False)
                 return "ok"
             except Exception:  # the library raises WebhookVerificationError
                 continue

@@ -1,0 +1,322 @@
+"""Delivery-engine benchmark (bounded in count and time; traffic to 127.0.0.1 only).
+
+Measures, in one run so ratios are fair on a shared machine:
+  1. the bare aiohttp client's POST rate against a fast local receiver;
+  2. one agent process's deliveries/s against the same receiver, and its CPU µs/delivery;
+  3. end-to-end deliveries/s through fanout -> gate -> agent -> sink;
+  4. relay lateness p50/p99 (republish time - due_at);
+  5. healthy-endpoint p99 latency with and without a 15-s endpoint on the same partition.
+
+Usage: make bench   (or: python bench/delivery.py --deliveries 20000)
+Needs the services (`make services-up`) and KAFKA_BOOTSTRAP_SERVERS / POSTBACKS_DATABASE_URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import uvloop
+from confluent_kafka import Producer
+
+from postbacks.codec import codec_for
+from postbacks.core.endpoint import Endpoint
+from postbacks.core.fanout import plan_deliveries
+from postbacks.db.migrate import migrate
+from postbacks.emit import ConversionProducer, synthetic_conversions
+from postbacks.settings import Settings, load_settings
+from postbacks.tools.procs import Stack, free_port, http_json, wait_for
+from postbacks.tools.seed import seed_endpoints
+from postbacks.topics import TOPICS
+from postbacks.topics.admin import create_topics
+
+ROOT = Path(__file__).resolve().parents[1]
+BODY = b'{"schema_version":1,"type":"conversion","data":{' + b'"x":"' + b"a" * 540 + b'"}}'
+
+
+def say(msg: str) -> None:
+    print(f"[bench] {msg}", flush=True)
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def metrics_of(log_path: Path) -> str:
+    """The agent's own counters, read from its /metrics (port from its log)."""
+    import re
+    import urllib.request
+
+    m = re.findall(r"metrics on (http://\S+)", log_path.read_text())
+    if not m:
+        return "(no metrics address in log)"
+    with urllib.request.urlopen(m[-1], timeout=5) as r:
+        text = r.read().decode()
+    return "\n".join(line for line in text.splitlines()
+                     if line.startswith(("webhook_", "postbacks_")) and "bucket" not in line)
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))] if s else float("nan")
+
+
+async def _bare(url: str, n: int, concurrency: int = 64) -> float:
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        left = n
+
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                async with session.post(url, data=BODY,
+                                        headers={"content-type": "application/json"}) as r:
+                    await r.read()
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return n / (time.perf_counter() - start)
+
+
+def fresh(base: Settings, name: str) -> Settings:
+    s = load_settings({}, kafka_bootstrap_servers=base.kafka_bootstrap_servers,
+                      database_url=base.database_url,
+                      topic_prefix=f"bench{int(time.time())}{name}.",
+                      instance_id=f"bench-{name}")
+    create_topics(s)
+    return s
+
+
+def env_for(s: Settings, **extra: str) -> dict[str, str]:
+    return {"KAFKA_BOOTSTRAP_SERVERS": s.kafka_bootstrap_servers,
+            "POSTBACKS_DATABASE_URL": s.database_url, "POSTBACKS_TOPIC_PREFIX": s.topic_prefix,
+            "POSTBACKS_ALLOW_LOOPBACK_TARGETS": "true", "POSTBACKS_CONFIG_REFRESH_S": "2",
+            "POSTBACKS_INSTANCE_ID": s.instance_id, **extra}
+
+
+def produce_dispatch(s: Settings, endpoints: list[Endpoint], per_endpoint: int,
+                     partition: int | None = None) -> dict[str, int]:
+    """Delivery records straight onto dispatch.v1; returns idempotency key -> enqueued_at."""
+    codec = codec_for("Delivery")
+    p = Producer({"bootstrap.servers": s.kafka_bootstrap_servers, "linger.ms": 20,
+                  "partitioner": "murmur2_random"})
+    keys: dict[str, int] = {}
+    events = list(synthetic_conversions(per_endpoint * len(endpoints), apps=1, seed=1,
+                                        namespace=s.instance_id, now_ms=int(time.time() * 1000)))
+    for i, ev in enumerate(events):
+        ep = endpoints[i % len(endpoints)]
+        ev["app_id"] = ep.app_id
+        now = int(time.time() * 1000)
+        for d in plan_deliveries(ev, [ep], idem_key=s.idempotency_key.reveal().encode(),
+                                 now_ms=now):
+            keys[d["idempotency_key"]] = now
+            kw: dict[str, Any] = {} if partition is None else {"partition": partition}
+            while True:
+                try:
+                    p.produce(s.topic(TOPICS.dispatch.base), codec.encode(d),
+                              d["endpoint_id"].encode(), **kw)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+    assert p.flush(60) == 0
+    return keys
+
+
+def endpoints_for(s: Settings, seeded: list[Any]) -> list[Endpoint]:
+    return [Endpoint(x.endpoint_id, x.app_id, x.url, frozenset({"*"})) for x in seeded]
+
+
+def run_agent_alone(base: Settings, n: int, n_endpoints: int, log_dir: Path) -> dict[str, float]:
+    s = fresh(base, "agent")
+    port = free_port()
+    with Stack(env_for(s), log_dir) as stack:
+        rx = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fast_receiver.py"),
+                               str(port)])
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_for(lambda: http_json(f"{url}/_stats"), 20, what="fast receiver")
+            say("bare aiohttp client: 20,000 POSTs, 64 concurrent ...")
+            bare = uvloop.run(_bare(f"{url}/hooks/bare", 20_000))
+            http_json(f"{url}/_reset", {})
+            seeded = seed_endpoints(s, apps=n_endpoints, endpoints_per_app=1, receiver_url=url,
+                                    namespace=s.instance_id.replace("-", ""),
+                                    now_ms=int(time.time() * 1000))
+            eps = endpoints_for(s, seeded)
+            say(f"producing {n} dispatch records over {n_endpoints} endpoints ...")
+            produce_dispatch(s, eps, n // n_endpoints)
+            agent = stack.start("agent", "agent")
+            wait_for(lambda: http_json(f"{url}/_stats")["count"] > 0, 60, interval=0.01,
+                     what="first delivery")
+            t0, c0 = time.perf_counter(), cpu_s(agent.pid)
+            count0 = http_json(f"{url}/_stats")["count"]
+            wait_for(lambda: http_json(f"{url}/_stats")["count"] >= n, 300, interval=0.05,
+                     what=f"{n} deliveries")
+            elapsed, cpu = time.perf_counter() - t0, cpu_s(agent.pid) - c0
+            done = n - count0
+            rate = done / elapsed
+            say(f"agent: {rate:.0f} deliveries/s, {cpu / done * 1e6:.0f} µs CPU each; "
+                f"bare client {bare:.0f}/s")
+            return {"bare_client_per_s": bare, "agent_per_s": rate,
+                    "agent_cpu_us_per_delivery": cpu / done * 1e6, "bare_over_agent": bare / rate}
+        finally:
+            rx.terminate()
+            rx.wait(10)
+
+
+def run_end_to_end(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
+    s = fresh(base, "e2e")
+    port = free_port()
+    rx = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fast_receiver.py"), str(port)])
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: http_json(f"{url}/_stats"), 20, what="fast receiver")
+        ns = s.instance_id.replace("-", "")
+        seed_endpoints(s, apps=50, endpoints_per_app=1, receiver_url=url, namespace=ns,
+                       now_ms=int(time.time() * 1000))
+        with Stack(env_for(s), log_dir) as stack:
+            for stage in ("sink", "agent", "gate", "fanout"):
+                stack.start(stage, stage)
+            producer = ConversionProducer(s)
+            for ev in synthetic_conversions(n, apps=50, seed=2, namespace=ns,
+                                            now_ms=int(time.time() * 1000)):
+                producer.send(ev)
+            producer.flush()
+            wait_for(lambda: http_json(f"{url}/_stats")["count"] > 0, 60, interval=0.01,
+                     what="first delivery")
+            t0 = time.perf_counter()
+            c0 = http_json(f"{url}/_stats")["count"]
+            try:
+                wait_for(lambda: http_json(f"{url}/_stats")["count"] >= n, 300, interval=0.05,
+                         what=f"{n} deliveries end to end")
+            except TimeoutError:
+                for proc in stack.procs.values():
+                    print(f"--- {proc.name}\n{proc.tail(20)}")
+                print(metrics_of(stack.procs["agent"].log_path))
+                raise
+            rate = (n - c0) / (time.perf_counter() - t0)
+            say(f"end to end: {rate:.0f} deliveries/s")
+            return {"end_to_end_per_s": rate}
+    finally:
+        rx.terminate()
+        rx.wait(10)
+
+
+def run_relay_lateness(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
+    s = fresh(base, "relay")
+    codec = codec_for("Delivery")
+    p = Producer({"bootstrap.servers": s.kafka_bootstrap_servers, "linger.ms": 5})
+    ep = Endpoint("ep_bench_relay", "app_bench", "http://127.0.0.1:9/", frozenset({"*"}))
+    events = list(synthetic_conversions(n, apps=1, seed=3, namespace="relay",
+                                        now_ms=int(time.time() * 1000)))
+    start = int(time.time() * 1000) + 3000
+    for i, ev in enumerate(events):
+        ev["app_id"] = ep.app_id
+        for d in plan_deliveries(ev, [ep], idem_key=b"k", now_ms=start):
+            d["due_at"] = start + i * 2  # a steady stream falling due over n*2 ms
+            p.produce(s.topic(TOPICS.retry_tier("5s").base), codec.encode(d), b"ep_bench_relay")
+    p.flush(30)
+    from confluent_kafka import Consumer
+
+    with Stack(env_for(s), log_dir) as stack:
+        stack.start("relay", "relay")
+        c = Consumer({"bootstrap.servers": s.kafka_bootstrap_servers, "group.id": "bench-lat",
+                      "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+        c.subscribe([s.topic(TOPICS.dispatch.base)])
+        late: list[float] = []
+        early = 0
+        deadline = time.monotonic() + 120
+        while len(late) < n and time.monotonic() < deadline:
+            for m in c.consume(500, 0.5):
+                if m.error() is None:
+                    d = codec.decode(m.value())
+                    delta = d["enqueued_at"] - d["due_at"]
+                    early += delta < 0
+                    late.append(delta)
+        c.close()
+    say(f"relay lateness over {len(late)}: p50 {pct(late, 50):.0f} ms, p99 {pct(late, 99):.0f} ms,"
+        f" early {early}")
+    return {"relay_lateness_p50_ms": pct(late, 50), "relay_lateness_p99_ms": pct(late, 99),
+            "relay_early": float(early)}
+
+
+def run_isolation(base: Settings, with_slow: bool, log_dir: Path) -> float:
+    s = fresh(base, "iso1" if with_slow else "iso0")
+    port = free_port()
+    ns = s.instance_id.replace("-", "")
+    slow_id = f"ep_{ns}_0001_1"
+    rx = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fast_receiver.py"), str(port),
+                           slow_id, "15"])
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: http_json(f"{url}/_stats"), 20, what="fast receiver")
+        seeded = seed_endpoints(s, apps=21, endpoints_per_app=1, receiver_url=url,
+                                namespace=ns, now_ms=int(time.time() * 1000))
+        eps = endpoints_for(s, seeded)
+        slow, healthy = eps[0], eps[1:]
+        with Stack(env_for(s, POSTBACKS_HTTP_TIMEOUT_S="30"), log_dir) as stack:
+            stack.start("agent", "agent")
+            time.sleep(3)  # let the agent join its group before the measured traffic
+            keys: dict[str, int] = {}
+            for _ in range(10):  # 10 waves; the slow endpoint's requests interleave
+                if with_slow:
+                    produce_dispatch(s, [slow], 2, partition=0)
+                keys.update(produce_dispatch(s, healthy, 5, partition=0))
+                time.sleep(0.2)
+            wait_for(lambda: all(k in http_json(f"{url}/_times") for k in keys), 120,
+                     what="healthy deliveries")
+            times = http_json(f"{url}/_times")
+            lat = [(times[k] * 1000 - t) for k, t in keys.items()]
+        p99 = pct(lat, 99)
+        say(f"healthy p99 {'with' if with_slow else 'without'} a 15-s endpoint: {p99:.0f} ms "
+            f"(p50 {statistics.median(lat):.0f} ms)")
+        return p99
+    finally:
+        rx.terminate()
+        rx.wait(10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--deliveries", type=int, default=20_000)
+    ap.add_argument("--endpoints", type=int, default=50)
+    ap.add_argument("--parts", default="agent,e2e,relay,isolation",
+                    help="comma-separated subset of: agent, e2e, relay, isolation")
+    args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    base = load_settings()
+    migrate(base.database_url)
+    log_dir = ROOT / ".local" / "bench-logs" / str(int(time.time()))
+    results: dict[str, float] = {}
+    if "agent" in parts:
+        results |= run_agent_alone(base, args.deliveries, args.endpoints, log_dir / "agent")
+    if "e2e" in parts:
+        results |= run_end_to_end(base, args.deliveries, log_dir / "e2e")
+    if "relay" in parts:
+        results |= run_relay_lateness(base, 2000, log_dir / "relay")
+    if "isolation" in parts:
+        without = run_isolation(base, False, log_dir / "iso0")
+        with_slow = run_isolation(base, True, log_dir / "iso1")
+        results |= {"healthy_p99_ms_without_slow": without,
+                    "healthy_p99_ms_with_slow": with_slow, "isolation_ratio": with_slow / without}
+    out = ROOT / "bench" / "results" / "latest.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print("\n=== delivery benchmark ===")
+    for k, v in results.items():
+        print(f"{k:32s} {v:10.2f}")
+    print(f"(written to {out})")
+
+
+if __name__ == "__main__":
+    main()

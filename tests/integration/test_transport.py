@@ -1,0 +1,208 @@
+"""The HTTP transport against a real receiver on 127.0.0.1 (real sockets, no mocks).
+
+Every refusal is proven on the receiver's side too: a refused send must leave it with zero
+requests. Traffic only ever goes to 127.0.0.1; the internal redirect targets
+(169.254.169.254, 10.0.0.1) must be refused before any connect, so they are never reached.
+Needs no Kafka or PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import pytest
+from aiohttp import web
+
+from postbacks.core.classify import HttpResult, Permanent, classify
+from postbacks.core.render import RenderedRequest
+from postbacks.transport.http import BODY_BYTES, EXCERPT_BYTES, HttpTransport, SendResult
+
+BIG = b"x" * (BODY_BYTES + 10_000)
+TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Seen:
+    method: str
+    path: str
+    body: bytes
+
+
+@dataclass
+class Receiver:
+    port: int
+    seen: list[Seen] = field(default_factory=list)
+
+    def url(self, path: str = "/ok", host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}{path}"
+
+
+def _redirect_to(status: int, location: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handler(_: web.Request) -> web.Response:
+        return web.Response(status=status, headers={"Location": location})
+
+    return handler
+
+
+@asynccontextmanager
+async def receiver() -> AsyncIterator[Receiver]:
+    """A scripted receiver on 127.0.0.1 (ephemeral port) that records every request."""
+    rec = Receiver(port=0)
+
+    @web.middleware
+    async def record(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        rec.seen.append(Seen(request.method, request.path, await request.read()))
+        return await handler(request)
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.Response(body=b"accepted:" + BIG)
+
+    async def loop(request: web.Request) -> web.Response:
+        n = int(request.match_info["n"])
+        return await _redirect_to(307, f"/loop/{n + 1}")(request)
+
+    routes = [
+        web.route("*", "/ok", ok),
+        web.route("*", "/landing", ok),
+        web.route("*", "/to-metadata",
+                  _redirect_to(302, "http://169.254.169.254/latest/meta-data")),
+        web.route("*", "/to-private", _redirect_to(302, "http://10.0.0.1/")),
+        web.route("*", "/to-hex-metadata", _redirect_to(307, "http://0xa9fea9fe/")),
+        web.route("*", "/moved", _redirect_to(302, "/landing")),
+        web.route("*", "/loop/{n}", loop),
+    ]
+    app = web.Application(middlewares=[record])
+    app.add_routes(routes)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    rec.port = runner.addresses[0][1]
+    try:
+        yield rec
+    finally:
+        await runner.cleanup()
+
+
+def _post(url: str, body: bytes = b'{"id":"dlv_1"}') -> RenderedRequest:
+    return RenderedRequest(
+        method="POST", url=url, headers={"content-type": "application/json"}, body=body
+    )
+
+
+async def _send(
+    url_for: Callable[[Receiver], str], *, allow_loopback: bool, **kw: object
+) -> tuple[SendResult, Receiver]:
+    async with receiver() as rec, HttpTransport(
+        timeout_s=TIMEOUT_S, allow_loopback=allow_loopback
+    ) as transport:
+        result = await transport.send(_post(url_for(rec)), **kw)  # type: ignore[arg-type]
+        return result, rec
+
+
+def _assert_blocked(result: SendResult) -> None:
+    assert result.http.status is None
+    assert result.http.error_class == "blocked_address"
+    assert result.blocked
+    assert result.excerpt is None and result.body is None
+
+
+# (a) loopback in every form is refused, and nothing reaches the receiver --------------------
+
+@pytest.mark.parametrize(
+    "host",
+    ["127.0.0.1", "2130706433", "0x7f000001", "0177.0.0.1", "127.1", "[::ffff:127.0.0.1]",
+     "[::ffff:7f00:1]", "127.0.0.1.", "%31%32%37.0.0.1", "localhost"],
+)
+def test_loopback_forms_are_refused_before_connecting(host: str) -> None:
+    result, rec = asyncio.run(_send(lambda r: r.url(host=host), allow_loopback=False))
+    _assert_blocked(result)
+    assert rec.seen == []
+
+
+def test_localhost_is_refused_by_the_vetting_resolver() -> None:
+    result, rec = asyncio.run(_send(lambda r: r.url(host="localhost"), allow_loopback=False))
+    _assert_blocked(result)
+    assert result.blocked is not None and "localhost: refused" in result.blocked
+    assert rec.seen == []
+
+
+@pytest.mark.parametrize("url", ["http://[::1:{port}/", "http://127.0.0.1:99999/"])
+def test_unparseable_url_is_a_permanent_invalid_url(url: str) -> None:
+    result, rec = asyncio.run(_send(lambda r: url.format(port=r.port), allow_loopback=True))
+    assert result.http == HttpResult(None, "invalid_url")
+    assert result.blocked is not None
+    assert rec.seen == []
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1:{port}/", "http://evil@127.0.0.1:{port}/ok"])
+def test_bad_scheme_and_userinfo_are_refused(url: str) -> None:
+    result, rec = asyncio.run(_send(lambda r: url.format(port=r.port), allow_loopback=True))
+    _assert_blocked(result)
+    assert rec.seen == []
+
+
+# (b) loopback allowed: a real delivery ---------------------------------------------------
+
+def test_loopback_allowed_delivers() -> None:
+    result, rec = asyncio.run(_send(lambda r: r.url(), allow_loopback=True))
+    assert result.http.status == 200 and result.blocked is None
+    assert result.body is not None and len(result.body) == BODY_BYTES
+    assert result.body.startswith(b"accepted:")
+    assert result.excerpt == result.body[:EXCERPT_BYTES]
+    assert result.wire_ms > 0
+    assert rec.seen == [Seen("POST", "/ok", b'{"id":"dlv_1"}')]
+
+
+# (c) a redirect to an internal address is refused before any connect ----------------------
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [("/to-metadata", "link-local"), ("/to-private", "private"),
+     ("/to-hex-metadata", "link-local")],
+)
+def test_redirect_to_internal_address_is_refused(path: str, reason: str) -> None:
+    result, rec = asyncio.run(
+        _send(lambda r: r.url(path), allow_loopback=True, follow_redirects=True)
+    )
+    _assert_blocked(result)
+    assert result.blocked is not None and reason in result.blocked
+    assert result.wire_ms < TIMEOUT_S * 1000 / 2  # refused, not timed out connecting
+    assert [s.path for s in rec.seen] == [path]
+
+
+# (d) redirects are not followed unless asked ----------------------------------------------
+
+def test_redirect_is_returned_as_is_by_default() -> None:
+    result, rec = asyncio.run(_send(lambda r: r.url("/to-metadata"), allow_loopback=True))
+    assert result.http.status == 302 and result.blocked is None
+    assert classify(result.http) == Permanent("http_302")
+    assert [s.path for s in rec.seen] == ["/to-metadata"]
+
+
+# (e) a 307 chain longer than max_redirects stops, permanently ------------------------------
+
+def test_redirect_chain_longer_than_the_limit_stops() -> None:
+    result, rec = asyncio.run(_send(
+        lambda r: r.url("/loop/0"), allow_loopback=True, follow_redirects=True, max_redirects=3
+    ))
+    assert result.http.status == 307
+    assert classify(result.http) == Permanent("http_307")
+    assert [s.path for s in rec.seen] == ["/loop/0", "/loop/1", "/loop/2", "/loop/3"]
+    assert {(s.method, s.body) for s in rec.seen} == {("POST", b'{"id":"dlv_1"}')}
+
+
+# (f) a 302 on POST to the same loopback server is followed as a GET ------------------------
+
+def test_302_on_post_is_followed_as_get_without_body() -> None:
+    result, rec = asyncio.run(
+        _send(lambda r: r.url("/moved"), allow_loopback=True, follow_redirects=True)
+    )
+    assert result.http.status == 200 and result.blocked is None
+    assert result.excerpt is not None and result.excerpt.startswith(b"accepted:")
+    assert rec.seen == [Seen("POST", "/moved", b'{"id":"dlv_1"}'), Seen("GET", "/landing", b"")]
