@@ -6,6 +6,9 @@
 #   bash deploy/local/services.sh status        exit non-zero unless both are ready
 #   bash deploy/local/services.sh logs          last 100 lines of each log
 #   bash deploy/local/services.sh env           print the export lines only
+#   bash deploy/local/services.sh restart-kafka [SECONDS]     stop the broker, wait, start it
+#   bash deploy/local/services.sh restart-postgres [SECONDS]  the same for PostgreSQL
+#                                               (failure tests: a broker restart, a DB outage)
 #
 # Everything binds to 127.0.0.1. No Docker. See deploy/local/README.md.
 set -euo pipefail
@@ -665,14 +668,14 @@ cmd_logs() {
 }
 
 usage() {
-  sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n "2,12p" "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 main() {
   local cmd=${1:-}
   [[ $# -gt 0 ]] && shift
   case $cmd in
-    up|down|status|logs|env) ;;
+    up|down|status|logs|env|restart-kafka|restart-postgres) ;;
     -h|--help|help) usage; return 0 ;;
     *) usage >&2; return 2 ;;
   esac
@@ -684,6 +687,8 @@ main() {
     status) cmd_status ;;
     logs) cmd_logs ;;
     env) print_env ;;
+    restart-kafka) take_lock; ensure_java; kafka_down; sleep "${1:-0}"; kafka_up ;;
+    restart-postgres) take_lock; pg_down; sleep "${1:-0}"; pg_up ;;
   esac
 }
 

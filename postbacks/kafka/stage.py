@@ -15,7 +15,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from postbacks.codec import codec_for
 from postbacks.errors import DeadLetterError
@@ -64,13 +72,33 @@ def dead_letter_for(
     )
 
 
-def _rewind(consumer: Consumer) -> None:
+def _retrying(what: str, call: Callable[[], object], deadline: float) -> None:
+    """Call a transactional API, repeating it while Kafka says the error is retriable (a
+    broker restart, a coordinator moving) until ``deadline``; other errors propagate."""
+    while True:
+        try:
+            call()
+            return
+        except KafkaException as exc:
+            kerr = exc.args[0] if exc.args else None
+            if (isinstance(kerr, KafkaError) and kerr.retriable()
+                    and not kerr.txn_requires_abort() and time.monotonic() < deadline):
+                log.warning("%s: retriable error, retrying: %s", what, kerr)
+                time.sleep(0.5)
+                continue
+            raise
+
+
+def _rewind(consumer: Consumer, deadline: float) -> None:
     assignment = consumer.assignment()
     if not assignment:
         return
-    for tp in consumer.committed(assignment, timeout=30):
-        offset = tp.offset if tp.offset >= 0 else 0
-        consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+    committed: list[TopicPartition] = []
+    _retrying("committed offsets",
+              lambda: committed.extend(consumer.committed(assignment, timeout=30)), deadline)
+    for tp in committed:
+        consumer.seek(TopicPartition(tp.topic, tp.partition,
+                                     tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
 
 
 def run_stage(
@@ -131,10 +159,16 @@ def run_stage(
 def commit_batch(
     stage: str, settings: Settings, consumer: Consumer, producer: Producer,
     out: Output, offsets: Mapping[tuple[str, int], int | tuple[int, str]],
+    *, timeout_s: float = 300.0,
 ) -> bool:
     """Produce ``out`` and commit ``offsets`` in one transaction. False = aborted and the
-    consumer rewound to its committed offsets (the caller must forget in-memory progress)."""
-    producer.begin_transaction()
+    consumer rewound to its committed offsets (the caller must forget in-memory progress).
+
+    Retriable errors (a broker restart) are retried for up to ``timeout_s``; an abortable
+    one aborts and rewinds; a fatal one (this producer was fenced by a newer instance)
+    propagates and ends the process."""
+    deadline = time.monotonic() + timeout_s
+    _retrying(f"{stage}: begin", producer.begin_transaction, deadline)
     try:
         for topic_base, key, value in out.items:
             while True:
@@ -143,19 +177,19 @@ def commit_batch(
                     break
                 except BufferError:
                     producer.poll(0.05)
-        producer.send_offsets_to_transaction(
-            [TopicPartition(t, p, o) if isinstance(o, int)
-             else TopicPartition(t, p, o[0], metadata=o[1])
-             for (t, p), o in offsets.items()],
-            consumer.consumer_group_metadata(), 30,
-        )
-        producer.commit_transaction(60)
+        positions = [TopicPartition(t, p, o) if isinstance(o, int)
+                     else TopicPartition(t, p, o[0], metadata=o[1])
+                     for (t, p), o in offsets.items()]
+        group = consumer.consumer_group_metadata()
+        _retrying(f"{stage}: send offsets",
+                  lambda: producer.send_offsets_to_transaction(positions, group, 30), deadline)
+        _retrying(f"{stage}: commit", lambda: producer.commit_transaction(60), deadline)
         return True
     except KafkaException as exc:
         kerr = exc.args[0] if exc.args else None
         if isinstance(kerr, KafkaError) and kerr.txn_requires_abort():
             log.warning("%s: aborting transaction: %s", stage, kerr)
-            producer.abort_transaction(30)
-            _rewind(consumer)
+            _retrying(f"{stage}: abort", lambda: producer.abort_transaction(30), deadline)
+            _rewind(consumer, deadline)
             return False
         raise

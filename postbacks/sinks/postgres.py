@@ -31,7 +31,7 @@ from confluent_kafka import (
 from postbacks.codec import codec_for
 from postbacks.db.connect import connect
 from postbacks.db.migrate import ensure_attempt_partitions
-from postbacks.errors import DeadLetterError
+from postbacks.errors import DeadLetterError, ServiceUnavailable
 from postbacks.ids import new_id
 from postbacks.kafka.clients import check_broker, make_consumer
 from postbacks.metrics import SINK_ROWS, STAGE_RECORDS, observe_backlog
@@ -208,7 +208,7 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
             try:
                 consumer.assign(sink.stored_offsets(partitions))
                 return
-            except (psycopg.Error, OSError) as exc:
+            except (psycopg.Error, OSError, ServiceUnavailable) as exc:
                 log.warning("sink: PostgreSQL unavailable during assignment (%s); retrying", exc)
                 sink.discard()
                 time.sleep(retry_s)
@@ -235,7 +235,8 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
             try:
                 sink.flush()
                 processed.inc(len(msgs))
-            except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
+            except (psycopg.OperationalError, psycopg.InterfaceError, OSError,
+                    ServiceUnavailable) as exc:
                 log.warning("sink: PostgreSQL write failed (%s); rewinding and retrying", exc)
                 sink.discard()
                 _rewind_to_stored(consumer, sink, stop, retry_s)
@@ -254,7 +255,7 @@ def _rewind_to_stored(
                 consumer.seek(tp)
             log.info("sink: PostgreSQL is back; resumed from stored offsets")
             return
-        except (psycopg.Error, OSError) as exc:
+        except (psycopg.Error, OSError, ServiceUnavailable) as exc:
             log.warning("sink: still waiting for PostgreSQL: %s", exc)
             sink.discard()
         except KafkaException as exc:  # seek on a partition not yet fetching

@@ -6,7 +6,8 @@ Postbacks arrive at ``/hooks/<endpoint_id>``. Control API (JSON):
 - ``POST /_control/secrets``  ``{"<endpoint_id>": ["whsec_...", ...]}`` — secrets to verify with
 - ``POST /_control/script``   ``{"<endpoint_id>" or "*": {"statuses": [500, 500, 200],
   "delay_ms": 0, "body": "ok", "headers": {"Retry-After": "3"}}}`` — the i-th request to
-  the endpoint answers ``statuses[min(i, len-1)]``
+  the endpoint answers ``statuses[min(i, len-1)]`` (``"per_delivery": true``: the i-th request
+  carrying the same webhook-id)
 - ``GET /_control/stats`` — totals, unique webhook-ids, bad signatures, per endpoint
 - ``GET /_control/received?endpoint=<id>`` — every request received (ids, headers, times)
 - ``POST /_control/reset``
@@ -31,6 +32,7 @@ __all__ = ["ReceiverState", "build_app", "main"]
 @dataclass
 class Script:
     statuses: list[int] = field(default_factory=lambda: [200])
+    per_delivery: bool = False  # index statuses by the n-th request of one webhook-id
     delay_ms: float = 0.0
     body: str = "ok"
     headers: dict[str, str] = field(default_factory=dict)
@@ -41,6 +43,7 @@ class ReceiverState:
     secrets: dict[str, list[str]] = field(default_factory=dict)
     scripts: dict[str, Script] = field(default_factory=dict)
     calls: Counter[str] = field(default_factory=Counter)
+    seen: Counter[str] = field(default_factory=Counter)
     received: list[dict[str, Any]] = field(default_factory=list)
     ids: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     bad_signatures: int = 0
@@ -73,11 +76,12 @@ def build_app(state: ReceiverState | None = None) -> web.Application:
         body = await request.read()
         headers = {k.lower(): v for k, v in request.headers.items()}
         signature = st.verify(endpoint_id, body, headers)
-        n = st.calls[endpoint_id]
-        st.calls[endpoint_id] += 1
-        script = st.script_for(endpoint_id)
-        status = script.statuses[min(n, len(script.statuses) - 1)]
         msg_id = headers.get("webhook-id", "")
+        script = st.script_for(endpoint_id)
+        n = st.seen[msg_id] if script.per_delivery else st.calls[endpoint_id]
+        st.calls[endpoint_id] += 1
+        st.seen[msg_id] += 1
+        status = script.statuses[min(n, len(script.statuses) - 1)]
         st.ids[endpoint_id].add(msg_id)
         st.received.append({
             "endpoint_id": endpoint_id, "webhook_id": msg_id, "at": time.time(),
@@ -100,6 +104,7 @@ def build_app(state: ReceiverState | None = None) -> web.Application:
         for key, spec in data.items():
             st.scripts[key] = Script(
                 statuses=list(spec.get("statuses", [200])),
+                per_delivery=bool(spec.get("per_delivery", False)),
                 delay_ms=float(spec.get("delay_ms", 0)),
                 body=str(spec.get("body", "ok")),
                 headers=dict(spec.get("headers", {})),
@@ -122,6 +127,7 @@ def build_app(state: ReceiverState | None = None) -> web.Application:
     async def reset(_request: web.Request) -> web.Response:
         st.scripts.clear()
         st.calls.clear()
+        st.seen.clear()
         st.received.clear()
         st.ids.clear()
         st.bad_signatures = st.unverified = 0
