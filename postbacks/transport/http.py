@@ -1,26 +1,30 @@
 """Sending one rendered request, with the SSRF guard before connect and in the resolver.
 
-aiohttp was chosen by measurement (see README "Performance"): on this class of machine it
-sustains ~9,000 keep-alive POST/s per core where httpx's AsyncClient managed ~700.
+The wire is :mod:`postbacks.transport.h1`, a small HTTP/1.1 client on an asyncio Protocol
+with the llhttp parser (httptools), chosen by measurement (see bench/http_clients.py):
+aiohttp's ClientSession cost ~110 µs of CPU per keep-alive POST, about half the agent's
+budget per delivery.
 
 Two guards, both before any socket is opened:
 
 * every URL (the first and each redirect hop) passes :func:`url_blocked_reason`, and the
-  host as yarl parsed it passes :func:`host_blocked_reason`. aiohttp connects to anything
-  that looks numeric (``2130706433``, ``0177.0.0.1``, ``[::ffff:7f00:1]``) without asking
-  the resolver, so IP literals in every form are judged here;
-* the connector resolves every hostname through :class:`VettingResolver`, which drops any
-  address the SSRF policy refuses; aiohttp then connects to exactly the vetted addresses it
-  was handed, so there is no window for DNS rebinding between check and connect.
+  host as yarl parsed it passes :func:`host_blocked_reason`. IP literals in every form
+  (``2130706433``, ``0177.0.0.1``, ``[::ffff:7f00:1]``) are judged here and connected to
+  without asking DNS;
+* every hostname is resolved by :class:`VettingResolver` (``loop.getaddrinfo``, results
+  cached for 30 s), which drops any address the SSRF policy refuses. The client then
+  connects to a vetted *address* (the first; the next only if connecting fails), with the
+  URL's host as TLS ``server_hostname`` and ``Host``, so there is no window for DNS
+  rebinding between check and connect.
 
-aiohttp never follows redirects itself. With ``follow_redirects=True`` this module follows
-301/302/303/307/308 up to ``max_redirects`` hops, each hop re-checked by both guards and
-by :func:`redirect_refused_reason` (no https -> http). aiohttp's exceptions are translated
-to :class:`HttpResult` here::
+Redirects are never followed by the client. With ``follow_redirects=True`` this module
+follows 301/302/303/307/308 up to ``max_redirects`` hops, each hop re-checked by both
+guards and by :func:`redirect_refused_reason` (no https -> http). Errors become::
 
     refused before connect  -> HttpResult(None, "blocked_address"), blocked=<reason>
     URL yarl cannot parse   -> HttpResult(None, "invalid_url"),     blocked=<reason>
     resolver refused all    -> HttpResult(None, "blocked_address"), blocked=<reason>
+    request text malformed  -> HttpResult(None, "invalid_request"), blocked=<reason>
     timeout                 -> HttpResult(None, "timeout")
     other connect/IO error  -> HttpResult(None, "connection_error")
     a response              -> HttpResult(status, None, retry_after)
@@ -28,15 +32,14 @@ to :class:`HttpResult` here::
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import ipaddress
 import socket
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
 from postbacks.core.classify import HttpResult
@@ -46,16 +49,29 @@ from postbacks.core.ssrf import (
     REDIRECT_STATUSES,
     blocked_reason,
     host_blocked_reason,
+    parse_host_literal,
     redirect_method,
     redirect_refused_reason,
     url_blocked_reason,
+)
+from postbacks.transport.h1 import (
+    BODY_LIMIT,
+    ConnectError,
+    H1Pool,
+    H1Response,
+    InvalidRequest,
+    PoolKey,
 )
 
 __all__ = ["BODY_BYTES", "EXCERPT_BYTES", "BlockedAddress", "HttpTransport", "SendResult",
            "VettingResolver"]
 
 EXCERPT_BYTES = 256
-BODY_BYTES = 64 * 1024
+BODY_BYTES = BODY_LIMIT  # 64 KiB
+
+DNS_TTL_S = 30.0
+IDLE_TIMEOUT_S = 30.0
+_DNS_CACHE_MAX = 4096
 
 # Dropped when a hop changes origin (as browsers do) or switches to a body-less GET.
 _CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
@@ -66,27 +82,63 @@ class BlockedAddress(OSError):
     """Every address of the host is refused by the SSRF policy."""
 
 
-class VettingResolver(AbstractResolver):
-    def __init__(self, allow_loopback: bool) -> None:
-        self._inner = DefaultResolver()
+class VettingResolver:
+    """Hostname -> the addresses the SSRF policy allows, cached for ``ttl_s``.
+
+    IP literals (any form :func:`parse_host_literal` knows) are judged without DNS.
+    Raises :class:`BlockedAddress` when every address is refused (that verdict is cached
+    too), ``socket.gaierror`` when the name does not resolve (not cached).
+    """
+
+    def __init__(self, allow_loopback: bool, *, ttl_s: float = DNS_TTL_S) -> None:
         self._allow_loopback = allow_loopback
+        self._ttl = ttl_s
+        self._cache: dict[str, tuple[float, tuple[str, ...] | str]] = {}
+        self._pending: dict[str, asyncio.Task[tuple[str, ...] | str]] = {}
 
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        results = await self._inner.resolve(host, port, family)
-        vetted = [
-            r for r in results
-            if blocked_reason(r["host"], allow_loopback=self._allow_loopback) is None
-        ]
-        if not vetted:
-            reasons = {blocked_reason(r["host"], allow_loopback=self._allow_loopback)
-                       for r in results}
-            raise BlockedAddress(f"{host}: refused ({', '.join(sorted(map(str, reasons)))})")
-        return vetted
+    async def resolve(self, host: str) -> tuple[str, ...]:
+        loop = asyncio.get_running_loop()
+        hit = self._cache.get(host)
+        if hit is None or hit[0] <= loop.time():
+            task = self._pending.get(host)
+            if task is None:
+                task = self._pending[host] = loop.create_task(self._lookup(host))
+                task.add_done_callback(functools.partial(self._settled, host))
+            result = await asyncio.shield(task)
+        else:
+            result = hit[1]
+        if isinstance(result, str):
+            raise BlockedAddress(result)
+        return result
 
-    async def close(self) -> None:
-        await self._inner.close()
+    def _settled(self, host: str, task: asyncio.Task[tuple[str, ...] | str]) -> None:
+        self._pending.pop(host, None)
+        if not task.cancelled() and task.exception() is None:
+            if len(self._cache) >= _DNS_CACHE_MAX:
+                now = asyncio.get_running_loop().time()
+                self._cache = {h: e for h, e in self._cache.items() if e[0] > now}
+            expires = asyncio.get_running_loop().time() + self._ttl
+            self._cache[host] = (expires, task.result())
+
+    async def _lookup(self, host: str) -> tuple[str, ...] | str:
+        """The vetted addresses, or why none may be used."""
+        literal = parse_host_literal(host)
+        if literal is not None:
+            if isinstance(literal, ipaddress.IPv6Address) and literal.ipv4_mapped is not None:
+                literal = literal.ipv4_mapped
+            addresses = [str(literal)]
+        else:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                host, None, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+            )
+            addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        vetted = tuple(
+            a for a in addresses if blocked_reason(a, allow_loopback=self._allow_loopback) is None
+        )
+        if vetted:
+            return vetted
+        reasons = {blocked_reason(a, allow_loopback=self._allow_loopback) for a in addresses}
+        return f"{host}: refused ({', '.join(sorted(map(str, reasons)))})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +178,7 @@ def _retry_after(value: str | None) -> float | None:
 
 @functools.lru_cache(maxsize=8192)
 def _vet(url: str, *, allow_loopback: bool) -> URL | _Refused:
-    """The URL aiohttp will be handed, or why it must not be requested."""
+    """The URL to request, or why it must not be requested."""
     try:
         target = URL(url)
     except (ValueError, TypeError) as exc:
@@ -138,7 +190,7 @@ def _vet(url: str, *, allow_loopback: bool) -> URL | _Refused:
         return _Refused("invalid_url", f"invalid_url: {url!r}")
     if target.user is not None or target.password is not None:
         return _Refused("blocked_address", "userinfo in URL not allowed")
-    # The host exactly as aiohttp will see it (yarl applies IDNA, e.g. full-width digits).
+    # The host exactly as it will be resolved (yarl applies IDNA, e.g. full-width digits).
     reason = host_blocked_reason(target.host, allow_loopback=allow_loopback)
     if reason is not None:
         return _Refused("blocked_address", reason)
@@ -149,39 +201,29 @@ def _origin(u: URL) -> tuple[str, str | None, int | None]:
     return u.scheme, u.host, u.port
 
 
-async def _read_body(resp: aiohttp.ClientResponse) -> bytes:
-    chunks: list[bytes] = []
-    remaining = BODY_BYTES
-    while remaining > 0:
-        chunk = await resp.content.read(remaining)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
-
-
 class HttpTransport:
+    """Sends rendered requests; use as ``async with HttpTransport(...) as t``.
+
+    ``limit`` bounds the requests in flight and the connections per (address, port,
+    TLS name); idle keep-alive connections are closed after 30 s.
+    """
+
     def __init__(self, *, timeout_s: float, allow_loopback: bool, limit: int = 512) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
         self._allow_loopback = allow_loopback
         self._limit = limit
-        self._session: aiohttp.ClientSession | None = None
+        self._resolver = VettingResolver(allow_loopback)
+        self._pool: H1Pool | None = None
 
     async def __aenter__(self) -> HttpTransport:
-        connector = aiohttp.TCPConnector(
-            limit=self._limit, limit_per_host=0, ttl_dns_cache=30,
-            resolver=VettingResolver(self._allow_loopback),
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, auto_decompress=False,
-            skip_auto_headers=("User-Agent",), trust_env=False,
-        )
+        self._pool = H1Pool(max_per_key=self._limit, max_total=self._limit,
+                            idle_timeout_s=IDLE_TIMEOUT_S)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
     async def send(
         self, req: RenderedRequest, *, follow_redirects: bool = False, max_redirects: int = 3
@@ -230,30 +272,42 @@ class HttpTransport:
     async def _exchange(
         self, method: str, target: URL, headers: dict[str, str], body: bytes | None
     ) -> _Reply | SendResult:
-        """One request on the wire, aiohttp's exceptions translated (wire_ms left to caller)."""
-        assert self._session is not None, "use `async with HttpTransport(...)`"
+        """One request on the wire, errors translated (wire_ms left to the caller)."""
+        pool = self._pool
+        assert pool is not None, "use `async with HttpTransport(...)`"
+        host = target.raw_host
+        assert host is not None  # _vet refused host-less URLs
+        port = target.port or (443 if target.scheme == "https" else 80)
+        tls_name = host.rstrip(".") if target.scheme == "https" else None
         try:
-            async with self._session.request(
-                method, target, data=body, headers=headers, allow_redirects=False
-            ) as resp:
-                return _Reply(
-                    resp.status, resp.headers.get("Location"),
-                    _retry_after(resp.headers.get("Retry-After")), await _read_body(resp),
-                )
+            async with asyncio.timeout(self._timeout_s):
+                addresses = await self._resolver.resolve(host)
+                last = len(addresses) - 1
+                for i, address in enumerate(addresses):
+                    try:
+                        resp = await pool.request(
+                            PoolKey(target.scheme, address, port, tls_name), method,
+                            target.raw_path_qs or "/", target.host_port_subcomponent or host,
+                            headers, body,
+                        )
+                        break
+                    except ConnectError:
+                        if i == last:
+                            raise
         except BlockedAddress as exc:
             return SendResult(HttpResult(None, "blocked_address"), 0.0, None, str(exc))
-        except aiohttp.ClientConnectorError as exc:
-            if isinstance(exc.os_error, BlockedAddress):
-                return SendResult(
-                    HttpResult(None, "blocked_address"), 0.0, None, str(exc.os_error)
-                )
-            return SendResult(HttpResult(None, "connection_error"), 0.0, None)
-        except aiohttp.InvalidURL as exc:
-            return SendResult(HttpResult(None, "invalid_url"), 0.0, None, f"invalid_url: {exc}")
+        except InvalidRequest as exc:
+            return SendResult(HttpResult(None, "invalid_request"), 0.0, None, str(exc))
         except TimeoutError:
             return SendResult(HttpResult(None, "timeout"), 0.0, None)
-        except (aiohttp.ClientError, OSError):
+        except OSError:
             return SendResult(HttpResult(None, "connection_error"), 0.0, None)
+        return _reply(resp)
+
+
+def _reply(resp: H1Response) -> _Reply:
+    h = resp.headers
+    return _Reply(resp.status, h.get("location"), _retry_after(h.get("retry-after")), resp.body)
 
 
 def _refused(refusal: _Refused, start: float) -> SendResult:

@@ -1,0 +1,164 @@
+"""The two detectors of seed §5.11, as pure checks returning typed, ``match``-able results.
+
+**Retrodating guard** (per delivery): retrodated when
+``source_created_at - source_completed_at`` *exceeds* the window (default 7 days; exactly
+the window is not retrodated). Completion after creation (a negative age) is not
+retrodated. A missing or unparseable timestamp is :class:`MissingInputs` — never a pass:
+the caller's mode decides (detect: metric and deliver; enforce: hold).
+
+**Payout value rate** (per scope): the open window's running total is compared as it
+accumulates — so a sharp anomaly trips mid-window, not at close — against the scope's
+seasonal baseline. It trips only when the total is above ``multiple x baseline`` **and**
+above an absolute ``floor`` (so a low-volume endpoint never trips on noise, nor a quiet
+hour whose baseline is ~0). No baseline (too little history) never trips.
+
+Why the global multiple is lower than the per-endpoint one: a sum over thousands of
+deliveries an hour is far steadier than one endpoint's total, so a small relative excess
+is already far outside its normal variation. That is what lets broad-but-shallow excesses
+(each endpoint well below its own multiple) trip the global scope. Both are calibration
+values (``postbacks.tools.calibrate``), stored per scope in ``payout_anomaly_settings``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from postbacks.core.anomaly.baseline import SeasonalBaseline, add
+from postbacks.core.anomaly.windows import DAY_MS
+
+__all__ = [
+    "ENDPOINT_THRESHOLDS",
+    "GLOBAL_THRESHOLDS",
+    "MISSING_PAYOUT",
+    "NO_BASELINE",
+    "RETRODATING_WINDOW_MS",
+    "WITHIN",
+    "MissingInputs",
+    "NoBaseline",
+    "Over",
+    "RateResult",
+    "RateThresholds",
+    "Within",
+    "as_ms",
+    "observe",
+    "payout_input",
+    "retrodated",
+    "trips",
+    "value_rate",
+]
+
+RETRODATING_WINDOW_MS = 7 * DAY_MS
+
+
+@dataclass(frozen=True, slots=True)
+class MissingInputs:
+    """Required inputs that were absent or unparseable, by record field name."""
+
+    fields: tuple[str, ...]
+
+
+_NO_CREATED = MissingInputs(("source_created_at",))
+_NO_COMPLETED = MissingInputs(("source_completed_at",))
+_NO_TIMESTAMPS = MissingInputs(("source_created_at", "source_completed_at"))
+MISSING_PAYOUT = MissingInputs(("payout_usd_micros",))
+
+
+def as_ms(value: object) -> int | None:
+    """An integer from an int, an integral float or an integer string; else None."""
+    if type(value) is int:
+        return value
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else None
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def retrodated(created_ms: object, completed_ms: object,
+               window_ms: int = RETRODATING_WINDOW_MS) -> bool | MissingInputs:
+    """Is ``created - completed`` more than ``window_ms``? MissingInputs if undecidable."""
+    if type(created_ms) is int and type(completed_ms) is int:  # the hot path
+        return created_ms - completed_ms > window_ms
+    created, completed = as_ms(created_ms), as_ms(completed_ms)
+    if created is None:
+        return _NO_TIMESTAMPS if completed is None else _NO_CREATED
+    if completed is None:
+        return _NO_COMPLETED
+    return created - completed > window_ms
+
+
+def payout_input(value: object) -> int | MissingInputs:
+    """The payout in micros, or MissingInputs when absent, unparseable or negative."""
+    micros = value if type(value) is int else as_ms(value)
+    return MISSING_PAYOUT if micros is None or micros < 0 else micros
+
+
+@dataclass(frozen=True, slots=True)
+class RateThresholds:
+    """Trip when the window total > ``multiple`` x baseline and > ``floor_micros``."""
+
+    multiple: float = 3.0
+    floor_micros: int = 500_000_000
+
+    def __post_init__(self) -> None:
+        if not self.multiple > 0 or self.floor_micros < 0:
+            raise ValueError(f"bad thresholds: {self.multiple}, {self.floor_micros}")
+
+
+ENDPOINT_THRESHOLDS = RateThresholds(multiple=3.0, floor_micros=500_000_000)  # $500
+GLOBAL_THRESHOLDS = RateThresholds(multiple=1.25, floor_micros=5_000_000_000)  # $5,000
+
+
+@dataclass(frozen=True, slots=True)
+class Over:
+    """The scope's open window is over its thresholds."""
+
+    window_start_ms: int
+    observed_micros: int
+    baseline_micros: float
+
+
+@dataclass(frozen=True, slots=True)
+class Within:
+    """Evaluated: not over the thresholds."""
+
+
+@dataclass(frozen=True, slots=True)
+class NoBaseline:
+    """Not enough history for this window's slot: the rate cannot trip."""
+
+
+WITHIN = Within()
+NO_BASELINE = NoBaseline()
+RateResult = Over | Within | NoBaseline
+
+
+def trips(observed_micros: int, baseline_micros: float | None, th: RateThresholds) -> bool:
+    """The rule: a baseline exists, and the total is over both the multiple and the floor."""
+    return (baseline_micros is not None and observed_micros > th.floor_micros
+            and observed_micros > th.multiple * baseline_micros)
+
+
+def value_rate(state: SeasonalBaseline, th: RateThresholds) -> RateResult:
+    """Evaluate the scope's open window as it stands (call after every ``add``)."""
+    b = state.open_baseline
+    if b is None or state.open_start is None:
+        return NO_BASELINE
+    total = state.open_total
+    if total > th.floor_micros and total > th.multiple * b:
+        return Over(state.open_start, total, b)
+    return WITHIN
+
+
+def observe(state: SeasonalBaseline, occurred_at_ms: int, payout: object,
+            th: RateThresholds) -> tuple[SeasonalBaseline, RateResult | MissingInputs]:
+    """Add one delivery's payout to a scope and evaluate it (state unchanged if missing)."""
+    micros = payout_input(payout)
+    if isinstance(micros, MissingInputs):
+        return state, micros
+    state = add(state, occurred_at_ms, micros)
+    return state, value_rate(state, th)
