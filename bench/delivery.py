@@ -66,6 +66,18 @@ def metrics_of(log_path: Path) -> str:
                      if line.startswith(("webhook_", "postbacks_")) and "bucket" not in line)
 
 
+def _service_pids() -> dict[str, int]:
+    """The local broker's and PostgreSQL's PIDs (deploy/local/services.sh), if ours."""
+    out: dict[str, int] = {}
+    kafka = ROOT / ".local" / "run" / "kafka.pid"
+    if kafka.exists():
+        out["kafka"] = int(kafka.read_text().split()[0])
+    pg = ROOT / ".local" / "pgdata" / "postmaster.pid"
+    if pg.exists():
+        out["postgres-main"] = int(pg.read_text().split()[0])
+    return out
+
+
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(p / 100 * len(s)))] if s else float("nan")
@@ -196,6 +208,9 @@ def run_end_to_end(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
                      what="first delivery")
             t0 = time.perf_counter()
             c0 = http_json(f"{url}/_stats")["count"]
+            pids = {name: p.pid for name, p in stack.procs.items()} | {"receiver": rx.pid}
+            pids |= _service_pids()
+            cpu0 = {name: cpu_s(pid) for name, pid in pids.items()}
             try:
                 wait_for(lambda: http_json(f"{url}/_stats")["count"] >= n, 300, interval=0.05,
                          what=f"{n} deliveries end to end")
@@ -205,8 +220,12 @@ def run_end_to_end(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
                 print(metrics_of(stack.procs["agent"].log_path))
                 raise
             rate = (n - c0) / (time.perf_counter() - t0)
-            say(f"end to end: {rate:.0f} deliveries/s")
-            return {"end_to_end_per_s": rate}
+            share = {name: (cpu_s(pid) - cpu0[name]) / (n - c0) * 1e6 for name, pid in pids.items()}
+            say(f"end to end: {rate:.0f} deliveries/s; CPU µs per delivery by process: "
+                + ", ".join(f"{k} {v:.0f}" for k, v in sorted(share.items(), key=lambda x: -x[1]))
+                + f"; total {sum(share.values()):.0f}")
+            return {"end_to_end_per_s": rate,
+                    "end_to_end_cpu_us_per_delivery": sum(share.values())}
     finally:
         rx.terminate()
         rx.wait(10)

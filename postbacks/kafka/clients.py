@@ -57,7 +57,7 @@ def make_producer(settings: Settings, **extra: Any) -> Producer:
 
 def make_transactional_producer(settings: Settings, stage: str) -> Producer:
     txn_id = settings.topic(f"postbacks-{stage}-{settings.instance_id}")
-    producer = make_producer(settings, **{"transactional.id": txn_id, "linger.ms": 2})
+    producer = make_producer(settings, **{"transactional.id": txn_id, "linger.ms": 5})
     try:
         producer.init_transactions(30)
     except KafkaException as exc:

@@ -37,6 +37,7 @@ import functools
 import ipaddress
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,17 @@ class BlockedAddress(OSError):
     """Every address of the host is refused by the SSRF policy."""
 
 
+Lookup = Callable[[str], Awaitable[list[str]]]
+"""Name -> addresses (the DNS seam; the default is the system resolver)."""
+
+
+async def _system_lookup(host: str) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, None, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
+    return [str(info[4][0]) for info in infos]
+
+
 class VettingResolver:
     """Hostname -> the addresses the SSRF policy allows, cached for ``ttl_s``.
 
@@ -90,9 +102,11 @@ class VettingResolver:
     too), ``socket.gaierror`` when the name does not resolve (not cached).
     """
 
-    def __init__(self, allow_loopback: bool, *, ttl_s: float = DNS_TTL_S) -> None:
+    def __init__(self, allow_loopback: bool, *, ttl_s: float = DNS_TTL_S,
+                 lookup: Lookup | None = None) -> None:
         self._allow_loopback = allow_loopback
         self._ttl = ttl_s
+        self._dns = lookup or _system_lookup
         self._cache: dict[str, tuple[float, tuple[str, ...] | str]] = {}
         self._pending: dict[str, asyncio.Task[tuple[str, ...] | str]] = {}
 
@@ -128,10 +142,7 @@ class VettingResolver:
                 literal = literal.ipv4_mapped
             addresses = [str(literal)]
         else:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                host, None, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-            )
-            addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+            addresses = list(dict.fromkeys(await self._dns(host)))
         vetted = tuple(
             a for a in addresses if blocked_reason(a, allow_loopback=self._allow_loopback) is None
         )
@@ -208,11 +219,12 @@ class HttpTransport:
     TLS name); idle keep-alive connections are closed after 30 s.
     """
 
-    def __init__(self, *, timeout_s: float, allow_loopback: bool, limit: int = 512) -> None:
+    def __init__(self, *, timeout_s: float, allow_loopback: bool, limit: int = 512,
+                 lookup: Lookup | None = None) -> None:
         self._timeout_s = timeout_s
         self._allow_loopback = allow_loopback
         self._limit = limit
-        self._resolver = VettingResolver(allow_loopback)
+        self._resolver = VettingResolver(allow_loopback, lookup=lookup)
         self._pool: H1Pool | None = None
 
     async def __aenter__(self) -> HttpTransport:

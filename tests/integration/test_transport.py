@@ -206,3 +206,27 @@ def test_302_on_post_is_followed_as_get_without_body() -> None:
     assert result.http.status == 200 and result.blocked is None
     assert result.excerpt is not None and result.excerpt.startswith(b"accepted:")
     assert rec.seen == [Seen("POST", "/moved", b'{"id":"dlv_1"}'), Seen("GET", "/landing", b"")]
+
+
+# a hostname whose DNS answer is a private or metadata address --------------------------------
+
+@pytest.mark.parametrize("answer", [["10.1.2.3"], ["169.254.169.254"], ["192.168.0.7", "fd00::1"],
+                                    ["::ffff:10.0.0.1"]])
+def test_a_hostname_resolving_to_a_private_address_is_refused(answer: list[str]) -> None:
+    """The DNS seam answers with an internal address (as a rebinding or split-horizon DNS
+    would); the guard refuses before any connect, so the address is never contacted."""
+    asked: list[str] = []
+
+    async def dns(host: str) -> list[str]:
+        asked.append(host)
+        return answer
+
+    async def go() -> SendResult:
+        async with HttpTransport(timeout_s=TIMEOUT_S, allow_loopback=True,
+                                 lookup=dns) as transport:
+            return await transport.send(_post("http://publisher.example/hook"))
+
+    result = asyncio.run(go())
+    _assert_blocked(result)
+    assert asked == ["publisher.example"]
+    assert "publisher.example: refused" in (result.blocked or "")

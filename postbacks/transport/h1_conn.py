@@ -1,0 +1,307 @@
+"""One HTTP/1.1 connection (asyncio Protocol + httptools), the request encoder and the
+errors of :mod:`postbacks.transport.h1` (see that module for the policy)."""
+
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple, cast
+
+import httptools
+
+from postbacks import __version__
+
+if TYPE_CHECKING:
+    from postbacks.transport.h1 import H1Pool
+
+__all__ = [
+    "BODY_LIMIT",
+    "DISCARD_LIMIT",
+    "USER_AGENT",
+    "ConnectError",
+    "H1Response",
+    "InvalidRequest",
+    "PoolKey",
+    "ProtocolError",
+    "ServerDisconnected",
+    "encode_request",
+]
+
+USER_AGENT = f"postbacks/{__version__}"
+BODY_LIMIT = 64 * 1024
+DISCARD_LIMIT = 1024 * 1024
+
+# Set by this client from its arguments; a caller's copy is dropped.
+_OWN_HEADERS = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
+    "te", "trailer", "proxy-connection", "expect",
+})
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+_NO_BODY_STATUSES = frozenset({204, 304})
+
+
+class PoolKey(NamedTuple):
+    """Connections are shared only between requests with an equal key."""
+
+    scheme: str  # "http" | "https"
+    ip: str  # a vetted address, never a hostname
+    port: int
+    server_hostname: str | None  # TLS SNI and certificate name; None for http
+
+
+@dataclass(frozen=True, slots=True)
+class H1Response:
+    status: int
+    headers: dict[str, str]  # only the wanted ones, lower-case names
+    body: bytes  # the first ``body_limit`` bytes
+    body_size: int  # body bytes received (all of them unless ``truncated``)
+    truncated: bool  # more than ``discard_limit``: the connection was closed unread
+
+
+class ConnectError(ConnectionError):
+    """The connection (TCP or TLS) could not be established."""
+
+
+class ServerDisconnected(ConnectionResetError):
+    """The connection ended before the response was complete."""
+
+    def __init__(self, received: bool, cause: Exception | None = None) -> None:
+        what = "after part of the response" if received else "before any response byte"
+        super().__init__(f"server closed the connection {what}"
+                         + (f": {cause}" if cause else ""))
+        self.received = received
+
+
+class ProtocolError(ConnectionError):
+    """The response is not valid HTTP/1.x."""
+
+
+class InvalidRequest(ValueError):
+    """The request text would not be a single, well-formed HTTP request."""
+
+
+def encode_request(
+    method: str, target: str, host: str, headers: dict[str, str], body: bytes | None,
+    user_agent: str = USER_AGENT,
+) -> bytes:
+    """The request bytes: ``Host``, the caller's headers (minus those this client owns),
+    ``User-Agent`` unless given, ``Content-Length`` when there is a body (or the method
+    normally has one). Raises :class:`InvalidRequest` on CR/LF/NUL anywhere."""
+    parts = [method, " ", target, " HTTP/1.1\r\nHost: ", host, "\r\n"]
+    lines = 3  # request line, Host, the blank line
+    agent = True
+    for name, value in headers.items():
+        lname = name.lower()
+        if lname in _OWN_HEADERS:
+            continue
+        if lname == "user-agent":
+            agent = False
+        parts += (name, ": ", value, "\r\n")
+        lines += 1
+    if agent:
+        parts += ("User-Agent: ", user_agent, "\r\n")
+        lines += 1
+    if body or (body is not None and method in ("POST", "PUT", "PATCH")):
+        parts += ("Content-Length: ", str(len(body)), "\r\n")
+        lines += 1
+    parts.append("\r\n")
+    head = "".join(parts)
+    # Every CR and LF must be one written here: no request splitting through any text.
+    if (head.count("\n") != lines or head.count("\r") != lines or "\x00" in head
+            or not method.isalpha() or " " in target or not target):
+        raise InvalidRequest(f"refusing to send a malformed request to {host!r}")
+    data = head.encode("utf-8")
+    return data + body if body else data
+
+
+class _Slot:
+    """Connections of one key: idle ones (a stack), a count of all open or being opened,
+    and requests waiting for one (handed a connection, or None = permission to open one)."""
+
+    __slots__ = ("idle", "key", "open", "waiters")
+
+    def __init__(self, key: PoolKey) -> None:
+        self.key = key
+        self.idle: list[_Conn] = []
+        self.open = 0
+        self.waiters: collections.deque[asyncio.Future[_Conn | None]] = collections.deque()
+
+
+class _Conn(asyncio.Protocol):
+    __slots__ = (
+        "_body", "_complete", "_extra", "_framed", "_fut", "_head", "_headers", "_interim",
+        "_keep_alive", "_kept", "_parser", "_pool", "_received", "_size", "_status",
+        "_truncated", "_until_eof", "closed", "idle_since", "slot", "transport", "uses",
+    )
+
+    def __init__(self, pool: H1Pool, slot: _Slot) -> None:
+        self._pool = pool
+        self.slot = slot
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._fut: asyncio.Future[H1Response] | None = None
+        self.closed = False
+        self.uses = 0
+        self.idle_since = 0.0
+        self._reset(False)
+
+    def _reset(self, head: bool) -> None:
+        self._head = head
+        self._status = 0
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self._kept = 0
+        self._size = 0
+        self._received = False
+        self._framed = False
+        self._until_eof = False
+        self._keep_alive = False
+        self._interim = False
+        self._complete = False
+        self._truncated = False
+        self._extra = False
+
+    # -- used by the pool ------------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        t = self.transport
+        return not self.closed and t is not None and not t.is_closing()
+
+    @property
+    def reusable(self) -> bool:
+        t = self.transport
+        return (self._complete and self._keep_alive and not self._until_eof
+                and not self._head and not self._truncated and not self._extra
+                and not self.closed and t is not None and not t.is_closing()
+                and t.get_write_buffer_size() == 0)
+
+    def send(self, data: bytes, head: bool) -> asyncio.Future[H1Response]:
+        t = self.transport
+        if self.closed or t is None or t.is_closing():
+            raise ServerDisconnected(False)
+        self._reset(head)
+        fut: asyncio.Future[H1Response] = self._pool.loop.create_future()
+        self._fut = fut
+        self.uses += 1
+        t.write(data)
+        return fut
+
+    def done(self) -> None:
+        self._fut = None
+
+    def shut(self) -> None:
+        """Close: gracefully after a complete response, at once otherwise."""
+        t = self.transport
+        if t is not None and not t.is_closing():
+            if self._complete and not self._truncated:
+                t.close()
+            else:
+                t.abort()
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._pool.conns.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._pool.conns.discard(self)
+        fut = self._fut
+        if fut is not None and not fut.done():
+            if self._until_eof and not self._interim and self._status:
+                self._finish()  # the body was delimited by the end of the connection
+            else:
+                fut.set_exception(ServerDisconnected(self._received, exc))
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too; connection_lost follows
+
+    def data_received(self, data: bytes) -> None:
+        fut = self._fut
+        if fut is None or fut.done():
+            if not self._truncated:
+                self._extra = True  # unsolicited bytes: never reuse
+                self.shut()
+            return
+        self._received = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(ProtocolError("unexpected protocol upgrade"))
+        except httptools.HttpParserError as exc:
+            self._fail(ProtocolError(f"malformed HTTP response: {exc}"))
+
+    # -- httptools callbacks ---------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._complete:
+            self._extra = True  # a second response to one request
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lname = name.lower()
+        if lname in _FRAMING:
+            self._framed = True
+        elif lname in self._pool.wanted:
+            self._headers[lname.decode("ascii")] = value.decode("latin-1").strip()
+
+    def on_headers_complete(self) -> None:
+        if self._complete:
+            return
+        status = self._parser.get_status_code()
+        if status < 200:
+            self._interim = True  # 100 Continue, 103 Early Hints: the real one follows
+            return
+        self._status = status
+        self._keep_alive = self._parser.should_keep_alive()
+        if self._head:
+            self._finish()  # no body follows a HEAD response; not reused (see reusable)
+        elif not self._framed and status not in _NO_BODY_STATUSES:
+            self._until_eof = True
+
+    def on_body(self, body: bytes) -> None:
+        if self._complete:
+            return
+        size = self._size + len(body)
+        self._size = size
+        room = self._pool.body_limit - self._kept
+        if room > 0:
+            piece = body if len(body) <= room else body[:room]
+            self._body.append(piece)
+            self._kept += len(piece)
+        if size > self._pool.discard_limit:
+            self._truncated = True
+            self._finish()
+            self.shut()
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            self._headers = {}
+            self._framed = False
+            return
+        if not self._complete:
+            self._finish()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _finish(self) -> None:
+        self._complete = True
+        fut = self._fut
+        if fut is not None and not fut.done():
+            body = self._body
+            fut.set_result(H1Response(
+                self._status, self._headers,
+                body[0] if len(body) == 1 else b"".join(body), self._size, self._truncated,
+            ))
+
+    def _fail(self, exc: Exception) -> None:
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+        t = self.transport
+        if t is not None:
+            t.abort()
