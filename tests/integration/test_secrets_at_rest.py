@@ -1,0 +1,46 @@
+"""Endpoint signing secrets are encrypted at rest and decrypt only with the right key."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from postbacks.core.signing import decode_secret, generate_secret
+from postbacks.db.connect import connect
+from postbacks.db.crypto import SecretBox
+from postbacks.db.endpoints import add_secret, load_endpoints, upsert_endpoint
+from postbacks.errors import ConfigError
+from postbacks.settings import Settings
+
+
+def test_secrets_are_ciphertext_in_postgres_and_round_trip(settings: Settings,
+                                                           namespace: str) -> None:
+    box = SecretBox(settings.secrets_key.reveal())
+    secret = generate_secret()
+    ep = f"ep_{namespace}_sec"
+    with connect(settings.database_url) as conn:
+        upsert_endpoint(conn, endpoint_id=ep, app_id=f"app_{namespace}", url="https://x.example/")
+        add_secret(conn, box, ep, secret, now_ms=int(time.time() * 1000))
+        conn.commit()
+        [stored] = conn.execute("SELECT ciphertext FROM endpoint_secrets WHERE endpoint_id = %s",
+                                (ep,)).fetchone() or [None]
+        assert stored is not None
+        assert secret.encode() not in bytes(stored)
+        assert decode_secret(secret) not in bytes(stored)
+        [loaded] = [e for e in load_endpoints(conn, box) if e.endpoint_id == ep]
+        assert [s.key for s in loaded.secrets] == [decode_secret(secret)]
+        wrong = SecretBox("QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE=")
+        with pytest.raises(ConfigError, match="wrong POSTBACKS_SECRETS_KEY"):
+            load_endpoints(conn, wrong)
+
+
+def test_a_malformed_secret_is_refused_before_it_is_stored(settings: Settings,
+                                                           namespace: str) -> None:
+    box = SecretBox(settings.secrets_key.reveal())
+    ep = f"ep_{namespace}_bad"
+    with connect(settings.database_url) as conn:
+        upsert_endpoint(conn, endpoint_id=ep, app_id=f"app_{namespace}", url="https://x.example/")
+        with pytest.raises(ValueError, match="whsec_"):
+            add_secret(conn, box, ep, "not-a-secret", now_ms=0)
+        conn.rollback()
