@@ -53,7 +53,7 @@ test-unit: install
 	$(BIN)/pytest tests/unit tests/contract $(PYTEST_ARGS)
 
 test: install services-up
-	$(BIN)/pytest tests $(PYTEST_ARGS)
+	$(BIN)/pytest tests/unit tests/contract tests/integration tests/e2e $(PYTEST_ARGS)
 
 demo: install
 	$(BIN)/postbacks demo

@@ -6,14 +6,24 @@ producer transaction (stages) or a PostgreSQL transaction (the sink).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
 from postbacks.errors import ServiceUnavailable
 from postbacks.settings import Settings
 
-__all__ = ["check_broker", "make_consumer", "make_producer", "make_transactional_producer"]
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "check_broker",
+    "make_consumer",
+    "make_producer",
+    "make_transactional_producer",
+    "records",
+]
 
 
 def _base(settings: Settings) -> dict[str, Any]:
@@ -79,3 +89,17 @@ def check_broker(settings: Settings, timeout: float = 10.0) -> None:
             f"(KAFKA_BOOTSTRAP_SERVERS): {exc}. Start it with `make services-up` "
             "(or `bash deploy/local/services.sh up`)."
         ) from exc
+
+
+def records(msgs: list[Message], stage: str) -> Iterator[Message]:
+    """The records of a consumed batch: a fatal client error ends the process (raised), a
+    transient one is logged and skipped, end-of-partition events are dropped."""
+    for m in msgs:
+        err = m.error()
+        if err is None:
+            yield m
+            continue
+        if err.fatal():
+            raise KafkaException(err)
+        if err.code() != KafkaError._PARTITION_EOF:
+            log.warning("%s: consumer error: %s", stage, err)

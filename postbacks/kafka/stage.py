@@ -28,6 +28,7 @@ from confluent_kafka import (
 from postbacks.codec import codec_for
 from postbacks.errors import DeadLetterError
 from postbacks.ids import new_id
+from postbacks.kafka.clients import records
 from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS, observe_backlog
 from postbacks.records import DeadLetterRecord
 from postbacks.settings import Settings
@@ -97,8 +98,12 @@ def _rewind(consumer: Consumer, deadline: float) -> None:
     _retrying("committed offsets",
               lambda: committed.extend(consumer.committed(assignment, timeout=30)), deadline)
     for tp in committed:
-        consumer.seek(TopicPartition(tp.topic, tp.partition,
-                                     tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
+        try:
+            consumer.seek(TopicPartition(tp.topic, tp.partition,
+                                         tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
+        except KafkaException as exc:  # no longer ours / not fetching yet: on (re)assignment
+            log.info("rewind of %s[%d] skipped: %s", tp.topic, tp.partition, exc)  # it starts
+            # from the committed offset anyway
 
 
 def run_stage(
@@ -124,15 +129,7 @@ def run_stage(
             now_ms = int(clock() * 1000)
             out = Output()
             offsets: dict[tuple[str, int], int] = {}
-            for m in msgs:
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    if err.fatal():
-                        raise KafkaException(err)
-                    log.warning("%s: consumer error: %s", stage, err)
-                    continue
+            for m in records(msgs, stage):
                 offsets[(m.topic() or "", m.partition() or 0)] = (m.offset() or 0) + 1
                 observe_backlog(m, now_ms)
                 try:
@@ -180,14 +177,18 @@ def commit_batch(
         positions = [TopicPartition(t, p, o) if isinstance(o, int)
                      else TopicPartition(t, p, o[0], metadata=o[1])
                      for (t, p), o in offsets.items()]
-        group = consumer.consumer_group_metadata()
-        _retrying(f"{stage}: send offsets",
-                  lambda: producer.send_offsets_to_transaction(positions, group, 30), deadline)
+        # Not retried: a retriable failure here usually means the group moved on (a broker
+        # restart, a session timeout), and the consumer can only rejoin once we poll again.
+        # Aborting and re-reading from the committed offsets is always safe.
+        producer.send_offsets_to_transaction(
+            positions, consumer.consumer_group_metadata(), 30
+        )
         _retrying(f"{stage}: commit", lambda: producer.commit_transaction(60), deadline)
         return True
     except KafkaException as exc:
         kerr = exc.args[0] if exc.args else None
-        if isinstance(kerr, KafkaError) and kerr.txn_requires_abort():
+        if isinstance(kerr, KafkaError) and (kerr.txn_requires_abort() or (
+                kerr.retriable() and not kerr.fatal())):
             log.warning("%s: aborting transaction: %s", stage, kerr)
             _retrying(f"{stage}: abort", lambda: producer.abort_transaction(30), deadline)
             _rewind(consumer, deadline)

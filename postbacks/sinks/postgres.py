@@ -22,7 +22,6 @@ import psycopg
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
-    KafkaError,
     KafkaException,
     Message,
     TopicPartition,
@@ -33,7 +32,7 @@ from postbacks.db.connect import connect
 from postbacks.db.migrate import ensure_attempt_partitions
 from postbacks.errors import DeadLetterError, ServiceUnavailable
 from postbacks.ids import new_id
-from postbacks.kafka.clients import check_broker, make_consumer
+from postbacks.kafka.clients import check_broker, make_consumer, records
 from postbacks.metrics import SINK_ROWS, STAGE_RECORDS, observe_backlog
 from postbacks.settings import Settings
 from postbacks.sinks.tables import STAGING_DDL, TABLES
@@ -220,14 +219,7 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
         while not stop.is_set():
             msgs = consumer.consume(settings.batch_size * 4, timeout=0.5)
             now_ms = int(time.time() * 1000)
-            for m in msgs:
-                err = m.error()
-                if err is not None:
-                    if err.fatal():
-                        raise KafkaException(err)
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("sink: consumer error: %s", err)
-                    continue
+            for m in records(msgs, "sink"):
                 observe_backlog(m, now_ms)
                 sink.add(m, now_ms)
             if not sink.pending():

@@ -18,13 +18,18 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from postbacks.core.endpoint import Endpoint
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
 from postbacks.errors import PostbacksError
-from postbacks.kafka.clients import check_broker, make_consumer, make_transactional_producer
+from postbacks.kafka.clients import (
+    check_broker,
+    make_consumer,
+    make_transactional_producer,
+    records,
+)
 from postbacks.kafka.stage import Output, commit_batch
 from postbacks.metrics import STAGE_RECORDS, UNFINISHED, observe_backlog
 from postbacks.policies import breaker_policy, retry_policy
@@ -112,14 +117,7 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                         skip.pop((topic, partition), None)
                     lanes.drop_partitions(gone)
                 now_ms = int(time.time() * 1000)
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if err.fatal():
-                            raise KafkaException(err)
-                        if err.code() != KafkaError._PARTITION_EOF:
-                            log.warning("consumer error: %s", err)
-                        continue
+                for m in records(msgs, "agent"):
                     observe_backlog(m, now_ms)
                     topic, partition, offset = m.topic() or "", m.partition() or 0, m.offset() or 0
                     slot = tracker.track(topic, partition, offset)

@@ -17,12 +17,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from postbacks.codec import Codec, codec_for
 from postbacks.core.delay import is_due, wait_s
 from postbacks.errors import DeadLetterError
-from postbacks.kafka.clients import check_broker, make_consumer, make_transactional_producer
+from postbacks.kafka.clients import (
+    check_broker,
+    make_consumer,
+    make_transactional_producer,
+    records,
+)
 from postbacks.kafka.stage import Output, commit_batch, dead_letter_for
 from postbacks.metrics import DLQ_TOTAL, LATENCY, STAGE_RECORDS, observe_backlog
 from postbacks.records import DeliveryRecord
@@ -68,14 +73,7 @@ def run_relay(
                 if not queue:
                     del held[key]
                     consumer.resume([TopicPartition(*key)])
-            for m in msgs:
-                err = m.error()
-                if err is not None:
-                    if err.fatal():
-                        raise KafkaException(err)
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("relay: consumer error: %s", err)
-                    continue
+            for m in records(msgs, "relay"):
                 key = (m.topic() or "", m.partition() or 0)
                 observe_backlog(m, now_ms)
                 d: DeliveryRecord | DeadLetterError

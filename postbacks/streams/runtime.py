@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 import threading
@@ -27,5 +28,7 @@ def setup_process(name: str, settings: Settings) -> threading.Event:
 
     signal.signal(signal.SIGTERM, _handler)
     signal.signal(signal.SIGINT, _handler)
+    # `kill -USR1 <pid>` writes every thread's stack to the log: how to see a stuck stage.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     serve_metrics(settings.metrics_port)
     return stop

@@ -23,6 +23,14 @@ from postbacks.records import DeliveryRecord
 from tests.unit.factories import make_conversion, make_delivery
 
 NOW_MS = int(time.time() * 1000)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_now() -> None:
+    """Signatures are verified with the real clock (5-minute tolerance): sign with a fresh
+    time in every test, however long the suite has been running."""
+    global NOW_MS
+    NOW_MS = int(time.time() * 1000)
 SECRET = generate_secret(b"\x07" * 32)
 V1_KEYS = ["conversion_id", "app_id", "event_type", "goal_id", "payout_usd", "occurred_at"]
 

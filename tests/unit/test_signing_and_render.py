@@ -13,6 +13,14 @@ from tests.unit.factories import make_delivery
 NOW_MS = int(time.time() * 1000)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_now() -> None:
+    """Signatures are verified with the real clock (5-minute tolerance): sign with a fresh
+    time in every test, however long the suite has been running."""
+    global NOW_MS
+    NOW_MS = int(time.time() * 1000)
+
+
 def _endpoint(*secrets: SigningSecret, provider: str = "v3") -> Endpoint:
     return Endpoint("ep_1", "app_1", "https://example.test/hook", frozenset({"*"}),
                     provider=provider, secrets=secrets)
