@@ -11,6 +11,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from confluent_kafka import KafkaException
+
 from postbacks.errors import ConfigError, InvalidRecord, ServiceUnavailable
 from postbacks.settings import Settings, load_settings
 
@@ -32,7 +34,16 @@ def _stage(name: str) -> Callable[[Settings, argparse.Namespace], int]:
             from postbacks.streams.relay import run_relay as runner
         else:
             from postbacks.sinks.postgres import run_sink as runner
-        runner(settings, stop)
+        try:
+            runner(settings, stop)
+        except KafkaException as exc:
+            if stop.is_set():
+                raise
+            # The client is unusable (e.g. a fatal transactional state after a broker
+            # restart): start afresh; nothing uncommitted is lost, offsets are in Kafka.
+            from postbacks.kafka.watchdog import restart_in_place
+
+            restart_in_place(f"{name}: Kafka client error {exc}", backoff_s=2.0)
         return 0
 
     return run

@@ -73,6 +73,7 @@ class Settings:
     quarantine_delay_s: float = 30.0  # over-budget deliveries come back after this
     max_buffered: int = 5000  # per agent: consumption pauses above this many unfinished
     commit_interval_ms: int = 100
+    stall_restart_s: float = 120.0  # a Kafka call stuck this long restarts the process
 
     def topic(self, base: str) -> str:
         """Full topic name for a registry base name (prefix applied)."""
@@ -142,7 +143,8 @@ def _validate(s: Settings) -> None:
     if s.retry_ceiling_s > 72 * 3600:
         raise ConfigError("POSTBACKS_RETRY_CEILING_S must be at most 72 h (259200)")
     for name in ("retry_base_s", "retry_max_delay_s", "retry_ceiling_s", "breaker_open_s",
-                 "breaker_ramp_s", "quarantine_delay_s", "endpoint_budget_s"):
+                 "breaker_ramp_s", "quarantine_delay_s", "endpoint_budget_s",
+                 "stall_restart_s"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{env_name(name)} must be > 0")
     for name in ("retry_max_attempts", "failing_after", "breaker_failure_threshold",

@@ -91,6 +91,7 @@ def stack_env(settings: Settings) -> dict[str, str]:
         "POSTBACKS_ALLOW_LOOPBACK_TARGETS": "true",
         "POSTBACKS_CONSUMER_SESSION_TIMEOUT_MS": "6000",
         "POSTBACKS_CONFIG_REFRESH_S": "1",
+        "POSTBACKS_STALL_RESTART_S": "45",
     }
 
 

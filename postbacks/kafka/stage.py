@@ -29,6 +29,7 @@ from postbacks.codec import codec_for
 from postbacks.errors import DeadLetterError
 from postbacks.ids import new_id
 from postbacks.kafka.clients import records
+from postbacks.kafka.watchdog import guard
 from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS, observe_backlog
 from postbacks.records import DeadLetterRecord
 from postbacks.settings import Settings
@@ -156,7 +157,7 @@ def run_stage(
 def commit_batch(
     stage: str, settings: Settings, consumer: Consumer, producer: Producer,
     out: Output, offsets: Mapping[tuple[str, int], int | tuple[int, str]],
-    *, timeout_s: float = 300.0,
+    *, timeout_s: float = 60.0,
 ) -> bool:
     """Produce ``out`` and commit ``offsets`` in one transaction. False = aborted and the
     consumer rewound to its committed offsets (the caller must forget in-memory progress).
@@ -164,7 +165,15 @@ def commit_batch(
     Retriable errors (a broker restart) are retried for up to ``timeout_s``; an abortable
     one aborts and rewinds; a fatal one (this producer was fenced by a newer instance)
     propagates and ends the process."""
-    deadline = time.monotonic() + timeout_s
+    with guard(f"{stage}: transaction"):
+        return _commit_batch(stage, settings, consumer, producer, out, offsets,
+                             time.monotonic() + timeout_s)
+
+
+def _commit_batch(
+    stage: str, settings: Settings, consumer: Consumer, producer: Producer,
+    out: Output, offsets: Mapping[tuple[str, int], int | tuple[int, str]], deadline: float,
+) -> bool:
     _retrying(f"{stage}: begin", producer.begin_transaction, deadline)
     try:
         for topic_base, key, value in out.items:

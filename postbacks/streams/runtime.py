@@ -8,6 +8,7 @@ import signal
 import threading
 from types import FrameType
 
+from postbacks.kafka import watchdog
 from postbacks.metrics import serve_metrics
 from postbacks.settings import Settings
 
@@ -30,5 +31,6 @@ def setup_process(name: str, settings: Settings) -> threading.Event:
     signal.signal(signal.SIGINT, _handler)
     # `kill -USR1 <pid>` writes every thread's stack to the log: how to see a stuck stage.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    watchdog.start(settings.stall_restart_s, stop)
     serve_metrics(settings.metrics_port)
     return stop
