@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
@@ -81,6 +80,3 @@ def serve_metrics(port: int) -> int:
     log.info("metrics on http://127.0.0.1:%d/metrics", actual)
     return actual
 
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

@@ -35,7 +35,7 @@ from postbacks.ids import new_id
 from postbacks.kafka.clients import check_broker, make_consumer, records
 from postbacks.metrics import SINK_ROWS, STAGE_RECORDS, observe_backlog
 from postbacks.settings import Settings
-from postbacks.sinks.tables import STAGING_DDL, TABLES
+from postbacks.sinks.tables import STAGING_DDL, TABLES, ts_from_ms
 from postbacks.topics import TOPICS
 
 __all__ = ["PostgresSink", "run_sink"]
@@ -44,9 +44,6 @@ log = logging.getLogger(__name__)
 
 GROUP = "postbacks-sink"
 
-
-def _ts(ms: int | None) -> dt.datetime | None:
-    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
 
 
 class PostgresSink:
@@ -113,7 +110,7 @@ class PostgresSink:
         return (
             new_id("dlq", now_ms), exc.reason, type(exc).__name__, str(exc), "sink",
             msg.topic() or "", msg.partition() or 0, msg.offset() or 0, msg.key(), msg.value(),
-            None, None, _ts(now_ms),
+            None, None, ts_from_ms(now_ms),
         )
 
     def pending(self) -> int:

@@ -10,10 +10,10 @@ from typing import Any
 import orjson
 import psycopg
 
-__all__ = ["STAGING_DDL", "TABLES", "Table"]
+__all__ = ["STAGING_DDL", "TABLES", "Table", "ts_from_ms"]
 
 
-def _ts(ms: int | None) -> dt.datetime | None:
+def ts_from_ms(ms: int | None) -> dt.datetime | None:
     return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
 
 
@@ -53,13 +53,13 @@ def _delivery_row(d: Any) -> tuple[Any, ...]:
     return (
         d["delivery_id"], d["endpoint_id"], c["app_id"], c["conversion_id"], c["event_type"],
         c["goal_id"], c["event_id"], d["idempotency_key"], c["payout_usd_micros"], _json(c),
-        _ts(d["created_at"]),
+        ts_from_ms(d["created_at"]),
     )
 
 
 def _attempt_row(a: Any) -> tuple[Any, ...]:
     return (
-        a["attempt_id"], _ts(a["attempted_at"]), a["delivery_id"], a["endpoint_id"],
+        a["attempt_id"], ts_from_ms(a["attempted_at"]), a["delivery_id"], a["endpoint_id"],
         a["idempotency_key"], a["attempt_no"], a["trigger"], a["result"], a["status_code"],
         a["error_class"], a["error_message"], a["queue_ms"], a["platform_ms"], a["wire_ms"],
         a["request_method"], a["request_url"], _json(a["request_headers"]), a["request_body"],
@@ -70,7 +70,8 @@ def _attempt_row(a: Any) -> tuple[Any, ...]:
 def _outcome_row(o: Any) -> tuple[Any, ...]:
     return (
         o["outcome_id"], o["delivery_id"], o["endpoint_id"], o["app_id"], o["kind"],
-        o["attempt_no"], o["payout_usd_micros"], o["reason"], o["actor"], _ts(o["occurred_at"]),
+        o["attempt_no"], o["payout_usd_micros"], o["reason"], o["actor"],
+        ts_from_ms(o["occurred_at"]),
     )
 
 
@@ -78,7 +79,7 @@ def _dead_letter_row(x: Any) -> tuple[Any, ...]:
     return (
         x["dead_letter_id"], x["reason"], x["error_class"], x["error_message"], x["stage"],
         x["origin_topic"], x["origin_partition"], x["origin_offset"], x["original_key"],
-        x["original_value"], x["delivery_id"], x["endpoint_id"], _ts(x["occurred_at"]),
+        x["original_value"], x["delivery_id"], x["endpoint_id"], ts_from_ms(x["occurred_at"]),
     )
 
 

@@ -91,8 +91,7 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
         async with HttpTransport(
             timeout_s=settings.http_timeout_s, allow_loopback=settings.allow_loopback_targets
         ) as transport:
-            deliverer = Deliverer(transport, retry_policy(settings), breaker_policy(settings),
-                                  settings.failing_after, settings.quarantine_delay_s)
+            deliverer = Deliverer(transport, retry_policy(settings), settings.failing_after)
             lanes = Lanes(deliverer, _Endpoints(cache), breaker_policy(settings),
                           settings.endpoint_budget_s, settings.endpoint_max_queue,
                           settings.quarantine_delay_s)

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from postbacks.codec import codec_for
-from postbacks.core.breaker import BreakerPolicy
 from postbacks.core.classify import Delivered, Permanent, Retryable, Verdict, classify
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.outcomes import make_attempt, make_outcome
@@ -57,9 +56,7 @@ class Attempted:
 class Deliverer:
     transport: HttpTransport
     retry: RetryPolicy
-    breaker: BreakerPolicy
     failing_after: int = 3
-    quarantine_delay_s: float = 30.0
     clock: Callable[[], float] = time.time
     rng: random.Random = field(default_factory=random.Random)
 
