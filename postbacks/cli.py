@@ -185,6 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--endpoints-per-app", type=int, default=3)
     sp.add_argument("--rate", type=float, default=0)
     sp.set_defaults(func=_demo)
+
+    from postbacks.tools import anomaly_admin, held
+
+    held.add_parser(sub)
+    anomaly_admin.add_parser(sub)
     return p
 
 

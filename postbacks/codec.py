@@ -51,6 +51,7 @@ RECORD_FILES: dict[str, str] = {
     "Outcome": "outcome",
     "DeadLetter": "dead_letter",
     "BreakerState": "breaker_state",
+    "PayoutPartial": "payout_partial",
 }
 
 # Records that embed another record by name: the embedded record's versions multiply.

@@ -12,15 +12,26 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 __all__ = [
+    "ANOMALY_BASELINE",
+    "ANOMALY_SIGNALS",
+    "ANOMALY_TRIPS",
+    "ANOMALY_WINDOW_PAYOUT",
     "ATTEMPTS_TOTAL",
     "BACKLOG_AGE",
     "BREAKER_OPEN",
     "DLQ_TOTAL",
+    "GATE_BATCH_SECONDS",
+    "GATE_DECISIONS",
+    "HALTED_SCOPES",
+    "HELD_DEPTH",
+    "HELD_OLDEST_AGE",
     "IN_FLIGHT",
     "LATENCY",
+    "MISSING_INPUTS",
     "OUTCOMES_TOTAL",
     "QUARANTINED",
     "RENDER_ERRORS",
+    "RETRODATED",
     "SINK_ROWS",
     "STAGE_RECORDS",
     "UNFINISHED",
@@ -58,6 +69,35 @@ UNFINISHED = Gauge("postbacks_agent_unfinished", "Consumed deliveries not yet fi
 OUTCOMES_TOTAL = Counter("webhook_outcomes_total", "Outcome events produced", ["kind"])
 STAGE_RECORDS = Counter("postbacks_stage_records_total", "Records consumed by stage", ["stage"])
 SINK_ROWS = Counter("postbacks_sink_rows_total", "Rows written to PostgreSQL", ["table"])
+
+# The anomaly gate (seed 000 §5.11). Endpoint-labelled gauges are exported only for
+# endpoints whose value-rate detector is armed (a payout_anomaly_settings row), so the
+# label set is bounded by configuration, not by traffic.
+ANOMALY_WINDOW_PAYOUT = Gauge(
+    "postbacks_anomaly_window_payout_usd", "Payout in the open event-time window, by scope",
+    ["scope", "scope_key"],
+)
+ANOMALY_BASELINE = Gauge(
+    "postbacks_anomaly_baseline_usd",
+    "Seasonal baseline of the open window (median of the same hour-of-week), by scope",
+    ["scope", "scope_key"],
+)
+ANOMALY_TRIPS = Counter("postbacks_anomaly_trips_total", "Halts tripped (closed -> tripped)",
+                        ["scope", "detector"])
+ANOMALY_SIGNALS = Counter("postbacks_anomaly_signals_total",
+                          "Detector signals per delivery, by reason and mode", ["reason", "mode"])
+RETRODATED = Counter("webhook_retrodated_total", "Retrodated deliveries seen, by mode", ["mode"])
+MISSING_INPUTS = Counter("webhook_missing_anomaly_inputs_total",
+                         "Deliveries missing payout or timestamps, by mode", ["mode"])
+GATE_DECISIONS = Counter("postbacks_gate_deliveries_total", "Gate decisions", ["decision"])
+GATE_BATCH_SECONDS = Histogram(
+    "postbacks_gate_batch_seconds", "Gate batch time: decide, produce, acknowledged",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+)
+HALTED_SCOPES = Gauge("postbacks_anomaly_halted_scopes", "Scopes currently tripped", ["scope"])
+HELD_DEPTH = Gauge("webhook_held_depth", "Deliveries currently held")
+HELD_OLDEST_AGE = Gauge("webhook_held_oldest_age_seconds",
+                        "Age of the oldest held delivery, from held_at")
 
 
 @functools.cache

@@ -15,6 +15,7 @@ __all__ = [
     "DeadLetterRecord",
     "DeliveryRecord",
     "OutcomeRecord",
+    "PayoutPartialRecord",
 ]
 
 
@@ -115,3 +116,11 @@ class BreakerStateRecord(TypedDict):
     actor: str | None
     observed_value: float | None
     baseline_value: float | None
+
+
+class PayoutPartialRecord(TypedDict):
+    partition: int
+    window_start: int
+    total_micros: int
+    source_offset: int
+    produced_at: int

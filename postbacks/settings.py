@@ -74,6 +74,11 @@ class Settings:
     max_buffered: int = 5000  # per agent: consumption pauses above this many unfinished
     commit_interval_ms: int = 100
     stall_restart_s: float = 120.0  # a Kafka call stuck this long restarts the process
+    # Anomaly gate (modes and thresholds live in payout_anomaly_settings, not here).
+    anomaly_refresh_s: float = 2.0  # re-read modes and halts from PostgreSQL this often
+    anomaly_global_key: str = "*"  # scope_key of this deployment's global scope rows
+    gate_batch_max: int = 500  # deliveries per gate batch (Faust take_events)
+    gate_batch_within_s: float = 0.005  # ... or whatever arrived within this long
 
     def topic(self, base: str) -> str:
         """Full topic name for a registry base name (prefix applied)."""

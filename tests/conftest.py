@@ -70,16 +70,25 @@ def namespace() -> str:
 
 
 @pytest.fixture()
-def settings(migrated: dict[str, str], namespace: str) -> Settings:
-    """Settings with a fresh topic prefix (fresh topics and consumer groups) per test."""
-    from postbacks.topics.admin import create_topics
+def settings(migrated: dict[str, str], namespace: str) -> Iterator[Settings]:
+    """Settings with a fresh topic prefix (fresh topics and consumer groups) per test.
+
+    The test's topics are deleted afterwards: a broker holding every test's partitions
+    runs out of file descriptors (3 per partition) long before the suite ends.
+    """
+    from postbacks.topics.admin import create_topics, delete_prefixed_topics
 
     s = load_settings(
         migrated, topic_prefix=f"{namespace}.", instance_id=namespace,
         allow_loopback_targets=True, consumer_session_timeout_ms=6000,
+        anomaly_global_key=namespace,  # the shared database holds every test's global rows
     )
     create_topics(s)
-    return s
+    yield s
+    try:
+        delete_prefixed_topics(s, s.topic_prefix)
+    except Exception as exc:  # the broker may be down at the end of a failure test
+        print(f"(could not delete {s.topic_prefix}* topics: {exc})")
 
 
 @pytest.fixture()
@@ -92,6 +101,8 @@ def stack_env(settings: Settings) -> dict[str, str]:
         "POSTBACKS_CONSUMER_SESSION_TIMEOUT_MS": "6000",
         "POSTBACKS_CONFIG_REFRESH_S": "1",
         "POSTBACKS_STALL_RESTART_S": "45",
+        "POSTBACKS_ANOMALY_GLOBAL_KEY": settings.anomaly_global_key,
+        "POSTBACKS_ANOMALY_REFRESH_S": "0.5",
     }
 
 

@@ -1,36 +1,51 @@
-"""Gate stage: deliveries.v1 -> dispatch.v1 (or held.v1).
+"""Gate stage: deliveries.v1 -> dispatch.v1 or held.v1, through the Faust anomaly gate.
 
-This is the pass-through gate: every detector reads as ``off`` (a missing
-payout_anomaly_settings row is ``off``), so each delivery is cleared to dispatch. The
-Faust anomaly gate (retrodating guard, seasonal payout baselines) replaces this runner
-without changing its topics.
+See :mod:`postbacks.streams.anomaly_gate.runner` for the processing guarantee and
+``postbacks.core.anomaly`` for the rules. With no ``payout_anomaly_settings`` rows every
+detector reads as off and every delivery is dispatched (the payouts are still counted,
+so arming a detector later finds its baseline ready).
 """
 
 from __future__ import annotations
 
 import threading
 
-from confluent_kafka import Message
-
-from postbacks.codec import codec_for
-from postbacks.kafka.clients import check_broker, make_consumer, make_transactional_producer
-from postbacks.kafka.stage import Output, run_stage
-from postbacks.records import DeliveryRecord
+from postbacks.errors import ServiceUnavailable
+from postbacks.kafka.clients import check_broker
 from postbacks.settings import Settings
 from postbacks.topics import TOPICS
 
 __all__ = ["run_gate"]
 
+_NEEDED = (TOPICS.deliveries, TOPICS.dispatch, TOPICS.held, TOPICS.outcomes, TOPICS.dlq,
+           TOPICS.anomaly_partials, TOPICS.anomaly_control)
+
+
+def _check_topics(settings: Settings) -> None:
+    """Faust's send to a missing topic hangs without an error: refuse to start instead."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    present = set(admin.list_topics(timeout=10).topics)
+    missing = [settings.topic(t.base) for t in _NEEDED if settings.topic(t.base) not in present]
+    if missing:
+        raise ServiceUnavailable(
+            f"gate: missing topic(s) {', '.join(missing)}: run `postbacks topics create`"
+        )
+
 
 def run_gate(settings: Settings, stop: threading.Event) -> None:
     check_broker(settings)
-    codec = codec_for("Delivery")
+    _check_topics(settings)
+    from postbacks.streams.anomaly_gate.refresh import Refresher
 
-    def handle(msg: Message, out: Output, now_ms: int) -> None:
-        d: DeliveryRecord = codec.decode(msg.value())  # type: ignore[assignment]
-        d["enqueued_at"] = now_ms
-        out.add(TOPICS.dispatch.base, d["endpoint_id"].encode(), codec.encode(d))
+    refresher = Refresher.load(settings)  # PostgreSQL missing -> ServiceUnavailable, exit 2
 
-    consumer = make_consumer(settings, "postbacks-gate")
-    producer = make_transactional_producer(settings, "gate")
-    run_stage("gate", settings, consumer, producer, [TOPICS.deliveries.base], handle, stop)
+    async def main() -> None:
+        from postbacks.streams.anomaly_gate.runner import GateProcess
+
+        await GateProcess(settings, refresher).run(stop)
+
+    import uvloop
+
+    uvloop.run(main())

@@ -86,3 +86,24 @@ def verify_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> l
                 if got != want:
                     drifts.append(Drift(res.name, f"config {key}={got!r}, registry says {want!r}"))
     return drifts
+
+
+def delete_prefixed_topics(settings: Settings, prefix: str, timeout: float = 30.0) -> int:
+    """Delete every topic whose name starts with ``prefix`` (a test's or a benchmark's
+    namespace, Faust changelogs included); returns how many were deleted. Refuses an empty
+    prefix."""
+    if not prefix:
+        raise ValueError("refusing to delete topics without a prefix")
+    admin = _admin(settings)
+    names = [t for t in _existing(admin) if t.startswith(prefix)]
+    if not names:
+        return 0
+    futures = admin.delete_topics(names, operation_timeout=timeout, request_timeout=timeout)
+    deleted = 0
+    for fut in futures.values():
+        try:
+            fut.result()
+            deleted += 1
+        except KafkaException:
+            pass  # already gone, or the broker is down: nothing to keep tidy
+    return deleted

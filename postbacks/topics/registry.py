@@ -83,6 +83,11 @@ class _Topics:
         "Anomaly halt states (compacted).",
         {"cleanup.policy": "compact"},
     )
+    anomaly_partials: TopicSpec = TopicSpec(
+        "anomaly.partials.v1", "PayoutPartial", 1, "partition",
+        "Per-partition cumulative payout partials, gate instances -> the one global aggregator.",
+        {"retention.ms": str(WEEK_MS)},
+    )
     retry: tuple[TopicSpec, ...] = tuple(
         _delivery_topic(f"retry.{tier}.v1", f"Retry delay tier {tier} (due_at carried).")
         for tier, _ in RETRY_TIERS
@@ -105,5 +110,5 @@ def all_topics() -> list[TopicSpec]:
     t = TOPICS
     return [
         t.conversions, t.deliveries, t.dispatch, t.held, *t.retry, t.quarantine,
-        t.dlq, t.attempts, t.outcomes, t.anomaly_control,
+        t.dlq, t.attempts, t.outcomes, t.anomaly_control, t.anomaly_partials,
     ]

@@ -8,6 +8,7 @@ from postbacks.topics import RETRY_TIERS, TOPICS, all_topics
 DESIGN_TOPICS = {
     "conversions.v1", "deliveries.v1", "dispatch.v1", "held.v1", "quarantine.v1", "dlq.v1",
     "attempts.v1", "outcomes.v1", "anomaly.control.v1",
+    "anomaly.partials.v1",  # DESIGN: "partial sums to a single-partition topic"
 } | {f"retry.{t}.v1" for t in ("5s", "30s", "2m", "10m", "1h", "6h")}
 
 

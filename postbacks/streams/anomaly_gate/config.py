@@ -1,0 +1,165 @@
+"""What every gate instance must agree on: modes, thresholds and halts.
+
+Modes and thresholds come from ``payout_anomaly_settings`` (re-read every
+``anomaly_refresh_s``; a failed read keeps the last good view). Halts come from two
+places, merged by ``changed_at`` (the latest change wins, a tie reads as tripped):
+
+- the same PostgreSQL rows (durable: a restart, a rebalance or a cache flush reads them);
+- ``anomaly.control.v1`` (live: a trip by any instance reaches every instance in ms).
+
+Nothing here moves a scope from tripped to closed except a newer ``closed`` state, which
+only the audited human command writes (``postbacks anomaly close``). The deployment's
+global rows are the ones whose ``scope_key`` is ``anomaly_global_key``; they map to the
+core's :data:`GLOBAL_SCOPE`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from postbacks.core.anomaly import (
+    ENDPOINT_THRESHOLDS,
+    GLOBAL_SCOPE,
+    GLOBAL_THRESHOLDS,
+    RETRODATING_WINDOW_MS,
+    Detector,
+    GateModes,
+    HaltState,
+    Mode,
+    RateThresholds,
+    Scope,
+    Trip,
+    resolve_modes,
+)
+
+__all__ = ["GateConfig", "HaltBook", "StateChange", "build_config"]
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """One halt state as read from PostgreSQL or the control topic."""
+
+    scope: Scope  # core form: ("endpoint", id) or GLOBAL_SCOPE
+    detector: str
+    state: HaltState
+    changed_at: int  # epoch ms; 0 when never changed
+
+
+def _thresholds(params: Mapping[str, Any], default: RateThresholds) -> RateThresholds:
+    multiple = params.get("multiple", default.multiple)
+    floor = params.get("floor_micros", default.floor_micros)
+    try:
+        return RateThresholds(float(multiple), int(floor))
+    except (TypeError, ValueError):
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class GateConfig:
+    """Modes and thresholds, resolved per endpoint on demand (cached)."""
+
+    rows: dict[tuple[Scope, Detector], Mode] = field(default_factory=dict)
+    endpoint_thresholds: dict[str, RateThresholds] = field(default_factory=dict)
+    global_thresholds: RateThresholds = GLOBAL_THRESHOLDS
+    retrodating_window_ms: dict[str, int] = field(default_factory=dict)  # per endpoint
+    global_retrodating_window_ms: int = RETRODATING_WINDOW_MS
+    _cache: dict[str, GateModes] = field(default_factory=dict)
+
+    def modes(self, endpoint_id: str) -> GateModes:
+        m = self._cache.get(endpoint_id)
+        if m is None:
+            m = self._cache[endpoint_id] = resolve_modes(self.rows, endpoint_id)
+        return m
+
+    def thresholds(self, endpoint_id: str) -> RateThresholds:
+        return self.endpoint_thresholds.get(endpoint_id, ENDPOINT_THRESHOLDS)
+
+    def window_ms(self, endpoint_id: str) -> int:
+        return self.retrodating_window_ms.get(endpoint_id, self.global_retrodating_window_ms)
+
+    @property
+    def global_mode(self) -> Mode:
+        return self.rows.get((GLOBAL_SCOPE, Detector.VALUE_RATE), Mode.OFF)
+
+
+def core_scope(scope: str, scope_key: str, global_key: str) -> Scope | None:
+    """The core's scope for a stored row, or None for another deployment's global rows."""
+    if scope == "global":
+        return GLOBAL_SCOPE if scope_key == global_key else None
+    return (scope, scope_key) if scope == "endpoint" else None
+
+
+def build_config(rows: Iterable[Any], global_key: str) -> tuple[GateConfig, list[StateChange]]:
+    """GateConfig and the halt states from ``payout_anomaly_settings`` rows.
+
+    A row is anything with ``scope, scope_key, detector, mode, params, state,
+    state_changed_at_ms`` attributes. Unknown detectors or modes are ignored (they read
+    as off): the CLI validates what it writes, so these can only be hand-made rows.
+    """
+    modes: dict[tuple[Scope, Detector], Mode] = {}
+    ep_th: dict[str, RateThresholds] = {}
+    windows: dict[str, int] = {}
+    g_th = GLOBAL_THRESHOLDS
+    g_window = RETRODATING_WINDOW_MS
+    states: list[StateChange] = []
+    for r in rows:
+        scope = core_scope(r.scope, r.scope_key, global_key)
+        if scope is None:
+            continue
+        try:
+            det, mode = Detector(r.detector), Mode(r.mode)
+        except ValueError:
+            continue
+        modes[(scope, det)] = mode
+        params = r.params or {}
+        if det is Detector.VALUE_RATE:
+            if scope == GLOBAL_SCOPE:
+                g_th = _thresholds(params, GLOBAL_THRESHOLDS)
+            else:
+                ep_th[scope[1]] = _thresholds(params, ENDPOINT_THRESHOLDS)
+        elif isinstance(params.get("window_ms"), int) and params["window_ms"] > 0:
+            if scope == GLOBAL_SCOPE:
+                g_window = params["window_ms"]
+            else:
+                windows[scope[1]] = params["window_ms"]
+        states.append(StateChange(scope, det.value, HaltState(r.state),
+                                  r.state_changed_at_ms or 0))
+    return GateConfig(modes, ep_th, g_th, windows, g_window), states
+
+
+class HaltBook:
+    """The current halt per scope: the latest change wins; a tie reads as tripped."""
+
+    def __init__(self) -> None:
+        self._latest: dict[tuple[Scope, str], StateChange] = {}
+        self.halts: dict[Scope, HaltState] = {}  # what ``decide`` reads; only tripped kept
+
+    def apply(self, change: StateChange) -> bool:
+        """Merge one change; True when the scope's effective state changed."""
+        key = (change.scope, change.detector)
+        cur = self._latest.get(key)
+        if cur is not None and (change.changed_at < cur.changed_at or (
+                change.changed_at == cur.changed_at and cur.state is HaltState.TRIPPED)):
+            return False
+        self._latest[key] = change
+        before = self.halts.get(change.scope)
+        tripped = any(c.state is HaltState.TRIPPED for (s, _), c in self._latest.items()
+                      if s == change.scope)
+        if tripped:
+            self.halts[change.scope] = HaltState.TRIPPED
+        else:
+            self.halts.pop(change.scope, None)
+        return before is not self.halts.get(change.scope)
+
+    def latest(self, scope: Scope, detector: str) -> StateChange | None:
+        return self._latest.get((scope, detector))
+
+    def trip_now(self, trip: Trip, now_ms: int) -> None:
+        """This instance tripped a scope: honour it here before anyone else hears of it."""
+        scope: Scope = GLOBAL_SCOPE if trip.scope == "global" else (trip.scope, trip.key)
+        self.apply(StateChange(scope, trip.detector.value, HaltState.TRIPPED, now_ms))
+
+    def tripped(self) -> list[Scope]:
+        return sorted(self.halts)

@@ -1,0 +1,241 @@
+"""The gate's per-batch work, synchronous and free of Faust (the runner does the I/O).
+
+For each delivery of a batch, in offset order per partition:
+
+1. decode (undecodable -> a dead letter, the partition keeps flowing);
+2. count its payout in the endpoint's seasonal baseline and the partition's partial --
+   unless its offset is at or below the one persisted with that state (a re-processed
+   delivery after a crash is decided again, never counted twice: see
+   :mod:`postbacks.core.anomaly.persist`);
+3. ``decide`` under the current modes and halts; a trip under enforce halts the scope
+   here at once (every later delivery in the batch sees it) and is returned for the
+   runner to persist and broadcast;
+4. dispatch (``dispatch.v1``) or hold (``held.v1`` plus a ``held`` outcome).
+
+The batch returns its outputs, the table writes (per touched endpoint and partition) and
+the partials for the global aggregator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from postbacks.codec import codec_for
+from postbacks.core.anomaly import (
+    DEFAULT_WINDOW_MS,
+    Hold,
+    MissingInputs,
+    Mode,
+    PartitionPartial,
+    RateResult,
+    Signal,
+    Trip,
+    accumulate,
+    decide,
+    observe,
+    payout_input,
+    retrodated,
+    value_rate,
+)
+from postbacks.core.anomaly.detectors import MISSING_PAYOUT
+from postbacks.core.anomaly.modes import HoldReason
+from postbacks.core.anomaly.persist import (
+    NOTHING,
+    Tracked,
+    Value,
+    dump_partial,
+    dump_scope,
+    restore_partial,
+    restore_scope,
+)
+from postbacks.core.outcomes import make_outcome
+from postbacks.errors import DeadLetterError
+from postbacks.ids import new_id
+from postbacks.metrics import ANOMALY_SIGNALS, GATE_DECISIONS, MISSING_INPUTS, RETRODATED, child
+from postbacks.records import DeadLetterRecord, DeliveryRecord
+from postbacks.streams.anomaly_gate.config import GateConfig, HaltBook
+from postbacks.topics import TOPICS
+
+__all__ = ["BatchOut", "GateEngine", "In", "hist_key", "open_key", "partial_key"]
+
+log = logging.getLogger(__name__)
+
+
+def open_key(endpoint_id: str) -> str:
+    return f"e:{endpoint_id}"
+
+
+def hist_key(endpoint_id: str) -> str:
+    return f"h:{endpoint_id}"
+
+
+def partial_key(partition: int) -> str:
+    return f"p:{partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class In:
+    """One consumed record of deliveries.v1."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(slots=True)
+class BatchOut:
+    records: list[tuple[str, bytes | None, bytes]] = field(default_factory=list)  # base topic
+    table: list[tuple[int, str, Value]] = field(default_factory=list)  # partition, key, value
+    partials: list[tuple[int, PartitionPartial, int]] = field(default_factory=list)
+    trips: list[Trip] = field(default_factory=list)
+    dispatched: int = 0
+    held: int = 0
+    dead: int = 0
+
+
+_SIGNAL_COUNTERS = {HoldReason.RETRODATED: RETRODATED,
+                    HoldReason.MISSING_ANOMALY_INPUTS: MISSING_INPUTS}
+
+
+@functools.cache
+def _signal_counter(reason: str, mode: str) -> Any:
+    return ANOMALY_SIGNALS.labels(reason, mode)
+
+
+def _count(signals: tuple[Signal, ...]) -> None:
+    for s in signals:
+        _signal_counter(s.reason.value, s.mode.value).inc()
+        counter = _SIGNAL_COUNTERS.get(s.reason)
+        if counter is not None:
+            child(counter, s.mode).inc()
+
+
+def dead_letter(rec: In, exc: BaseException, reason: str, now_ms: int) -> DeadLetterRecord:
+    return DeadLetterRecord(
+        dead_letter_id=new_id("dlq", now_ms), reason=reason, error_class=type(exc).__name__,
+        error_message=str(exc)[:2000], stage="gate", origin_topic=rec.topic,
+        origin_partition=rec.partition, origin_offset=rec.offset, original_key=rec.key,
+        original_value=rec.value, delivery_id=None, endpoint_id=None, occurred_at=now_ms,
+    )
+
+
+class GateEngine:
+    """Per-endpoint and per-partition state (cached from the table) and the decisions."""
+
+    def __init__(self, config: GateConfig, halts: HaltBook,
+                 window_ms: int = DEFAULT_WINDOW_MS) -> None:
+        self.config = config
+        self.halts = halts
+        self.window_ms = window_ms
+        self.scopes: dict[str, Tracked] = {}
+        self.partials: dict[int, tuple[PartitionPartial, int]] = {}
+        self._delivery = codec_for("Delivery")
+        self._outcome = codec_for("Outcome")
+        self._dlq = codec_for("DeadLetter")
+
+    def forget(self) -> None:
+        """Drop the cache (after a rebalance the table is the truth)."""
+        self.scopes.clear()
+        self.partials.clear()
+
+    def _scope(self, ep: str, get: Callable[[str], Any]) -> Tracked:
+        t = self.scopes.get(ep)
+        if t is None:
+            try:
+                t = restore_scope(get(hist_key(ep)), get(open_key(ep)))
+            except ValueError as exc:
+                log.error("endpoint %s: unreadable gate state (%s): starting it afresh", ep, exc)
+                t = restore_scope(None, None)
+            self.scopes[ep] = t
+        return t
+
+    def _partial(self, p: int, get: Callable[[str], Any]) -> tuple[PartitionPartial, int]:
+        got = self.partials.get(p)
+        if got is None:
+            try:
+                got = restore_partial(get(partial_key(p)))
+            except ValueError as exc:
+                log.error("partition %d: unreadable partial (%s): starting afresh", p, exc)
+                got = (PartitionPartial(), NOTHING)
+            self.partials[p] = got
+        return got
+
+    def process(self, batch: list[In], get: Callable[[str], Any], now_ms: int) -> BatchOut:
+        out = BatchOut()
+        touched: dict[str, int] = {}  # endpoint -> partition
+        parts: set[int] = set()
+        cfg, halts = self.config, self.halts.halts
+        for rec in batch:
+            try:
+                d: DeliveryRecord = self._delivery.decode(rec.value)  # type: ignore[assignment]
+            except DeadLetterError as exc:
+                out.records.append((TOPICS.dlq.base, rec.key,
+                                    self._dlq.encode(dead_letter(rec, exc, exc.reason, now_ms))))
+                out.dead += 1
+                continue
+            ep, conv = d["endpoint_id"], d["conversion"]
+            t = self._scope(ep, get)
+            pay = conv["payout_usd_micros"]
+            micros = pay if type(pay) is int and pay >= 0 else payout_input(pay)
+            ep_rate: RateResult | MissingInputs
+            if rec.offset > t.offset:  # not counted yet
+                st, ep_rate = observe(t.state, conv["occurred_at"], pay, cfg.thresholds(ep))
+                self.scopes[ep] = t = dataclasses.replace(t, state=st, offset=rec.offset)
+                touched[ep] = rec.partition
+                part, p_off = self._partial(rec.partition, get)
+                if rec.offset > p_off:
+                    if type(micros) is int:
+                        part = accumulate(part, conv["occurred_at"], micros, self.window_ms)
+                    self.partials[rec.partition] = (part, rec.offset)
+                    parts.add(rec.partition)
+            else:
+                ep_rate = (MISSING_PAYOUT if isinstance(micros, MissingInputs)
+                           else value_rate(t.state, cfg.thresholds(ep)))
+            retro = retrodated(conv["source_created_at"], conv["source_completed_at"],
+                               cfg.window_ms(ep))
+            decision = decide(ep, cfg.modes(ep), retro, ep_rate, None, halts)
+            if decision.metrics:
+                _count(decision.metrics)
+            d["enqueued_at"] = now_ms
+            if isinstance(decision, Hold):
+                if decision.trips:
+                    for trip in decision.trips:
+                        self.halts.trip_now(trip, now_ms)
+                    out.trips.extend(decision.trips)
+                    halts = self.halts.halts
+                d["hold_reason"] = decision.reason.value
+                out.records.append((TOPICS.held.base, rec.key, self._delivery.encode(d)))
+                o = make_outcome(d, "held", now_ms=now_ms, reason=decision.reason.value)
+                out.records.append((TOPICS.outcomes.base, rec.key, self._outcome.encode(o)))
+                out.held += 1
+            else:
+                out.records.append((TOPICS.dispatch.base, rec.key, self._delivery.encode(d)))
+                out.dispatched += 1
+        for ep, p in touched.items():
+            hist, open_, t = dump_scope(self.scopes[ep])
+            self.scopes[ep] = t
+            if hist is not None:
+                out.table.append((p, hist_key(ep), hist))
+            out.table.append((p, open_key(ep), open_))
+        for p in parts:
+            part, off = self.partials[p]
+            out.table.append((p, partial_key(p), dump_partial(part, off)))
+            if part.window_start is not None:
+                out.partials.append((p, part, off))
+        if out.dispatched:
+            child(GATE_DECISIONS, "dispatch").inc(out.dispatched)
+        if out.held:
+            child(GATE_DECISIONS, "held").inc(out.held)
+        return out
+
+    def armed(self) -> list[tuple[str, Tracked]]:
+        """Cached endpoints whose value-rate detector is not off (for the gauges)."""
+        return [(ep, t) for ep, t in self.scopes.items()
+                if self.config.modes(ep).endpoint_rate is not Mode.OFF]

@@ -1,0 +1,244 @@
+"""The anomaly gate process: a Faust app (agents, tables, changelog recovery, rebalancing)
+around the synchronous :class:`GateEngine` and :class:`GlobalAggregator`.
+
+Processing guarantee (measured against the broker, docs/research/faust-streaming-spike.md):
+Faust's exactly_once is unusable in faust-streaming 0.15, so the gate is **at-least-once
+with effectively-once state**:
+
+- a batch's outputs (confluent-kafka producer) and its table writes (Faust changelog) are
+  all acknowledged by the broker before the batch returns, and Faust commits a batch's
+  offsets only after it returns: nothing is lost;
+- after a crash the uncommitted tail is decided again; its records are duplicates that the
+  agent (same idempotency key) and the sink (primary keys) absorb, and its payouts are not
+  counted twice (offsets persisted with the state);
+- a failed produce or changelog write restarts the process in place before Faust can
+  commit anything past it; SIGTERM finishes the batch in flight, commits, and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import faust
+from confluent_kafka import KafkaError, Message, Producer
+
+from postbacks.codec import codec_for
+from postbacks.kafka.clients import make_producer
+from postbacks.kafka.watchdog import restart_in_place
+from postbacks.metrics import GATE_BATCH_SECONDS, STAGE_RECORDS, child
+from postbacks.records import PayoutPartialRecord
+from postbacks.settings import Settings
+from postbacks.streams.anomaly_gate.aggregate import GlobalAggregator
+from postbacks.streams.anomaly_gate.config import HaltBook
+from postbacks.streams.anomaly_gate.control import ControlReader, TripWriter
+from postbacks.streams.anomaly_gate.engine import BatchOut, GateEngine, In
+from postbacks.streams.anomaly_gate.refresh import Refresher
+from postbacks.topics import TOPICS
+
+__all__ = ["GateProcess"]
+
+log = logging.getLogger("postbacks.gate")
+
+
+def faust_settings(settings: Settings) -> dict[str, Any]:
+    """Faust settings that start fast and quietly on a small cluster (see the spike)."""
+    return dict(
+        broker=f"kafka://{settings.kafka_bootstrap_servers}",
+        store="memory://",
+        web_enabled=False,
+        topic_replication_factor=1,
+        topic_partitions=TOPICS.deliveries.partitions,
+        topic_disable_leader=True,
+        table_standby_replicas=0,
+        broker_session_timeout=max(6.0, settings.consumer_session_timeout_ms / 1000),
+        broker_heartbeat_interval=1.0,
+        broker_rebalance_timeout=10.0,
+        broker_request_timeout=30.0,
+        broker_commit_every=10_000,
+        broker_commit_interval=0.5,
+        consumer_auto_offset_reset="earliest",
+        producer_linger=0.002,
+        stream_recovery_delay=0.0,
+        processing_guarantee="at_least_once",
+        datadir=os.path.join(os.environ.get("TMPDIR", "/tmp"), "postbacks-gate",
+                             f"{settings.topic_prefix}{settings.instance_id}"),
+    )
+
+
+class GateProcess:
+    def __init__(self, settings: Settings, refresher: Refresher) -> None:
+        self.settings = settings
+        self.halts = HaltBook()
+        self.refresher = refresher
+        cfg = refresher.apply_initial(self.halts)
+        self.engine = GateEngine(cfg, self.halts)
+        self.aggregator = GlobalAggregator(cfg, self.halts, settings.anomaly_global_key)
+        refresher.targets = (self.engine, self.aggregator)
+        self.writer = TripWriter(settings, self.halts)
+        self.control = ControlReader(settings, self.halts, self.writer)
+        self.producer: Producer = make_producer(settings, **{"linger.ms": 2})
+        self._failed: list[str] = []
+        self._partial_codec = codec_for("PayoutPartial")
+        self._control_codec = codec_for("BreakerState")
+        self.busy = False
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.stopping = False
+        self.app = self._build_app()
+
+    # ----------------------------------------------------------------- Faust app
+    def _build_app(self) -> faust.App:
+        s = self.settings
+        app = faust.App(f"{s.topic_prefix}postbacks-gate", **faust_settings(s))
+
+        def raw_topic(name: str) -> Any:
+            return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
+                             value_serializer="raw")
+
+        src = raw_topic(s.topic(TOPICS.deliveries.base))
+        partials = raw_topic(s.topic(TOPICS.anomaly_partials.base))
+        ep_table = app.Table("gate-endpoints", default=None,
+                             partitions=TOPICS.deliveries.partitions)
+        g_table = app.Table("gate-global", default=None,
+                            partitions=TOPICS.anomaly_partials.partitions)
+
+        async def gate(stream: Any) -> None:
+            async for events in stream.take_events(s.gate_batch_max, s.gate_batch_within_s):
+                await self._guarded(self._gate_batch, events, ep_table)
+
+        async def aggregate(stream: Any) -> None:
+            async for events in stream.take_events(1000, 0.02):
+                await self._guarded(self._aggregate_batch, events, g_table)
+
+        app.agent(src, name="gate")(gate)
+        app.agent(partials, name="aggregate")(aggregate)
+
+        def forget(*_a: Any, **_k: Any) -> None:
+            self.engine.forget()
+            self.aggregator.forget()
+
+        app.on_partitions_revoked.connect(forget)
+        app.on_partitions_assigned.connect(forget)
+        return app
+
+    async def _guarded(self, fn: Any, events: Any, table: Any) -> None:
+        """Run one batch; any failure restarts the process before Faust can commit it."""
+        if self.stopping:
+            await asyncio.Event().wait()  # never processed, never acknowledged: re-read
+        self.busy = True
+        self.idle.clear()
+        try:
+            await fn(events, table)
+        except asyncio.CancelledError:
+            restart_in_place("gate: batch cancelled mid-flight")
+        except Exception as exc:
+            log.exception("gate batch failed")
+            restart_in_place(f"gate: batch failed: {exc!r}", backoff_s=1.0)
+        finally:
+            self.busy = False
+            self.idle.set()
+
+    # ----------------------------------------------------------------- batches
+    def _produce(self, topic_base: str, key: bytes | None, value: bytes) -> None:
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                self._failed.append(str(err))
+
+        while True:
+            try:
+                self.producer.produce(self.settings.topic(topic_base), value, key,
+                                      on_delivery=on_delivery)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    async def _flush(self, table_futs: list[Any]) -> None:
+        left = await asyncio.to_thread(self.producer.flush, 60.0)
+        if table_futs:
+            await asyncio.gather(*table_futs)
+        if left or self._failed:
+            raise RuntimeError(f"{left} record(s) unacknowledged, failed: {self._failed[:3]}")
+
+    def _write_table(self, table: Any, partition: int, key: str, value: Any,
+                     futs: list[Any]) -> None:
+        table.data[key] = value
+        futs.append(table.send_changelog(partition, key, value))
+
+    async def _gate_batch(self, events: Any, table: Any) -> None:
+        t0 = time.perf_counter()
+        now_ms = int(time.time() * 1000)
+        batch = [In(e.message.topic, e.message.partition, e.message.offset, e.message.key,
+                    e.message.value) for e in events]
+        out: BatchOut = self.engine.process(batch, table.data.get, now_ms)
+        for topic, key, value in out.records:
+            self._produce(topic, key, value)
+        futs: list[Any] = []
+        for partition, k, v in out.table:
+            self._write_table(table, partition, k, v, futs)
+        for partition, part, off in out.partials:
+            rec = PayoutPartialRecord(partition=partition, window_start=part.window_start or 0,
+                                      total_micros=part.total, source_offset=off,
+                                      produced_at=now_ms)
+            self._produce(TOPICS.anomaly_partials.base, str(partition).encode(),
+                          self._partial_codec.encode(rec))
+        for trip in out.trips:
+            key, state = self.writer.trip(trip, now_ms)
+            self._produce(TOPICS.anomaly_control.base, key, self._control_codec.encode(state))
+        await self._flush(futs)
+        child(STAGE_RECORDS, "gate").inc(len(batch))
+        GATE_BATCH_SECONDS.observe(time.perf_counter() - t0)
+
+    async def _aggregate_batch(self, events: Any, table: Any) -> None:
+        now_ms = int(time.time() * 1000)
+        batch = [(e.message.offset, e.message.value) for e in events]
+        writes, trips = self.aggregator.process(batch, table.data.get, now_ms)
+        futs: list[Any] = []
+        for k, v in writes:
+            self._write_table(table, 0, k, v, futs)
+        for trip in trips:
+            key, state = self.writer.trip(trip, now_ms)
+            self._produce(TOPICS.anomaly_control.base, key, self._control_codec.encode(state))
+        await self._flush(futs)
+
+    # ----------------------------------------------------------------- lifecycle
+    async def run(self, stop: threading.Event) -> None:
+        os.makedirs(self.app.conf.datadir, exist_ok=True)
+        await self.control.start()
+        tasks = [asyncio.create_task(t) for t in
+                 (self.control.run(), self.writer.run(), self.refresher.run(self.halts))]
+        await self.app.start()
+        log.info("gate running (instance %s)", self.settings.instance_id)
+        while not stop.is_set():
+            await asyncio.sleep(0.1)
+            crashed = [svc for svc in (self.app, self.app.consumer,
+                                       getattr(self.app, "_fetcher", None))
+                       if svc is not None and svc.crashed]
+            if crashed:  # a crashed Faust service would otherwise stall the partitions
+                restart_in_place(f"gate: Faust {crashed[0]!r} crashed: "
+                                 f"{crashed[0].crash_reason!r}", backoff_s=2.0)
+            for t in tasks:
+                if t.done() and not t.cancelled() and t.exception() is not None:
+                    restart_in_place(f"gate: background task failed: {t.exception()!r}")
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Finish the batch in flight, commit what is done, leave (nothing half-acknowledged:
+        a graceful Faust stop would acknowledge a cancelled batch)."""
+        self.stopping = True
+        try:
+            await asyncio.wait_for(self.idle.wait(), 30)
+        except TimeoutError:
+            log.warning("batch in flight did not finish within 30 s; leaving it unacknowledged")
+        try:
+            await asyncio.wait_for(self.app.consumer.commit(), 10)
+        except Exception as exc:  # the next owner re-reads from the last commit
+            log.warning("final commit failed: %r", exc)
+        self.producer.flush(10)
+        log.info("gate stopped")
+        logging.shutdown()
+        os._exit(0)
