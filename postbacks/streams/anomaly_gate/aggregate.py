@@ -4,8 +4,9 @@ Runs in whichever gate instance owns the single partition of ``anomaly.partials.
 Partials are cumulative per (partition, window): the roll-up keeps the last one, and the
 *increase* over the previous value is added to the global seasonal baseline (a late
 window's increase counts in the open window, like a late event). Its state is one scope
-in the ``gate-global`` table, with the roll-up in ``extra`` and the offset of the last
-partial counted -- so a partial read again after a crash changes nothing.
+in the ``gate-global`` table, with each partition's latest partial in ``extra`` and the
+offset of the last partial counted -- so a partial read again after a crash changes
+nothing, and one re-sent by a restarted gate (a lower source offset) neither.
 
 A global trip needs the global value-rate mode at enforce; under detect it is a signal
 (metric) once per window.
@@ -25,15 +26,11 @@ from postbacks.core.anomaly import (
     HaltState,
     Mode,
     Over,
-    Rollup,
     Trip,
     add,
-    add_partial,
-    prune,
     value_rate,
 )
 from postbacks.core.anomaly.persist import Tracked, Value, dump_scope, restore_scope
-from postbacks.core.anomaly.rollup import partial, rollup_from_dict, rollup_to_dict
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import ANOMALY_BASELINE, ANOMALY_SIGNALS, ANOMALY_WINDOW_PAYOUT
 from postbacks.records import PayoutPartialRecord
@@ -46,15 +43,41 @@ GLOBAL_HIST = "g:hist"
 GLOBAL_OPEN = "g:open"
 
 
+def _parts_to_str(parts: dict[int, tuple[int, int, int]]) -> str:
+    return ";".join(f"{p}:{w}:{t}:{o}" for p, (w, t, o) in sorted(parts.items()))
+
+
+def _parts_from_str(raw: object) -> dict[int, tuple[int, int, int]]:
+    if not isinstance(raw, str):
+        raise ValueError("global state: 'parts' must be a string")
+    out: dict[int, tuple[int, int, int]] = {}
+    for item in filter(None, raw.split(";")):
+        try:
+            p, w, t, o = (int(x) for x in item.split(":"))
+        except ValueError:
+            raise ValueError(f"global state: bad part {item!r}") from None
+        out[p] = (w, t, o)
+    return out
+
+
 class GlobalAggregator:
+    """Per partition the latest partial (window, cumulative total, source offset) and the
+    global baseline fed with each partial's increase.
+
+    A partial whose source offset is not above the partition's last one is stale (a gate
+    re-deciding deliveries after a restart) and changes nothing. A partition's partials
+    only move forward in window, so one entry per partition is all the state there is.
+    """
+
     def __init__(self, config: GateConfig, halts: HaltBook, global_key: str) -> None:
         self.config = config
         self.halts = halts
         self.global_key = global_key
         self.tracked: Tracked | None = None
-        self.rollup = Rollup()
+        self.parts: dict[int, tuple[int, int, int]] = {}
         self._codec = codec_for("PayoutPartial")
         self._signalled_window: int | None = None
+        self._dirty = False
 
     def forget(self) -> None:
         self.tracked = None
@@ -63,20 +86,19 @@ class GlobalAggregator:
         if self.tracked is None:
             try:
                 t = restore_scope(get(GLOBAL_HIST), get(GLOBAL_OPEN))
-                parts = t.extra.get("parts")
-                self.rollup = rollup_from_dict(parts) if parts else Rollup()
+                self.parts = _parts_from_str(t.extra.get("parts", ""))
             except ValueError as exc:
                 log.error("unreadable global state (%s): starting it afresh", exc)
-                t, self.rollup = restore_scope(None, None), Rollup()
+                t, self.parts = restore_scope(None, None), {}
             self.tracked = t
         return self.tracked
 
     def process(self, batch: list[tuple[int, bytes | None]], get: Callable[[str], Any],
-                now_ms: int) -> tuple[list[tuple[str, Value]], list[Trip]]:
-        """``batch`` is (offset, value) of partials; returns table writes and new trips."""
+                now_ms: int) -> list[Trip]:
+        """``batch`` is (offset, value) of partials; returns the trips it caused."""
         t = self._load(get)
         trips: list[Trip] = []
-        g, rollup, offset = t.state, self.rollup, t.offset
+        g, offset = t.state, t.offset
         th = self.config.global_thresholds
         for off, raw in batch:
             if off <= offset:
@@ -87,26 +109,34 @@ class GlobalAggregator:
             except DeadLetterError as exc:
                 log.error("partials offset %d: %s (skipped)", off, exc)
                 continue
-            p, w, total = pp["partition"], pp["window_start"], pp["total_micros"]
-            delta = total - partial(rollup, p, w)
-            rollup = add_partial(rollup, p, w, total)
+            p, w, total, src = (pp["partition"], pp["window_start"], pp["total_micros"],
+                                pp["source_offset"])
+            last = self.parts.get(p)
+            if last is not None and src <= last[2]:
+                continue  # stale: re-sent after a gate restart
+            if last is not None and w < last[0]:
+                continue  # a partition's window never moves back; ignore defensively
+            delta = total - last[1] if last is not None and w == last[0] else total
+            self.parts[p] = (w, total, src)
             if delta > 0:
                 g = add(g, w, delta)
             trip = self._evaluate(g, th)
             if trip is not None:
                 self.halts.trip_now(trip, now_ms)
                 trips.append(trip)
-        if g.open_start is not None:
-            rollup = prune(rollup, g.open_start - 2 * g.policy.window_ms)
-        self.rollup = rollup
-        t = dataclasses.replace(t, state=g, offset=offset,
-                                extra={"parts": rollup_to_dict(rollup)})
-        hist, open_, t = dump_scope(t)
-        self.tracked = t
-        writes = ([(GLOBAL_HIST, hist)] if hist is not None else []) + [(GLOBAL_OPEN, open_)]
+        self.tracked = dataclasses.replace(t, state=g, offset=offset)
+        self._dirty = True
         self._gauges()
-        return writes, trips
+        return trips
 
+    def take_writes(self) -> list[tuple[str, Value]]:
+        """The table writes for the state changed since the last call (before a commit)."""
+        if not self._dirty or self.tracked is None:
+            return []
+        t = dataclasses.replace(self.tracked, extra={"parts": _parts_to_str(self.parts)})
+        hist, open_, self.tracked = dump_scope(t)
+        self._dirty = False
+        return ([(GLOBAL_HIST, hist)] if hist is not None else []) + [(GLOBAL_OPEN, open_)]
     def _evaluate(self, g: Any, th: Any) -> Trip | None:
         mode = self.config.global_mode
         if mode is Mode.OFF:

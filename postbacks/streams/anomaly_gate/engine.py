@@ -12,8 +12,8 @@ For each delivery of a batch, in offset order per partition:
    runner to persist and broadcast;
 4. dispatch (``dispatch.v1``) or hold (``held.v1`` plus a ``held`` outcome).
 
-The batch returns its outputs, the table writes (per touched endpoint and partition) and
-the partials for the global aggregator.
+The batch returns its outputs and the partials for the global aggregator; the table writes
+for the state it changed are taken with :meth:`GateEngine.take_writes` before each commit.
 """
 
 from __future__ import annotations
@@ -92,7 +92,6 @@ class In:
 @dataclass(slots=True)
 class BatchOut:
     records: list[tuple[str, bytes | None, bytes]] = field(default_factory=list)  # base topic
-    table: list[tuple[int, str, Value]] = field(default_factory=list)  # partition, key, value
     partials: list[tuple[int, PartitionPartial, int]] = field(default_factory=list)
     trips: list[Trip] = field(default_factory=list)
     dispatched: int = 0
@@ -136,6 +135,8 @@ class GateEngine:
         self.window_ms = window_ms
         self.scopes: dict[str, Tracked] = {}
         self.partials: dict[int, tuple[PartitionPartial, int]] = {}
+        self._dirty_eps: dict[str, int] = {}  # endpoint -> partition, changed since written
+        self._dirty_parts: set[int] = set()
         self._delivery = codec_for("Delivery")
         self._outcome = codec_for("Outcome")
         self._dlq = codec_for("DeadLetter")
@@ -192,7 +193,11 @@ class GateEngine:
                 part, p_off = self._partial(rec.partition, get)
                 if rec.offset > p_off:
                     if type(micros) is int:
-                        part = accumulate(part, conv["occurred_at"], micros, self.window_ms)
+                        moved = accumulate(part, conv["occurred_at"], micros, self.window_ms)
+                        if part.window_start not in (None, moved.window_start):
+                            # the partition's window closed mid-batch: its final partial
+                            out.partials.append((rec.partition, part, p_off))
+                        part = moved
                     self.partials[rec.partition] = (part, rec.offset)
                     parts.add(rec.partition)
             else:
@@ -218,15 +223,10 @@ class GateEngine:
             else:
                 out.records.append((TOPICS.dispatch.base, rec.key, self._delivery.encode(d)))
                 out.dispatched += 1
-        for ep, p in touched.items():
-            hist, open_, t = dump_scope(self.scopes[ep])
-            self.scopes[ep] = t
-            if hist is not None:
-                out.table.append((p, hist_key(ep), hist))
-            out.table.append((p, open_key(ep), open_))
+        self._dirty_eps.update(touched)
+        self._dirty_parts |= parts
         for p in parts:
             part, off = self.partials[p]
-            out.table.append((p, partial_key(p), dump_partial(part, off)))
             if part.window_start is not None:
                 out.partials.append((p, part, off))
         if out.dispatched:
@@ -234,6 +234,31 @@ class GateEngine:
         if out.held:
             child(GATE_DECISIONS, "held").inc(out.held)
         return out
+
+    def take_writes(self) -> list[tuple[int, str, Value]]:
+        """Table writes (partition, key, value) for the state changed since the last call.
+
+        The runner calls this before every offset commit (and before a rebalance drops the
+        cache): the changelog is written once per scope per commit interval, not per
+        delivery, and always before the offsets it covers are committed.
+        """
+        writes: list[tuple[int, str, Value]] = []
+        for ep, p in self._dirty_eps.items():
+            t = self.scopes.get(ep)
+            if t is None:
+                continue
+            hist, open_, t = dump_scope(t)
+            self.scopes[ep] = t
+            if hist is not None:
+                writes.append((p, hist_key(ep), hist))
+            writes.append((p, open_key(ep), open_))
+        for p in self._dirty_parts:
+            got = self.partials.get(p)
+            if got is not None:
+                writes.append((p, partial_key(p), dump_partial(*got)))
+        self._dirty_eps.clear()
+        self._dirty_parts.clear()
+        return writes
 
     def armed(self) -> list[tuple[str, Tracked]]:
         """Cached endpoints whose value-rate detector is not off (for the gauges)."""

@@ -83,6 +83,7 @@ class GateProcess:
         self.control = ControlReader(settings, self.halts, self.writer)
         self.producer: Producer = make_producer(settings, **{"linger.ms": 2})
         self._failed: list[str] = []
+        self._inflight: list[Any] = []  # changelog sends since the last flush
         self._partial_codec = codec_for("PayoutPartial")
         self._control_codec = codec_for("BreakerState")
         self.busy = False
@@ -118,12 +119,22 @@ class GateProcess:
         app.agent(src, name="gate")(gate)
         app.agent(partials, name="aggregate")(aggregate)
 
+        self._tables = (ep_table, g_table)
+
         def forget(*_a: Any, **_k: Any) -> None:
+            self._write_states()  # nothing counted is dropped with the cache
             self.engine.forget()
             self.aggregator.forget()
 
         app.on_partitions_revoked.connect(forget)
         app.on_partitions_assigned.connect(forget)
+        faust_flush = app.producer.flush
+
+        async def flush_all() -> None:  # Faust calls this before it commits offsets
+            await faust_flush()
+            await self.flush()
+
+        app.producer.flush = flush_all  # type: ignore[method-assign]
         return app
 
     async def _guarded(self, fn: Any, events: Any, table: Any) -> None:
@@ -157,17 +168,37 @@ class GateProcess:
             except BufferError:
                 self.producer.poll(0.05)
 
-    async def _flush(self, table_futs: list[Any]) -> None:
-        left = await asyncio.to_thread(self.producer.flush, 60.0)
-        if table_futs:
-            await asyncio.gather(*table_futs)
-        if left or self._failed:
-            raise RuntimeError(f"{left} record(s) unacknowledged, failed: {self._failed[:3]}")
+    async def flush(self) -> None:
+        """Everything produced so far is acknowledged, or the process restarts.
 
-    def _write_table(self, table: Any, partition: int, key: str, value: Any,
-                     futs: list[Any]) -> None:
+        Runs before every Faust offset commit (``app.producer.flush`` is wrapped), so a
+        batch's offsets are committed only after its outputs and changelog writes are on
+        the broker -- while batches themselves are pipelined (a batch returns as soon as
+        its records are handed to the producers).
+        """
+        self._write_states()
+        futs, self._inflight = self._inflight, []
+        left = await asyncio.to_thread(self.producer.flush, 60.0)
+        try:
+            if futs:
+                await asyncio.wait_for(asyncio.gather(*futs), 60.0)
+        except Exception as exc:
+            self._failed.append(f"changelog: {exc!r}")
+        if left or self._failed:
+            restart_in_place(f"gate: {left} record(s) unacknowledged, failed: "
+                             f"{self._failed[:3]} (nothing committed past them)", backoff_s=1.0)
+
+    def _write_states(self) -> None:
+        """Changed scope states -> tables (once per scope per commit, not per delivery)."""
+        ep_table, g_table = self._tables
+        for partition, k, v in self.engine.take_writes():
+            self._write_table(ep_table, partition, k, v)
+        for k, v in self.aggregator.take_writes():
+            self._write_table(g_table, 0, k, v)
+
+    def _write_table(self, table: Any, partition: int, key: str, value: Any) -> None:
         table.data[key] = value
-        futs.append(table.send_changelog(partition, key, value))
+        self._inflight.append(table.send_changelog(partition, key, value))
 
     async def _gate_batch(self, events: Any, table: Any) -> None:
         t0 = time.perf_counter()
@@ -177,9 +208,6 @@ class GateProcess:
         out: BatchOut = self.engine.process(batch, table.data.get, now_ms)
         for topic, key, value in out.records:
             self._produce(topic, key, value)
-        futs: list[Any] = []
-        for partition, k, v in out.table:
-            self._write_table(table, partition, k, v, futs)
         for partition, part, off in out.partials:
             rec = PayoutPartialRecord(partition=partition, window_start=part.window_start or 0,
                                       total_micros=part.total, source_offset=off,
@@ -189,21 +217,21 @@ class GateProcess:
         for trip in out.trips:
             key, state = self.writer.trip(trip, now_ms)
             self._produce(TOPICS.anomaly_control.base, key, self._control_codec.encode(state))
-        await self._flush(futs)
+        if out.trips:
+            await self.flush()  # a trip is on the control topic before its batch is done
+        self.producer.poll(0)  # serve delivery reports
         child(STAGE_RECORDS, "gate").inc(len(batch))
         GATE_BATCH_SECONDS.observe(time.perf_counter() - t0)
 
     async def _aggregate_batch(self, events: Any, table: Any) -> None:
         now_ms = int(time.time() * 1000)
         batch = [(e.message.offset, e.message.value) for e in events]
-        writes, trips = self.aggregator.process(batch, table.data.get, now_ms)
-        futs: list[Any] = []
-        for k, v in writes:
-            self._write_table(table, 0, k, v, futs)
+        trips = self.aggregator.process(batch, table.data.get, now_ms)
         for trip in trips:
             key, state = self.writer.trip(trip, now_ms)
             self._produce(TOPICS.anomaly_control.base, key, self._control_codec.encode(state))
-        await self._flush(futs)
+        if trips:
+            await self.flush()  # a trip is on the control topic before anything else
 
     # ----------------------------------------------------------------- lifecycle
     async def run(self, stop: threading.Event) -> None:

@@ -1,0 +1,400 @@
+"""The gate's sync core (config, halts, engine, aggregator) over a dict standing in for a table."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from postbacks.codec import codec_for
+from postbacks.core.anomaly import (
+    ENDPOINT_THRESHOLDS,
+    GLOBAL_SCOPE,
+    RETRODATING_WINDOW_MS,
+    Detector,
+    GateModes,
+    HaltState,
+    Mode,
+    RateThresholds,
+    Trip,
+)
+from postbacks.core.anomaly.persist import restore_scope
+from postbacks.core.anomaly.windows import DAY_MS, HOUR_MS
+from postbacks.db.anomaly import AnomalyRow
+from postbacks.streams.anomaly_gate.aggregate import GlobalAggregator
+from postbacks.streams.anomaly_gate.config import HaltBook, StateChange, build_config, core_scope
+from postbacks.streams.anomaly_gate.engine import BatchOut, GateEngine, In, hist_key, open_key
+from tests.unit.factories import make_conversion, make_delivery
+
+GKEY = "unit-global"
+T0 = 1_700_000_000_000 - 1_700_000_000_000 % HOUR_MS  # an hour boundary
+NOW = 1_800_000_000_000
+USD = 1_000_000
+DELIVERY, OUTCOME = codec_for("Delivery"), codec_for("Outcome")
+DLQ, PARTIAL = codec_for("DeadLetter"), codec_for("PayoutPartial")
+OFF, DET, ENF = Mode.OFF, Mode.DETECT, Mode.ENFORCE
+EP_SCOPE = ("endpoint", "ep_1")
+
+
+def row(scope: str, key: str, detector: str, mode: str, params: dict[str, Any] | None = None,
+        state: str = "closed", changed: int | None = None) -> AnomalyRow:
+    return AnomalyRow(scope, key, detector, mode, params or {}, state, changed, None)
+
+
+def gate(*rows: AnomalyRow) -> GateEngine:
+    cfg, states = build_config(rows, GKEY)
+    book = HaltBook()
+    for s in states:
+        book.apply(s)
+    return GateEngine(cfg, book)
+
+
+def rec(offset: int, ep: str = "ep_1", at: int = T0 + 60_000, partition: int = 0,
+        **conv: Any) -> In:
+    conversion = make_conversion(event_id=f"evt_{offset}", occurred_at=at, **conv)
+    d = make_delivery(delivery_id=f"dlv_{ep}_{offset}", endpoint_id=ep, conversion=conversion)
+    return In("deliveries.v1", partition, offset, ep.encode(), DELIVERY.encode(d))
+
+
+def run(engine: GateEngine, store: dict[str, Any], batch: list[In], now: int = NOW) -> BatchOut:
+    out = engine.process(batch, store.get, now)
+    for _, k, v in engine.take_writes():
+        store[k] = json.loads(json.dumps(v))
+    return out
+
+
+def on(out: BatchOut, topic: str, codec: Any = DELIVERY) -> list[dict[str, Any]]:
+    return [codec.decode(v) for t, _, v in out.records if t == topic]
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+RETRO: dict[str, Any] = {"source_completed_at": T0 - 8 * DAY_MS, "source_created_at": T0}
+
+
+def test_build_config_resolves_modes_thresholds_and_windows() -> None:
+    rows = [
+        row("endpoint", "ep_1", "value_rate", "enforce", {"multiple": 3.0, "floor_micros": USD}),
+        row("endpoint", "ep_2", "retrodating", "detect", {"window_ms": 1000}),
+        row("endpoint", "ep_3", "value_rate", "detect", {"multiple": "lots"}),
+        row("global", GKEY, "value_rate", "detect", {"multiple": 2.0, "floor_micros": 5}),
+        row("global", "another-deployment", "retrodating", "enforce"),
+        row("endpoint", "ep_1", "no_such_detector", "enforce"),
+        row("endpoint", "ep_1", "retrodating", "loud"),
+    ]
+    cfg, states = build_config(rows, GKEY)
+    assert cfg.modes("ep_1") == GateModes(OFF, ENF, DET)
+    assert cfg.modes("ep_2") == GateModes(DET, OFF, DET)
+    assert cfg.modes("ep_9") == GateModes(OFF, OFF, DET)
+    assert cfg.thresholds("ep_1") == RateThresholds(3.0, USD)
+    assert cfg.thresholds("ep_3") == ENDPOINT_THRESHOLDS  # unparseable params: defaults
+    assert cfg.thresholds("ep_9") == ENDPOINT_THRESHOLDS
+    assert cfg.global_thresholds == RateThresholds(2.0, 5)
+    assert cfg.global_mode is DET
+    assert cfg.window_ms("ep_2") == 1000
+    assert cfg.window_ms("ep_1") == RETRODATING_WINDOW_MS
+    assert [s.scope for s in states] == [EP_SCOPE, ("endpoint", "ep_2"), ("endpoint", "ep_3"),
+                                         GLOBAL_SCOPE]
+
+
+def test_global_rows_count_only_under_the_configured_key() -> None:
+    rows = [row("global", "other", "retrodating", "enforce", {"window_ms": 5}, "tripped", 9)]
+    cfg, states = build_config(rows, GKEY)
+    assert cfg.modes("ep_1") == GateModes()
+    assert cfg.window_ms("ep_1") == RETRODATING_WINDOW_MS
+    assert states == []
+    assert core_scope("global", GKEY, GKEY) == GLOBAL_SCOPE
+    assert core_scope("global", "other", GKEY) is None
+    assert core_scope("endpoint", "ep_1", GKEY) == EP_SCOPE
+    assert core_scope("app", "x", GKEY) is None
+
+
+def test_a_tripped_row_is_a_halt() -> None:
+    engine = gate(row("endpoint", "ep_1", "value_rate", "off", state="tripped", changed=5))
+    assert engine.halts.halts == {EP_SCOPE: HaltState.TRIPPED}
+    out = run(engine, {}, [rec(0)])
+    assert [d["hold_reason"] for d in on(out, "held.v1")] == ["halted_endpoint"]
+
+
+@pytest.mark.parametrize(("closed_at", "halted"), [(1001, False), (999, True), (1000, True)])
+def test_haltbook_latest_change_wins_and_a_tie_is_tripped(closed_at: int, halted: bool) -> None:
+    book = HaltBook()
+    book.trip_now(Trip("endpoint", "ep_1", Detector.VALUE_RATE, 9, 1.0, T0), 1000)
+    assert book.halts == {EP_SCOPE: HaltState.TRIPPED}
+    tripped = book.latest(EP_SCOPE, "value_rate")
+    assert tripped is not None and tripped.changed_at == 1000
+    closed = StateChange(EP_SCOPE, "value_rate", HaltState.CLOSED, closed_at)
+    assert book.apply(closed) is not halted
+    assert (EP_SCOPE in book.halts) is halted
+    assert book.latest(EP_SCOPE, "value_rate") == (tripped if halted else closed)
+    assert book.tripped() == ([EP_SCOPE] if halted else [])
+
+
+def test_haltbook_tie_after_closed_reads_tripped_and_global_trip_maps_to_global() -> None:
+    book = HaltBook()
+    book.apply(StateChange(GLOBAL_SCOPE, "value_rate", HaltState.CLOSED, 50))
+    assert book.halts == {}
+    book.trip_now(Trip("global", "*", Detector.VALUE_RATE, 9, 1.0, T0), 50)
+    assert book.halts == {GLOBAL_SCOPE: HaltState.TRIPPED}
+
+
+def test_no_rows_dispatches_everything() -> None:
+    out = run(gate(), {}, [rec(0), rec(1, payout_usd_micros=None), rec(2, **RETRO)])
+    sent = on(out, "dispatch.v1")
+    assert [d["delivery_id"] for d in sent] == ["dlv_ep_1_0", "dlv_ep_1_1", "dlv_ep_1_2"]
+    assert all(d["enqueued_at"] == NOW and d["hold_reason"] is None for d in sent)
+    assert (out.dispatched, out.held, out.dead, out.trips) == (3, 0, 0, [])
+
+
+def test_retrodated_under_enforce_is_held_with_an_outcome() -> None:
+    store: dict[str, Any] = {}
+    out = run(gate(row("global", GKEY, "retrodating", "enforce")), store, [rec(0, **RETRO), rec(1)])
+    held = on(out, "held.v1")
+    assert [(d["delivery_id"], d["hold_reason"]) for d in held] == [("dlv_ep_1_0", "retrodated")]
+    assert held[0]["enqueued_at"] == NOW
+    outcomes = on(out, "outcomes.v1", OUTCOME)
+    assert [(o["kind"], o["delivery_id"], o["reason"]) for o in outcomes] == [
+        ("held", "dlv_ep_1_0", "retrodated")]
+    assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == ["dlv_ep_1_1"]
+    again = run(gate(row("global", GKEY, "retrodating", "enforce")), store, [rec(0, **RETRO)])
+    assert [d["hold_reason"] for d in on(again, "held.v1")] == ["retrodated"]  # re-processed
+    assert [o["kind"] for o in on(again, "outcomes.v1", OUTCOME)] == ["held"]
+
+
+def test_retrodating_window_from_params() -> None:
+    engine = gate(row("endpoint", "ep_1", "retrodating", "enforce", {"window_ms": DAY_MS}))
+    two_days: dict[str, Any] = {"source_completed_at": T0 - 2 * DAY_MS, "source_created_at": T0}
+    out = run(engine, {}, [rec(0, **two_days), rec(1, ep="ep_2", **two_days)])
+    assert [d["endpoint_id"] for d in on(out, "held.v1")] == ["ep_1"]
+    assert [d["endpoint_id"] for d in on(out, "dispatch.v1")] == ["ep_2"]
+
+
+@pytest.mark.parametrize(("mode", "counted"), [("detect", 1.0), ("off", 0.0)])
+def test_retrodated_under_detect_or_off_is_dispatched(mode: str, counted: float) -> None:
+    before = {m: sample("webhook_retrodated_total", mode=m) for m in ("detect", "off")}
+    out = run(gate(row("global", GKEY, "retrodating", mode)), {}, [rec(0, **RETRO)])
+    assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == ["dlv_ep_1_0"]
+    assert out.held == 0
+    assert sample("webhook_retrodated_total", mode="detect") - before["detect"] == counted
+    assert sample("webhook_retrodated_total", mode="off") == before["off"]
+
+
+def test_missing_payout_under_endpoint_enforce_is_held() -> None:
+    engine = gate(row("endpoint", "ep_1", "value_rate", "enforce"))
+    out = run(engine, {}, [rec(0, payout_usd_micros=None), rec(1, "ep_2", payout_usd_micros=None)])
+    assert [(d["endpoint_id"], d["hold_reason"]) for d in on(out, "held.v1")] == [
+        ("ep_1", "missing_anomaly_inputs")]
+    assert [d["endpoint_id"] for d in on(out, "dispatch.v1")] == ["ep_2"]
+
+
+def test_missing_payout_under_detect_is_dispatched_and_counted() -> None:
+    before = sample("webhook_missing_anomaly_inputs_total", mode="detect")
+    out = run(gate(row("endpoint", "ep_1", "value_rate", "detect")), {},
+              [rec(0, payout_usd_micros=None)])
+    assert (out.dispatched, out.held) == (1, 0)
+    assert sample("webhook_missing_anomaly_inputs_total", mode="detect") == before + 1
+
+
+def _batch() -> list[In]:
+    """Two endpoints on partition 0; offsets 0-4 in hour H, 5-7 in hour H+1."""
+    return [rec(o, ep=("ep_1", "ep_2")[o % 2], at=T0 + (o // 5) * HOUR_MS + o * 1000,
+                payout_usd_micros=(o + 1) * USD) for o in range(8)]
+
+
+@pytest.mark.parametrize("crashed_after", [3, 5, 8])
+def test_restart_counts_each_payout_once(crashed_after: int) -> None:
+    clean, clean_store, store = gate(), dict[str, Any](), dict[str, Any]()
+    run(clean, clean_store, _batch())
+    run(gate(), store, _batch()[:crashed_after])  # persisted, offsets never committed
+    restarted = gate()  # a new process: only the table survives
+    new = rec(8, at=T0 + HOUR_MS + 9000, payout_usd_micros=100 * USD)
+    out = run(restarted, store, [*_batch(), new])
+    run(clean, clean_store, [new])
+    for ep in ("ep_1", "ep_2"):
+        assert restarted.scopes[ep].state == clean.scopes[ep].state
+        assert restarted.scopes[ep].offset == clean.scopes[ep].offset
+        back = restore_scope(store[hist_key(ep)], store[open_key(ep)])
+        assert back.state == clean.scopes[ep].state
+    # hour H+1: ep_2 got offsets 5 and 7 (6 + 8 USD); ep_1 offsets 6 and 8 (7 + 100 USD)
+    assert restarted.scopes["ep_2"].state.open_total == 14 * USD
+    assert restarted.scopes["ep_1"].state.open_total == 107 * USD
+    part, off = restarted.partials[0]
+    assert (part, off) == clean.partials[0]
+    assert (part.window_start, part.total, off) == (T0 + HOUR_MS, 121 * USD, 8)
+    assert store["p:0"] == {"w": T0 + HOUR_MS, "t": 121 * USD, "o": 8}
+    # every record, re-processed or new, was decided and emitted again
+    assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == [
+        f"dlv_{('ep_1', 'ep_2')[o % 2]}_{o}" for o in range(9)]
+
+
+def test_unreadable_endpoint_state_starts_afresh_but_the_partial_counts_once() -> None:
+    store: dict[str, Any] = {}
+    run(gate(), store, _batch())
+    store[hist_key("ep_1")] = {"v": 1, "history": "garbage"}
+    restarted = gate()
+    out = run(restarted, store, _batch())
+    assert out.dispatched == 8
+    assert restarted.scopes["ep_1"].offset == 6  # re-counted from nothing
+    assert store["p:0"] == {"w": T0 + HOUR_MS, "t": 21 * USD, "o": 7}  # not re-counted
+
+
+def test_endpoint_trip_holds_that_endpoint_only() -> None:
+    engine = gate(row("endpoint", "ep_1", "value_rate", "enforce",
+                      {"multiple": 3.0, "floor_micros": USD}))
+    store: dict[str, Any] = {}
+    two_weeks = [rec(h, at=T0 + h * HOUR_MS + 60_000, payout_usd_micros=100 * USD)
+                 for h in range(336)]
+    out = run(engine, store, two_weeks)
+    assert (out.dispatched, out.trips) == (336, [])
+    burst_at = T0 + 336 * HOUR_MS
+    burst: list[In] = []
+    for i in range(5):
+        burst.append(rec(336 + i, at=burst_at + i * 1000, payout_usd_micros=100 * USD))
+        burst.append(rec(i, ep="ep_2", at=burst_at + i * 1000, partition=1,
+                         payout_usd_micros=1000 * USD))
+    out = run(engine, store, burst)
+    assert out.trips == [Trip("endpoint", "ep_1", Detector.VALUE_RATE, 400 * USD,
+                              100.0 * USD, burst_at)]
+    assert [d["delivery_id"] for d in on(out, "held.v1")] == ["dlv_ep_1_339", "dlv_ep_1_340"]
+    assert [d["hold_reason"] for d in on(out, "held.v1")] == [
+        "payout_rate_endpoint", "halted_endpoint"]
+    assert [o["reason"] for o in on(out, "outcomes.v1", OUTCOME)] == [
+        "payout_rate_endpoint", "halted_endpoint"]
+    sent = on(out, "dispatch.v1")
+    assert [d["endpoint_id"] for d in sent].count("ep_2") == 5
+    assert [d["delivery_id"] for d in sent if d["endpoint_id"] == "ep_1"] == [
+        "dlv_ep_1_336", "dlv_ep_1_337", "dlv_ep_1_338"]
+    assert engine.halts.halts == {EP_SCOPE: HaltState.TRIPPED}
+
+    later = T0 + 338 * HOUR_MS
+    out = run(engine, store, [rec(341, at=later, payout_usd_micros=USD),
+                              rec(5, ep="ep_2", at=later, partition=1)])
+    assert [(d["endpoint_id"], d["hold_reason"]) for d in on(out, "held.v1")] == [
+        ("ep_1", "halted_endpoint")]
+    assert [d["endpoint_id"] for d in on(out, "dispatch.v1")] == ["ep_2"]
+    assert out.trips == []
+
+    tripped_at = engine.halts.latest(EP_SCOPE, "value_rate")
+    assert tripped_at is not None and tripped_at.state is HaltState.TRIPPED
+    engine.halts.apply(StateChange(EP_SCOPE, "value_rate", HaltState.CLOSED, NOW + 1))
+    out = run(engine, store, [rec(342, at=later + 1, payout_usd_micros=USD)])
+    assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == ["dlv_ep_1_342"]
+
+
+def test_undecodable_records_go_to_the_dlq_and_the_batch_goes_on() -> None:
+    batch = [In("deliveries.v1", 2, 10, b"k1", b"\xc3\x01garbage!"),
+             In("deliveries.v1", 2, 11, b"k2", None), rec(12, partition=2)]
+    out = run(gate(), {}, batch)
+    dead = on(out, "dlq.v1", DLQ)
+    assert [(d["reason"], d["origin_offset"], d["original_value"], d["original_key"])
+            for d in dead] == [("undecodable", 10, b"\xc3\x01garbage!", b"k1"),
+                               ("undecodable", 11, None, b"k2")]
+    assert all(d["stage"] == "gate" and d["origin_partition"] == 2 for d in dead)
+    assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == ["dlv_ep_1_12"]
+    assert (out.dead, out.dispatched) == (2, 1)
+
+
+_SOURCE = itertools.count(1)
+
+
+def partial(partition: int, window: int, total: int, source_offset: int | None = None) -> bytes:
+    """A partial; by default each one is newer (a higher source offset) than the last."""
+    src = next(_SOURCE) if source_offset is None else source_offset
+    return PARTIAL.encode({"partition": partition, "window_start": window, "total_micros": total,
+                           "source_offset": src, "produced_at": NOW})
+
+
+class Agg:
+    """An aggregator over a dict table, with the topic offsets handed out in order."""
+
+    def __init__(self, *rows: AnomalyRow, store: dict[str, Any] | None = None) -> None:
+        cfg, _ = build_config(rows, GKEY)
+        self.agg = GlobalAggregator(cfg, HaltBook(), GKEY)
+        self.store: dict[str, Any] = {} if store is None else store
+        self.offset = 0
+
+    def feed(self, *partials: bytes, offsets: list[int] | None = None) -> list[Trip]:
+        offsets = offsets or list(range(self.offset, self.offset + len(partials)))
+        self.offset = max(self.offset, *(o + 1 for o in offsets))
+        trips = self.agg.process(list(zip(offsets, partials, strict=True)),
+                                 self.store.get, NOW)
+        for k, v in self.agg.take_writes():
+            self.store[k] = json.loads(json.dumps(v))
+        return trips
+
+    @property
+    def total(self) -> int:
+        assert self.agg.tracked is not None
+        return self.agg.tracked.state.open_total
+
+
+def test_partials_of_three_partitions_sum() -> None:
+    a = Agg()
+    a.feed(partial(0, T0, 5 * USD), partial(1, T0, 7 * USD), partial(2, T0, 11 * USD))
+    assert a.total == 23 * USD
+    a.feed(partial(1, T0, 9 * USD))  # cumulative: only the increase counts
+    assert a.total == 25 * USD
+
+
+def test_resent_and_reread_partials_change_nothing() -> None:
+    a = Agg()
+    a.feed(partial(0, T0, 5 * USD, 10), partial(1, T0, 7 * USD, 4))
+    a.feed(partial(0, T0, 5 * USD, 10))  # re-sent, identical
+    assert a.total == 12 * USD
+    a.feed(partial(0, T0, 50 * USD), offsets=[1])  # topic offset already counted
+    assert a.total == 12 * USD
+    restarted = Agg(store=a.store)  # a new process reads the same partials again
+    restarted.feed(partial(0, T0, 5 * USD), partial(1, T0, 7 * USD), partial(0, T0, 5 * USD),
+                   offsets=[0, 1, 2])
+    assert restarted.total == 12 * USD
+    restarted.feed(partial(2, T0, USD), offsets=[3])
+    assert restarted.total == 13 * USD
+
+
+def test_stale_partial_does_not_double_count() -> None:
+    a = Agg()
+    a.feed(partial(0, T0, 100 * USD, source_offset=10))
+    a.feed(partial(0, T0, 80 * USD, source_offset=8))  # e.g. re-computed after a restart
+    a.feed(partial(0, T0, 100 * USD, source_offset=10))
+    assert a.total == 100 * USD
+
+
+def test_lagging_partition_counts_only_its_increase() -> None:
+    a = Agg()
+    a.feed(partial(0, T0, 100 * USD))
+    a.feed(partial(1, T0 + 3 * HOUR_MS, 50 * USD))  # partition 1 is 3 windows ahead
+    a.feed(partial(0, T0, 110 * USD))  # partition 0's window grew by 10 (a late event)
+    assert a.total == 60 * USD
+
+
+def _history(a: Agg) -> None:
+    a.feed(*(partial(0, T0 + h * HOUR_MS, 10 * USD) for h in range(336)))
+
+
+def test_global_trip_once_under_enforce() -> None:
+    a = Agg(row("global", GKEY, "value_rate", "enforce", {"multiple": 2.0, "floor_micros": USD}))
+    _history(a)
+    w = T0 + 336 * HOUR_MS
+    assert a.feed(partial(0, w, 15 * USD)) == []
+    trips = a.feed(partial(0, w, 19 * USD), partial(1, w, 6 * USD))
+    assert trips == [Trip("global", "*", Detector.VALUE_RATE, 25 * USD, 10.0 * USD, w)]
+    assert a.agg.halts.halts == {GLOBAL_SCOPE: HaltState.TRIPPED}
+    assert a.feed(partial(1, w, 20 * USD)) == []  # still over, already halted
+    assert a.total == 39 * USD
+
+
+def test_global_over_under_detect_does_not_trip() -> None:
+    a = Agg(row("global", GKEY, "value_rate", "detect", {"multiple": 2.0, "floor_micros": USD}))
+    _history(a)
+    before = sample("postbacks_anomaly_signals_total", reason="payout_rate_global", mode="detect")
+    w = T0 + 336 * HOUR_MS
+    assert a.feed(partial(0, w, 30 * USD)) == []
+    assert a.feed(partial(0, w, 40 * USD)) == []
+    assert a.agg.halts.halts == {}
+    after = sample("postbacks_anomaly_signals_total", reason="payout_rate_global", mode="detect")
+    assert after == before + 1  # one signal per window
