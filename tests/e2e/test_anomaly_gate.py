@@ -1,0 +1,206 @@
+"""The anomaly gate against the real broker and PostgreSQL (issue 4's Show list).
+
+Modes are rows of payout_anomaly_settings written before the gate starts (it reads them
+at start and every 0.5 s here); global rows use the test's namespace as their key.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from postbacks.db.anomaly import publisher_deliveries, set_mode
+from postbacks.db.connect import connect
+from postbacks.emit import ConversionProducer
+from postbacks.settings import Settings
+from postbacks.tools.procs import Stack, free_port, wait_for
+from tests.e2e.gate_util import GateFeed, metric
+from tests.e2e.harness import Harness
+from tests.integration.anomaly_helpers import run_cli
+from tests.unit.factories import make_conversion
+
+DAY_MS = 86_400_000
+
+
+def mode(settings: Settings, scope: str, key: str, detector: str, m: str,
+         **params: Any) -> None:
+    with connect(settings.database_url) as conn:
+        set_mode(conn, scope=scope, scope_key=key, detector=detector, mode=m,
+                 params=params or None, actor="test")
+        conn.commit()
+
+
+def test_retrodated_held_under_enforce_delivered_under_detect_untouched_under_off_then_release_and_reject(  # noqa: E501
+    settings: Settings, stack: Stack, namespace: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    h = Harness(settings, stack, namespace)
+    h.start_receiver()
+    eps = {name: h.endpoint(name) for name in ("enf", "enf2", "det", "off")}
+    for name in ("enf", "enf2"):
+        mode(settings, "endpoint", eps[name], "retrodating", "enforce")
+    mode(settings, "endpoint", eps["det"], "retrodating", "detect")
+    gate_metrics = free_port()
+    for stage in ("sink", "relay", "agent", "fanout"):
+        stack.start(stage, stage)
+    stack.start("gate", "gate", extra_env={"POSTBACKS_METRICS_PORT": str(gate_metrics)})
+
+    producer = ConversionProducer(settings)
+    now = int(time.time() * 1000)
+    n = 0
+    for name in eps:
+        for _ in range(4):
+            n += 1
+            producer.send(make_conversion(
+                event_id=f"evt_{n}", conversion_id=f"cv_{namespace}_{n}", app_id=h.app(name),
+                occurred_at=now, source_created_at=now, source_completed_at=now - 30 * DAY_MS))
+    assert producer.flush() == 0
+
+    for name in ("enf", "enf2"):
+        h.wait_status(eps[name], "held", 4)
+    for name in ("det", "off"):
+        h.wait_status(eps[name], "delivered", 4)
+    assert h.scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = %s AND held_at IS NOT"
+                    " NULL AND hold_reason = 'retrodated'", (eps["enf"],)) == 4
+    received = {r["endpoint_id"] for r in h.received()}
+    assert eps["enf"] not in received and eps["enf2"] not in received
+    assert metric(gate_metrics, "webhook_retrodated_total", mode="detect") >= 4
+    assert metric(gate_metrics, "webhook_retrodated_total", mode="enforce") >= 8
+    assert metric(gate_metrics, "webhook_retrodated_total", mode="off") == 0
+    with connect(settings.database_url) as conn:  # a publisher never sees held deliveries
+        assert publisher_deliveries(conn, app_ids=[h.app("enf")]) == []
+
+    # Release: re-driven through the retry topics with the original idempotency key.
+    keys = {r[0] for r in _rows(settings, "SELECT idempotency_key FROM deliveries"
+                                          " WHERE endpoint_id = %s", eps["enf"])}
+    assert run_cli(monkeypatch, settings, "held", "release", "--endpoint", eps["enf"],
+                   "--actor", "alice", "--note", "checked with finance") == 0
+    h.wait_status(eps["enf"], "delivered", 4)
+    got = [r for r in h.received() if r["endpoint_id"] == eps["enf"]]
+    assert {r["idempotency_key"] for r in got} == keys
+    assert h.scalar("SELECT count(*) FROM delivery_attempts WHERE endpoint_id = %s"
+                    " AND trigger = 'release'", (eps["enf"],)) == 4
+    # Reject: resolved as never sent.
+    assert run_cli(monkeypatch, settings, "held", "reject", "--endpoint", eps["enf2"],
+                   "--actor", "bob", "--note", "fraud") == 0
+    h.wait_status(eps["enf2"], "rejected", 4)
+    assert h.scalar("SELECT count(*) FROM audit_log a JOIN deliveries d"
+                    " ON d.delivery_id = a.target_id WHERE a.action IN ('held.release',"
+                    " 'held.reject') AND d.endpoint_id IN (%s, %s)",
+                    (eps["enf"], eps["enf2"])) == 8
+    # A sentinel after the reject: once it is delivered, nothing rejected was sent.
+    producer.send(make_conversion(event_id="evt_s", conversion_id=f"cv_{namespace}_s",
+                                  app_id=h.app("enf2"), occurred_at=now,
+                                  source_created_at=now, source_completed_at=now - 1000))
+    assert producer.flush() == 0
+    h.wait_status(eps["enf2"], "delivered", 1)
+    assert len([r for r in h.received() if r["endpoint_id"] == eps["enf2"]]) == 1
+
+
+def _rows(settings: Settings, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with connect(settings.database_url) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def test_trips_hold_their_scope_survive_restart_and_rebalance_and_close_only_by_command(
+    settings: Settings, stack: Stack, namespace: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    x, y, z = (f"ep_{namespace}_{s}" for s in "xyz")
+    mode(settings, "endpoint", x, "value_rate", "enforce", multiple=3.0,
+         floor_micros=50_000_000)
+    feed = GateFeed(settings)
+    t0 = feed.hour_ago(weeks=3)
+    # Three weeks of history, one $10 delivery an hour on x and on y.
+    for hour in range(3 * 168):
+        feed.send(x, t0 + hour * 3_600_000, 10_000_000)
+        feed.send(y, t0 + hour * 3_600_000, 10_000_000)
+    burst = t0 + 3 * 168 * 3_600_000 + 60_000  # the next hour: baseline $10
+    stack.start("gate", "gate")
+    feed.wait_outputs(2 * 3 * 168, timeout=120)
+    assert feed.held() == []
+
+    # A burst on x: over 3 x $10 and over the $50 floor -> x trips; y flows.
+    for i in range(10):
+        feed.send(x, burst + i, 10_000_000)
+    for i in range(3):
+        feed.send(y, burst + i, 10_000_000)
+    feed.wait_outputs(2 * 3 * 168 + 13)
+    held = feed.held()
+    assert [d["hold_reason"] for d in held] == ["payout_rate_endpoint"] + ["halted_endpoint"] * 4
+    assert {d["endpoint_id"] for d in held} == {x}
+    assert _state(settings, "endpoint", x) == "tripped"
+
+    # kill -9 and restart: still tripped.
+    stack.procs["gate"].kill9()
+    stack.start("gate", "gate")
+    feed.send(x, burst + 100, 1_000_000)
+    feed.send(y, burst + 100, 1_000_000)
+    feed.wait_outputs(2 * 3 * 168 + 15, timeout=90)
+    assert [d["hold_reason"] for d in feed.held()][-1] == "halted_endpoint"
+
+    # A second instance joins (rebalance): still tripped wherever x's partition lands.
+    stack.start("gate2", "gate", extra_env={"POSTBACKS_INSTANCE_ID": f"{namespace}-2"})
+    wait_for(lambda: "gate running" in stack.procs["gate2"].tail(200), 60, what="gate2 up")
+    for i in range(3):
+        feed.send(x, burst + 200 + i, 1_000_000)
+    feed.wait_outputs(2 * 3 * 168 + 18, timeout=90)
+    assert [d["hold_reason"] for d in feed.held()][-3:] == ["halted_endpoint"] * 3
+
+    # Global: armed now; a burst on y in the following hour trips it; z (no history,
+    # no endpoint row) is held too.
+    g = settings.anomaly_global_key
+    mode(settings, "global", g, "value_rate", "enforce", multiple=1.5, floor_micros=20_000_000)
+    later = burst + 3_600_000
+    sent = iter(range(10_000))
+
+    def y_burst_trips() -> bool:  # y keeps paying $10 until the gates read the new mode
+        feed.send(y, later + next(sent), 10_000_000)
+        feed.flush()
+        return _state(settings, "global", g) == "tripped"
+
+    wait_for(y_burst_trips, 60, interval=0.1, what="global trip")
+    before = len(feed.held())
+    feed.send(z, later + 50, 1_000_000)
+    feed.wait_held(before + 1)
+    assert feed.held()[-1]["endpoint_id"] == z
+    assert feed.held()[-1]["hold_reason"] == "halted_global"
+
+    # Only the audited command closes a halt; then deliveries flow again.
+    for scope, key in (("global", g), ("endpoint", x)):
+        assert run_cli(monkeypatch, settings, "anomaly", "close", "--scope", scope, "--key",
+                       key, "--detector", "value_rate", "--actor", "carol",
+                       "--note", "upstream fixed") == 0
+    before_dispatched = feed.dispatched_count()
+    feed.send(x, later + 3_600_000, 1_000_000)  # a quiet new hour
+    feed.send(z, later + 3_600_000, 1_000_000)
+    wait_for(lambda: feed.dispatched_count() >= before_dispatched + 2, 60,
+             what="x and z dispatched after the close")
+    assert _rows(settings, "SELECT count(*) FROM audit_log WHERE action = 'anomaly.close'"
+                           " AND target_id IN (%s, %s)", f"global/{g}/value_rate",
+                 f"endpoint/{x}/value_rate")[0][0] == 2
+
+
+def _state(settings: Settings, scope: str, key: str) -> str | None:
+    rows = _rows(settings, "SELECT state FROM payout_anomaly_settings WHERE scope = %s AND"
+                           " scope_key = %s AND detector = 'value_rate'", scope, key)
+    return rows[0][0] if rows else None
+
+
+def test_window_state_exact_after_kill9_of_the_gate(settings: Settings, stack: Stack) -> None:
+    feed = GateFeed(settings)
+    start = feed.hour_ago(weeks=0) + 60_000
+    total = 0
+    n = 20_000
+    for i in range(n):
+        pay = 1_000_000 + (i % 13) * 10_000
+        total += pay
+        feed.send(f"ep_k{i % 40}", start + i, pay)
+    stack.start("gate", "gate")
+    wait_for(lambda: feed.dispatched_count() >= 3000, 60, what="gate under way")
+    stack.procs["gate"].kill9()
+    stack.start("gate", "gate")
+    feed.wait_outputs(n, timeout=120)
+    # Each partition's latest partial for the window: their sum is every payout, once.
+    wait_for(lambda: feed.partial_sum(start) == total, 60,
+             what=f"partials summing to {total} (now {feed.partial_sum(start)})")
