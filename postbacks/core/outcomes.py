@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from postbacks.core.render import RenderedRequest
 from postbacks.ids import new_id
-from postbacks.records import AttemptRecord, DeliveryRecord, OutcomeRecord
+from postbacks.records import AttemptRecord, DeadLetterRecord, DeliveryRecord, OutcomeRecord
 
-__all__ = ["REDACTED_HEADERS", "make_attempt", "make_outcome"]
+__all__ = ["REDACTED_HEADERS", "make_attempt", "make_dead_letter", "make_outcome"]
 
 REDACTED_HEADERS = frozenset({"webhook-signature", "authorization", "x-partner-signature"})
 
@@ -63,4 +63,19 @@ def make_outcome(
         occurred_at=now_ms,
         reason=reason,
         actor=actor,
+    )
+
+
+def make_dead_letter(
+    *, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+    stage: str, exc: BaseException, reason: str, now_ms: int,
+    delivery_id: str | None = None, endpoint_id: str | None = None,
+) -> DeadLetterRecord:
+    """A dead letter keeping the original bytes and where they came from."""
+    return DeadLetterRecord(
+        dead_letter_id=new_id("dlq", now_ms), reason=reason, error_class=type(exc).__name__,
+        error_message=str(exc)[:2000], stage=stage, origin_topic=topic,
+        origin_partition=partition, origin_offset=offset, original_key=key,
+        original_value=value, delivery_id=delivery_id, endpoint_id=endpoint_id,
+        occurred_at=now_ms,
     )

@@ -26,8 +26,8 @@ from confluent_kafka import (
 )
 
 from postbacks.codec import codec_for
+from postbacks.core.outcomes import make_dead_letter
 from postbacks.errors import DeadLetterError
-from postbacks.ids import new_id
 from postbacks.kafka.clients import records
 from postbacks.kafka.watchdog import guard
 from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS, observe_backlog
@@ -57,20 +57,10 @@ def dead_letter_for(
     msg: Message, stage: str, exc: BaseException, reason: str, now_ms: int,
     *, delivery_id: str | None = None, endpoint_id: str | None = None,
 ) -> DeadLetterRecord:
-    return DeadLetterRecord(
-        dead_letter_id=new_id("dlq", now_ms),
-        reason=reason,
-        error_class=type(exc).__name__,
-        error_message=str(exc)[:2000],
-        stage=stage,
-        origin_topic=msg.topic() or "",
-        origin_partition=msg.partition() or 0,
-        origin_offset=msg.offset() or 0,
-        original_key=msg.key(),
-        original_value=msg.value(),
-        delivery_id=delivery_id,
-        endpoint_id=endpoint_id,
-        occurred_at=now_ms,
+    return make_dead_letter(
+        topic=msg.topic() or "", partition=msg.partition() or 0, offset=msg.offset() or 0,
+        key=msg.key(), value=msg.value(), stage=stage, exc=exc, reason=reason, now_ms=now_ms,
+        delivery_id=delivery_id, endpoint_id=endpoint_id,
     )
 
 

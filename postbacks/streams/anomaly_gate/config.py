@@ -133,28 +133,26 @@ class HaltBook:
     """The current halt per scope: the latest change wins; a tie reads as tripped."""
 
     def __init__(self) -> None:
-        self._latest: dict[tuple[Scope, str], StateChange] = {}
+        self._latest: dict[Scope, dict[str, StateChange]] = {}  # scope -> detector -> change
         self.halts: dict[Scope, HaltState] = {}  # what ``decide`` reads; only tripped kept
 
     def apply(self, change: StateChange) -> bool:
         """Merge one change; True when the scope's effective state changed."""
-        key = (change.scope, change.detector)
-        cur = self._latest.get(key)
+        by_detector = self._latest.setdefault(change.scope, {})
+        cur = by_detector.get(change.detector)
         if cur is not None and (change.changed_at < cur.changed_at or (
                 change.changed_at == cur.changed_at and cur.state is HaltState.TRIPPED)):
             return False
-        self._latest[key] = change
+        by_detector[change.detector] = change
         before = self.halts.get(change.scope)
-        tripped = any(c.state is HaltState.TRIPPED for (s, _), c in self._latest.items()
-                      if s == change.scope)
-        if tripped:
+        if any(c.state is HaltState.TRIPPED for c in by_detector.values()):
             self.halts[change.scope] = HaltState.TRIPPED
         else:
             self.halts.pop(change.scope, None)
         return before is not self.halts.get(change.scope)
 
     def latest(self, scope: Scope, detector: str) -> StateChange | None:
-        return self._latest.get((scope, detector))
+        return self._latest.get(scope, {}).get(detector)
 
     def trip_now(self, trip: Trip, now_ms: int) -> None:
         """This instance tripped a scope: honour it here before anyone else hears of it."""

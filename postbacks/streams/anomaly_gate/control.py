@@ -26,27 +26,24 @@ from postbacks.metrics import ANOMALY_TRIPS, HALTED_SCOPES
 from postbacks.records import BreakerStateRecord
 from postbacks.settings import Settings
 from postbacks.streams.anomaly_gate.config import HaltBook, StateChange, core_scope
+from postbacks.tools.anomaly_admin import breaker_record, control_key
 from postbacks.topics import TOPICS
 
-__all__ = ["ControlReader", "TripWriter", "breaker_state", "control_key"]
+__all__ = ["ControlReader", "TripWriter", "breaker_state"]
 
 log = logging.getLogger(__name__)
 
 
-def control_key(scope: str, scope_key: str, detector: str) -> bytes:
-    return f"{scope}/{scope_key}/{detector}".encode()
-
-
 def breaker_state(trip: Trip, global_key: str, now_ms: int) -> tuple[bytes, BreakerStateRecord]:
-    """(key, record) announcing a trip on the control topic."""
+    """(key, record) announcing a trip on the control topic (the same record and key
+    ``postbacks anomaly close`` publishes for a close)."""
     key = global_key if trip.scope == "global" else trip.key
-    rec = BreakerStateRecord(
-        scope=trip.scope, scope_key=key, detector=trip.detector.value,
-        state=HaltState.TRIPPED.value, changed_at=now_ms,
-        reason=f"payout {trip.observed / 1e6:.2f} USD over baseline {trip.baseline / 1e6:.2f}"
-               f" in window {trip.window_start_ms}",
-        actor=None, observed_value=float(trip.observed), baseline_value=float(trip.baseline),
-    )
+    rec = breaker_record({
+        "scope": trip.scope, "scope_key": key, "detector": trip.detector.value,
+        "state": HaltState.TRIPPED.value, "changed_at": now_ms,
+        "reason": f"payout {trip.observed / 1e6:.2f} USD over baseline "
+                  f"{trip.baseline / 1e6:.2f} in window {trip.window_start_ms}",
+    }, observed=float(trip.observed), baseline=float(trip.baseline))
     return control_key(trip.scope, key, trip.detector.value), rec
 
 

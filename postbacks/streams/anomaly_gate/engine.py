@@ -53,9 +53,8 @@ from postbacks.core.anomaly.persist import (
     restore_partial,
     restore_scope,
 )
-from postbacks.core.outcomes import make_outcome
+from postbacks.core.outcomes import make_dead_letter, make_outcome
 from postbacks.errors import DeadLetterError
-from postbacks.ids import new_id
 from postbacks.metrics import ANOMALY_SIGNALS, GATE_DECISIONS, MISSING_INPUTS, RETRODATED, child
 from postbacks.records import DeadLetterRecord, DeliveryRecord
 from postbacks.streams.anomaly_gate.config import GateConfig, HaltBook
@@ -117,12 +116,9 @@ def _count(signals: tuple[Signal, ...]) -> None:
 
 
 def dead_letter(rec: In, exc: BaseException, reason: str, now_ms: int) -> DeadLetterRecord:
-    return DeadLetterRecord(
-        dead_letter_id=new_id("dlq", now_ms), reason=reason, error_class=type(exc).__name__,
-        error_message=str(exc)[:2000], stage="gate", origin_topic=rec.topic,
-        origin_partition=rec.partition, origin_offset=rec.offset, original_key=rec.key,
-        original_value=rec.value, delivery_id=None, endpoint_id=None, occurred_at=now_ms,
-    )
+    return make_dead_letter(topic=rec.topic, partition=rec.partition, offset=rec.offset,
+                            key=rec.key, value=rec.value, stage="gate", exc=exc,
+                            reason=reason, now_ms=now_ms)
 
 
 class GateEngine:

@@ -155,15 +155,15 @@ class GateProcess:
             self.idle.set()
 
     # ----------------------------------------------------------------- batches
-    def _produce(self, topic_base: str, key: bytes | None, value: bytes) -> None:
-        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                self._failed.append(str(err))
+    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            self._failed.append(str(err))
 
+    def _produce(self, topic_base: str, key: bytes | None, value: bytes) -> None:
         while True:
             try:
                 self.producer.produce(self.settings.topic(topic_base), value, key,
-                                      on_delivery=on_delivery)
+                                      on_delivery=self._on_delivery)
                 return
             except BufferError:
                 self.producer.poll(0.05)
