@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from postbacks.db.connect import connect
 from postbacks.db.migrate import migrate
@@ -45,6 +46,22 @@ def _pg_counts(settings: Settings, namespace: str) -> tuple[int, int, int, int]:
     return int(row[0]), int(row[1]), int(row[2]), int(row[3])
 
 
+def receiver_with_endpoints(stack: Stack, settings: Settings, namespace: str, *, apps: int,
+                            endpoints_per_app: int, port: int | None = None,
+                            ) -> tuple[str, list[Any]]:
+    """Start the signature-verifying receiver, seed endpoints pointing at it and hand it
+    their secrets; returns (its base URL, the seeded endpoints)."""
+    port = port or free_port()
+    stack.start("receiver", "receiver", "--port", str(port))
+    base = f"http://127.0.0.1:{port}"
+    wait_for(lambda: http_json(f"{base}/_control/stats"), 30, what="the receiver")
+    seeded = seed_endpoints(settings, apps=apps, endpoints_per_app=endpoints_per_app,
+                            receiver_url=base, namespace=namespace,
+                            now_ms=int(time.time() * 1000))
+    http_json(f"{base}/_control/secrets", {s.endpoint_id: [s.secret] for s in seeded})
+    return base, list(seeded)
+
+
 def run_demo(
     settings: Settings, *, count: int, apps: int, endpoints_per_app: int, rate: float
 ) -> int:
@@ -66,13 +83,8 @@ def run_demo(
     }
     log_dir = ROOT / ".local" / "logs" / f"demo-{namespace}"
     with Stack(env, log_dir) as stack:
-        stack.start("receiver", "receiver", "--port", str(port))
-        base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: http_json(f"{base}/_control/stats"), 20, what="the receiver")
-        seeded = seed_endpoints(settings, apps=apps, endpoints_per_app=endpoints_per_app,
-                                receiver_url=base, namespace=namespace,
-                                now_ms=int(time.time() * 1000))
-        http_json(f"{base}/_control/secrets", {s.endpoint_id: [s.secret] for s in seeded})
+        base, seeded = receiver_with_endpoints(stack, settings, namespace, apps=apps,
+                                               endpoints_per_app=endpoints_per_app, port=port)
         _say(f"seeded {len(seeded)} endpoints over {apps} apps; receiver on {base}")
         for stage in ("sink", "relay", "agent", "gate", "fanout"):
             stack.start(stage, stage, extra_env={"POSTBACKS_METRICS_PORT": str(free_port())})

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from postbacks.emit import ConversionProducer, synthetic_conversions
 from postbacks.settings import Settings
-from postbacks.tools.procs import Stack, free_port, http_json, wait_for
-from postbacks.tools.seed import seed_endpoints
+from postbacks.tools.demo import receiver_with_endpoints
+from postbacks.tools.procs import Stack, http_json, wait_for
 from tests.kafka_util import scalar
 
 
@@ -21,14 +21,8 @@ class Pipeline:
 
 def start_pipeline(settings: Settings, stack: Stack, namespace: str, *, conversions: int,
                    apps: int, endpoints_per_app: int) -> Pipeline:
-    port = free_port()
-    stack.start("receiver", "receiver", "--port", str(port))
-    base = f"http://127.0.0.1:{port}"
-    wait_for(lambda: http_json(f"{base}/_control/stats"), 30, what="receiver")
-    seeded = seed_endpoints(settings, apps=apps, endpoints_per_app=endpoints_per_app,
-                            receiver_url=base, namespace=namespace,
-                            now_ms=int(time.time() * 1000))
-    http_json(f"{base}/_control/secrets", {s.endpoint_id: [s.secret] for s in seeded})
+    base, _ = receiver_with_endpoints(stack, settings, namespace, apps=apps,
+                                      endpoints_per_app=endpoints_per_app)
     for stage in ("sink", "relay", "agent", "gate", "fanout"):
         stack.start(stage, stage)
     producer = ConversionProducer(settings)
