@@ -20,6 +20,7 @@ from postbacks.core.anomaly import (
     Mode,
     RateThresholds,
     Trip,
+    baseline,
 )
 from postbacks.core.anomaly.persist import restore_scope
 from postbacks.core.anomaly.windows import DAY_MS, HOUR_MS
@@ -312,9 +313,10 @@ def partial(partition: int, window: int, total: int, source_offset: int | None =
 class Agg:
     """An aggregator over a dict table, with the topic offsets handed out in order."""
 
-    def __init__(self, *rows: AnomalyRow, store: dict[str, Any] | None = None) -> None:
+    def __init__(self, *rows: AnomalyRow, store: dict[str, Any] | None = None,
+                 partitions: int = 1) -> None:
         cfg, _ = build_config(rows, GKEY)
-        self.agg = GlobalAggregator(cfg, HaltBook(), GKEY)
+        self.agg = GlobalAggregator(cfg, HaltBook(), GKEY, partitions=partitions)
         self.store: dict[str, Any] = {} if store is None else store
         self.offset = 0
 
@@ -329,8 +331,9 @@ class Agg:
 
     @property
     def total(self) -> int:
-        assert self.agg.tracked is not None
-        return self.agg.tracked.state.open_total
+        """The newest open window's global total."""
+        w = self.agg.windows
+        return w[max(w)] if w else 0
 
 
 def test_partials_of_three_partitions_sum() -> None:
@@ -369,7 +372,9 @@ def test_lagging_partition_counts_only_its_increase() -> None:
     a.feed(partial(0, T0, 100 * USD))
     a.feed(partial(1, T0 + 3 * HOUR_MS, 50 * USD))  # partition 1 is 3 windows ahead
     a.feed(partial(0, T0, 110 * USD))  # partition 0's window grew by 10 (a late event)
-    assert a.total == 60 * USD
+    # Partition 0 still holds window T0 open (the watermark): each window has its own money.
+    assert a.agg.window_total(T0) == 110 * USD
+    assert a.agg.window_total(T0 + 3 * HOUR_MS) == 50 * USD
 
 
 def _history(a: Agg) -> None:
@@ -398,3 +403,18 @@ def test_global_over_under_detect_does_not_trip() -> None:
     assert a.agg.halts.halts == {}
     after = sample("postbacks_anomaly_signals_total", reason="payout_rate_global", mode="detect")
     assert after == before + 1  # one signal per window
+
+
+def test_partitions_hours_apart_in_event_time_do_not_trip_the_global_scope() -> None:
+    """A backlog is read in chunks of hours per partition: a lagging partition's money is
+    its own window's, not a spike in the leader's (the bug the Kafka scenario found)."""
+    a = Agg(row("global", GKEY, "value_rate", "enforce", {"multiple": 1.25, "floor_micros": USD}),
+            partitions=2)
+    tripped: list[Trip] = []
+    for h in range(3 * 168):
+        tripped += a.feed(partial(0, T0 + h * HOUR_MS, 10 * USD))
+        if h >= 5:  # partition 1 runs five hours behind
+            tripped += a.feed(partial(1, T0 + (h - 5) * HOUR_MS, 10 * USD))
+    assert tripped == []
+    assert a.agg.tracked is not None
+    assert baseline(a.agg.tracked.state, T0 + 3 * 168 * HOUR_MS) == 20.0 * USD

@@ -25,16 +25,19 @@ from postbacks.core.anomaly import (
     Detector,
     HaltState,
     Mode,
-    Over,
+    SeasonalBaseline,
     Trip,
     add,
-    value_rate,
+    baseline,
+    close_until,
 )
+from postbacks.core.anomaly.detectors import trips as over_thresholds
 from postbacks.core.anomaly.persist import Tracked, Value, dump_scope, restore_scope
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import ANOMALY_BASELINE, ANOMALY_SIGNALS, ANOMALY_WINDOW_PAYOUT
 from postbacks.records import PayoutPartialRecord
 from postbacks.streams.anomaly_gate.config import GateConfig, HaltBook
+from postbacks.topics import TOPICS
 
 __all__ = ["GLOBAL_HIST", "GLOBAL_OPEN", "GlobalAggregator"]
 
@@ -43,38 +46,52 @@ GLOBAL_HIST = "g:hist"
 GLOBAL_OPEN = "g:open"
 
 
-def _parts_to_str(parts: dict[int, tuple[int, int, int]]) -> str:
-    return ";".join(f"{p}:{w}:{t}:{o}" for p, (w, t, o) in sorted(parts.items()))
+ACTIVE_MS = 60_000  # a partition silent this long (gate wall clock) stops holding windows open
 
 
-def _parts_from_str(raw: object) -> dict[int, tuple[int, int, int]]:
+def _ints(raw: object, n: int, what: str) -> list[tuple[int, ...]]:
     if not isinstance(raw, str):
-        raise ValueError("global state: 'parts' must be a string")
-    out: dict[int, tuple[int, int, int]] = {}
+        raise ValueError(f"global state: {what!r} must be a string")
+    out = []
     for item in filter(None, raw.split(";")):
         try:
-            p, w, t, o = (int(x) for x in item.split(":"))
+            values = tuple(int(x) for x in item.split(":"))
         except ValueError:
-            raise ValueError(f"global state: bad part {item!r}") from None
-        out[p] = (w, t, o)
+            raise ValueError(f"global state: bad {what} item {item!r}") from None
+        if len(values) != n:
+            raise ValueError(f"global state: bad {what} item {item!r}")
+        out.append(values)
     return out
 
 
 class GlobalAggregator:
-    """Per partition the latest partial (window, cumulative total, source offset) and the
-    global baseline fed with each partial's increase.
+    """The global payout per event-time window, summed over partitions, against its
+    seasonal baseline.
 
-    A partial whose source offset is not above the partition's last one is stale (a gate
-    re-deciding deliveries after a restart) and changes nothing. A partition's partials
-    only move forward in window, so one entry per partition is all the state there is.
+    Partitions move through event time at their own pace (a backlog is read in chunks of
+    hours per partition), so a window is *closed* -- its total fed to the baseline's
+    history -- only when every active partition has moved past it (the watermark: the
+    lowest current window among partitions heard from within ``ACTIVE_MS``; until every
+    partition has been heard from, or ``ACTIVE_MS`` has passed, nothing closes). Until then
+    its total keeps growing and is checked against its own slot's baseline as each partial
+    arrives, so a sharp excess trips mid-window. Money for a window already closed (a
+    partition waking up) counts in the oldest open window: late money still counts now.
+
+    Per partition the latest partial (window, cumulative total, source offset, sent at) is
+    kept; one with a source offset not above the last is stale (a gate re-deciding after a
+    restart) and changes nothing.
     """
 
-    def __init__(self, config: GateConfig, halts: HaltBook, global_key: str) -> None:
+    def __init__(self, config: GateConfig, halts: HaltBook, global_key: str,
+                 partitions: int = TOPICS.deliveries.partitions) -> None:
         self.config = config
         self.halts = halts
         self.global_key = global_key
+        self.partitions = partitions  # unheard partitions hold windows open for ACTIVE_MS
+        self._first_sent: int | None = None
         self.tracked: Tracked | None = None
-        self.parts: dict[int, tuple[int, int, int]] = {}
+        self.parts: dict[int, tuple[int, int, int, int]] = {}  # p -> (w, total, src, sent)
+        self.windows: dict[int, int] = {}  # open window start -> total so far
         self._codec = codec_for("PayoutPartial")
         self._signalled_window: int | None = None
         self._dirty = False
@@ -86,12 +103,17 @@ class GlobalAggregator:
         if self.tracked is None:
             try:
                 t = restore_scope(get(GLOBAL_HIST), get(GLOBAL_OPEN))
-                self.parts = _parts_from_str(t.extra.get("parts", ""))
+                self.parts = {v[0]: (v[1], v[2], v[3], v[4])
+                              for v in _ints(t.extra.get("parts", ""), 5, "parts")}
+                self.windows = dict(_ints(t.extra.get("wins", ""), 2, "wins"))  # type: ignore[arg-type]
             except ValueError as exc:
                 log.error("unreadable global state (%s): starting it afresh", exc)
-                t, self.parts = restore_scope(None, None), {}
+                t, self.parts, self.windows = restore_scope(None, None), {}, {}
             self.tracked = t
         return self.tracked
+
+    def window_total(self, window_start: int) -> int:
+        return self.windows.get(window_start, 0)
 
     def process(self, batch: list[tuple[int, bytes | None]], get: Callable[[str], Any],
                 now_ms: int) -> list[Trip]:
@@ -99,7 +121,6 @@ class GlobalAggregator:
         t = self._load(get)
         trips: list[Trip] = []
         g, offset = t.state, t.offset
-        th = self.config.global_thresholds
         for off, raw in batch:
             if off <= offset:
                 continue  # counted before a restart
@@ -109,18 +130,18 @@ class GlobalAggregator:
             except DeadLetterError as exc:
                 log.error("partials offset %d: %s (skipped)", off, exc)
                 continue
-            p, w, total, src = (pp["partition"], pp["window_start"], pp["total_micros"],
-                                pp["source_offset"])
+            p, w, total = pp["partition"], pp["window_start"], pp["total_micros"]
+            src, sent = pp["source_offset"], pp["produced_at"]
             last = self.parts.get(p)
-            if last is not None and src <= last[2]:
-                continue  # stale: re-sent after a gate restart
-            if last is not None and w < last[0]:
-                continue  # a partition's window never moves back; ignore defensively
+            if last is not None and (src <= last[2] or w < last[0]):
+                continue  # stale (re-sent after a gate restart); windows never move back
             delta = total - last[1] if last is not None and w == last[0] else total
-            self.parts[p] = (w, total, src)
+            self.parts[p] = (w, total, src, sent)
+            target = w if g.open_start is None or w >= g.open_start else g.open_start
             if delta > 0:
-                g = add(g, w, delta)
-            trip = self._evaluate(g, th)
+                self.windows[target] = self.windows.get(target, 0) + delta
+            g = self._close(g)
+            trip = self._evaluate(g, target)
             if trip is not None:
                 self.halts.trip_now(trip, now_ms)
                 trips.append(trip)
@@ -129,33 +150,51 @@ class GlobalAggregator:
         self._gauges()
         return trips
 
+    def _close(self, g: SeasonalBaseline) -> SeasonalBaseline:
+        """Feed every window below the watermark to the baseline, oldest first."""
+        if not self.parts:
+            return g
+        newest = max(v[3] for v in self.parts.values())
+        first = self._first_sent = min(self._first_sent or newest, newest)
+        if len(self.parts) < self.partitions and newest - first < ACTIVE_MS:
+            return g  # a partition not heard from yet may still bring these windows money
+        watermark = min(v[0] for v in self.parts.values() if v[3] >= newest - ACTIVE_MS)
+        for w in sorted(x for x in self.windows if x < watermark):
+            g = close_until(add(g, w, self.windows.pop(w)), w + g.policy.window_ms)
+        if g.open_start is not None and g.open_start < watermark:
+            g = close_until(g, watermark)
+        return g
+
     def take_writes(self) -> list[tuple[str, Value]]:
         """The table writes for the state changed since the last call (before a commit)."""
         if not self._dirty or self.tracked is None:
             return []
-        t = dataclasses.replace(self.tracked, extra={"parts": _parts_to_str(self.parts)})
+        parts = ";".join(f"{p}:{w}:{t}:{o}:{a}" for p, (w, t, o, a) in sorted(self.parts.items()))
+        wins = ";".join(f"{w}:{t}" for w, t in sorted(self.windows.items()))
+        t = dataclasses.replace(self.tracked, extra={"parts": parts, "wins": wins})
         hist, open_, self.tracked = dump_scope(t)
         self._dirty = False
         return ([(GLOBAL_HIST, hist)] if hist is not None else []) + [(GLOBAL_OPEN, open_)]
-    def _evaluate(self, g: Any, th: Any) -> Trip | None:
+
+    def _evaluate(self, g: SeasonalBaseline, w: int) -> Trip | None:
         mode = self.config.global_mode
         if mode is Mode.OFF:
             return None
-        r = value_rate(g, th)
-        if not isinstance(r, Over):
+        total, b = self.windows.get(w, 0), baseline(g, w)
+        if b is None or not over_thresholds(total, b, self.config.global_thresholds):
             return None
-        if self._signalled_window != r.window_start_ms:
-            self._signalled_window = r.window_start_ms
+        if self._signalled_window != w:
+            self._signalled_window = w
             ANOMALY_SIGNALS.labels("payout_rate_global", mode.value).inc()
         if mode is Mode.ENFORCE and self.halts.halts.get(GLOBAL_SCOPE) is not HaltState.TRIPPED:
-            return Trip("global", "*", Detector.VALUE_RATE, r.observed_micros,
-                        r.baseline_micros, r.window_start_ms)
+            return Trip("global", "*", Detector.VALUE_RATE, total, b, w)
         return None
 
     def _gauges(self) -> None:
-        if self.tracked is None:
+        if self.tracked is None or not self.windows:
             return
-        st = self.tracked.state
-        ANOMALY_WINDOW_PAYOUT.labels("global", self.global_key).set(st.open_total / 1e6)
-        if st.open_baseline is not None:
-            ANOMALY_BASELINE.labels("global", self.global_key).set(st.open_baseline / 1e6)
+        w = max(self.windows)
+        ANOMALY_WINDOW_PAYOUT.labels("global", self.global_key).set(self.windows[w] / 1e6)
+        b = baseline(self.tracked.state, w)
+        if b is not None:
+            ANOMALY_BASELINE.labels("global", self.global_key).set(b / 1e6)
