@@ -205,7 +205,10 @@ def test_restore_of_nothing_is_empty() -> None:
     assert t.state == empty()
     assert t.offset == NOTHING == -1
     assert t.persisted_start is None and t.extra == {}
-    assert restore_scope(None, {"s": None, "t": 0, "o": 7, "x": {}}).offset == NOTHING
+    # an ``open`` for a window without its history (a lost write) is not trusted ...
+    assert restore_scope(None, {"s": 3_600_000, "t": 5, "o": 7, "x": {}}).offset == NOTHING
+    # ... but a state that never opened a window has nothing but ``open`` to persist
+    assert restore_scope(None, {"s": None, "t": 0, "o": 7, "x": {}}).offset == 7
     p = BaselinePolicy(weeks=3, min_weeks=1)
     assert restore_scope(None, None, p).state == empty(p)
 
@@ -240,3 +243,11 @@ def test_restore_partial_of_nothing() -> None:
 def test_malformed_partial_raises(raw: object) -> None:
     with pytest.raises(ValueError):
         restore_partial(raw)
+
+
+def test_a_state_that_never_opened_a_window_restores_from_open_alone() -> None:
+    t = Tracked(empty(), offset=7, extra={"wins": "1:2"})
+    hist, open_, _ = dump_scope(t)
+    assert hist is None  # nothing to write: no window has opened
+    back = restore_scope(None, open_)
+    assert (back.offset, back.extra, back.state.open_start) == (7, {"wins": "1:2"}, None)

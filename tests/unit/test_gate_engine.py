@@ -25,7 +25,7 @@ from postbacks.core.anomaly import (
 from postbacks.core.anomaly.persist import restore_scope
 from postbacks.core.anomaly.windows import DAY_MS, HOUR_MS
 from postbacks.db.anomaly import AnomalyRow
-from postbacks.streams.anomaly_gate.aggregate import GlobalAggregator
+from postbacks.streams.anomaly_gate.aggregate import UNHEARD_GRACE_MS, GlobalAggregator
 from postbacks.streams.anomaly_gate.config import HaltBook, StateChange, build_config, core_scope
 from postbacks.streams.anomaly_gate.engine import BatchOut, GateEngine, In, hist_key, open_key
 from tests.unit.factories import make_conversion, make_delivery
@@ -303,11 +303,12 @@ def test_undecodable_records_go_to_the_dlq_and_the_batch_goes_on() -> None:
 _SOURCE = itertools.count(1)
 
 
-def partial(partition: int, window: int, total: int, source_offset: int | None = None) -> bytes:
+def partial(partition: int, window: int, total: int, source_offset: int | None = None,
+            sent: int = NOW) -> bytes:
     """A partial; by default each one is newer (a higher source offset) than the last."""
     src = next(_SOURCE) if source_offset is None else source_offset
     return PARTIAL.encode({"partition": partition, "window_start": window, "total_micros": total,
-                           "source_offset": src, "produced_at": NOW})
+                           "source_offset": src, "produced_at": sent})
 
 
 class Agg:
@@ -418,3 +419,13 @@ def test_partitions_hours_apart_in_event_time_do_not_trip_the_global_scope() -> 
     assert tripped == []
     assert a.agg.tracked is not None
     assert baseline(a.agg.tracked.state, T0 + 3 * 168 * HOUR_MS) == 20.0 * USD
+
+
+def test_unheard_partitions_hold_windows_open_for_a_grace_that_survives_a_restart() -> None:
+    a = Agg(partitions=2)
+    a.feed(*(partial(0, T0 + h * HOUR_MS, USD) for h in range(6)))
+    assert sorted(a.agg.windows) == [T0 + h * HOUR_MS for h in range(6)]  # partition 1 unheard
+    restarted = Agg(store=a.store, partitions=2)  # the grace runs from the first partial ever
+    restarted.feed(partial(0, T0 + 6 * HOUR_MS, USD, sent=NOW + UNHEARD_GRACE_MS + 1),
+                   offsets=[a.offset])  # the next partials-topic offset
+    assert sorted(restarted.agg.windows) == [T0 + 6 * HOUR_MS]  # the older ones closed

@@ -84,6 +84,13 @@ def restore_scope(hist: object | None, open_: object | None,
     starts the scope afresh, which can only under-count, never hold wrongly).
     """
     if hist is None:
+        # No history was ever written: only a state that never opened a window persists
+        # just ``open`` (the global aggregator's, while its windows are all still open).
+        if open_ is not None:
+            o = _load(open_, "scope open window")
+            o_off, o_extra = o.get("o"), o.get("x") or {}
+            if o.get("s") is None and type(o_off) is int and isinstance(o_extra, dict):
+                return Tracked(empty(policy), o_off, None, o_extra)
         return Tracked(empty(policy))
     h = _load(hist, "scope history")
     offset = h.get("o")

@@ -47,6 +47,7 @@ GLOBAL_OPEN = "g:open"
 
 
 ACTIVE_MS = 60_000  # a partition silent this long (gate wall clock) stops holding windows open
+UNHEARD_GRACE_MS = 10_000  # partitions never heard from hold windows open this long
 
 
 def _ints(raw: object, n: int, what: str) -> list[tuple[int, ...]]:
@@ -72,7 +73,8 @@ class GlobalAggregator:
     hours per partition), so a window is *closed* -- its total fed to the baseline's
     history -- only when every active partition has moved past it (the watermark: the
     lowest current window among partitions heard from within ``ACTIVE_MS``; until every
-    partition has been heard from, or ``ACTIVE_MS`` has passed, nothing closes). Until then
+    partition has been heard from, or ``UNHEARD_GRACE_MS`` has passed since the first
+    partial, nothing closes). Until then
     its total keeps growing and is checked against its own slot's baseline as each partial
     arrives, so a sharp excess trips mid-window. Money for a window already closed (a
     partition waking up) counts in the oldest open window: late money still counts now.
@@ -87,7 +89,7 @@ class GlobalAggregator:
         self.config = config
         self.halts = halts
         self.global_key = global_key
-        self.partitions = partitions  # unheard partitions hold windows open for ACTIVE_MS
+        self.partitions = partitions  # unheard ones hold windows open for UNHEARD_GRACE_MS
         self._first_sent: int | None = None
         self.tracked: Tracked | None = None
         self.parts: dict[int, tuple[int, int, int, int]] = {}  # p -> (w, total, src, sent)
@@ -105,7 +107,10 @@ class GlobalAggregator:
                 t = restore_scope(get(GLOBAL_HIST), get(GLOBAL_OPEN))
                 self.parts = {v[0]: (v[1], v[2], v[3], v[4])
                               for v in _ints(t.extra.get("parts", ""), 5, "parts")}
-                self.windows = dict(_ints(t.extra.get("wins", ""), 2, "wins"))  # type: ignore[arg-type]
+                self.windows = {w: total for w, total in _ints(t.extra.get("wins", ""), 2,
+                                                                "wins")}
+                first = t.extra.get("first")
+                self._first_sent = first if type(first) is int else None
             except ValueError as exc:
                 log.error("unreadable global state (%s): starting it afresh", exc)
                 t, self.parts, self.windows = restore_scope(None, None), {}, {}
@@ -156,7 +161,7 @@ class GlobalAggregator:
             return g
         newest = max(v[3] for v in self.parts.values())
         first = self._first_sent = min(self._first_sent or newest, newest)
-        if len(self.parts) < self.partitions and newest - first < ACTIVE_MS:
+        if len(self.parts) < self.partitions and newest - first < UNHEARD_GRACE_MS:
             return g  # a partition not heard from yet may still bring these windows money
         watermark = min(v[0] for v in self.parts.values() if v[3] >= newest - ACTIVE_MS)
         for w in sorted(x for x in self.windows if x < watermark):
@@ -171,7 +176,8 @@ class GlobalAggregator:
             return []
         parts = ";".join(f"{p}:{w}:{t}:{o}:{a}" for p, (w, t, o, a) in sorted(self.parts.items()))
         wins = ";".join(f"{w}:{t}" for w, t in sorted(self.windows.items()))
-        t = dataclasses.replace(self.tracked, extra={"parts": parts, "wins": wins})
+        extra: dict[str, Any] = {"parts": parts, "wins": wins, "first": self._first_sent}
+        t = dataclasses.replace(self.tracked, extra=extra)
         hist, open_, self.tracked = dump_scope(t)
         self._dirty = False
         return ([(GLOBAL_HIST, hist)] if hist is not None else []) + [(GLOBAL_OPEN, open_)]
