@@ -16,9 +16,11 @@ from postbacks.db.connect import connect
 from postbacks.emit import ConversionProducer
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, free_port, wait_for
+from postbacks.topics import TOPICS
 from tests.e2e.gate_util import GateFeed, metric
 from tests.e2e.harness import Harness
 from tests.integration.anomaly_helpers import run_cli
+from tests.kafka_util import decode, read_topic
 from tests.unit.factories import make_conversion
 
 DAY_MS = 86_400_000
@@ -204,3 +206,20 @@ def test_window_state_exact_after_kill9_of_the_gate(settings: Settings, stack: S
     # Each partition's latest partial for the window: their sum is every payout, once.
     wait_for(lambda: feed.partial_sum(start) == total, 60,
              what=f"partials summing to {total} (now {feed.partial_sum(start)})")
+
+
+def test_garbage_on_deliveries_is_dead_lettered_by_the_gate_and_the_partition_flows(
+    settings: Settings, stack: Stack,
+) -> None:
+    feed = GateFeed(settings)
+    ep = "ep_garbage"
+    feed.producer.produce(settings.topic(TOPICS.deliveries.base), b"\x00not avro", ep.encode())
+    feed.producer.produce(settings.topic(TOPICS.deliveries.base), None, ep.encode())
+    good = feed.send(ep, feed.hour_ago(weeks=0), 1_000_000)  # same key: same partition
+    stack.start("gate", "gate")
+    feed.wait_outputs(1)
+    assert good in feed.dispatched
+    dead = [decode("DeadLetter", m) for m in read_topic(settings, TOPICS.dlq.base, 2)]
+    assert sorted(d["original_value"] or b"" for d in dead) == [b"", b"\x00not avro"]
+    assert {(d["stage"], d["reason"], d["original_key"]) for d in dead} == {
+        ("gate", "undecodable", ep.encode())}

@@ -9,13 +9,15 @@ import sys
 
 import pytest
 
+from postbacks.settings import Settings
+
 
 def _run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "postbacks", *args], env={**os.environ, **env},
                           capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("stage", ["fanout", "agent"])
+@pytest.mark.parametrize("stage", ["fanout", "agent", "gate"])
 def test_missing_broker(stage: str, migrated: dict[str, str]) -> None:
     r = _run([stage], KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:1",
              POSTBACKS_DATABASE_URL=migrated["POSTBACKS_DATABASE_URL"])
@@ -37,3 +39,18 @@ def test_bad_setting_is_a_clear_error() -> None:
     r = _run(["migrate"], POSTBACKS_ENDPOINT_CONCURRENCY="lots")
     assert r.returncode == 2
     assert "POSTBACKS_ENDPOINT_CONCURRENCY='lots' is not a valid int" in r.stderr
+
+
+def test_gate_without_its_database_or_topics_is_a_clear_error(settings: Settings) -> None:
+    """The gate must know its modes and halts before it consumes anything."""
+    r = _run(["gate"], KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers,
+             POSTBACKS_TOPIC_PREFIX=settings.topic_prefix,
+             POSTBACKS_DATABASE_URL="postgresql://postbacks@127.0.0.1:1/postbacks")
+    assert r.returncode == 2, r.stderr
+    assert "PostgreSQL is not reachable" in r.stderr and "Traceback" not in r.stderr
+    r = _run(["gate"], KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers,
+             POSTBACKS_TOPIC_PREFIX=f"missing{settings.topic_prefix}",
+             POSTBACKS_DATABASE_URL=settings.database_url)
+    assert r.returncode == 2, r.stderr
+    assert f"missing topic(s) missing{settings.topic_prefix}deliveries.v1" in r.stderr
+    assert "postbacks topics create" in r.stderr and "Traceback" not in r.stderr
