@@ -13,10 +13,10 @@ How a gate instance uses it, per delivery (``conv = delivery["conversion"]``)::
         case Deliver(metrics=m): ...                               # -> dispatch.v1
         case Hold(reason=r, metrics=m, trips=t): ...               # persist t, -> held.v1
 
-The single aggregator folds partials with ``add_partial``/``global_total``, feeds the change
-of the global total into the global baseline (``add``) and evaluates ``value_rate`` with
-the global thresholds; under enforce a global trip becomes a halt every gate honours.
-Baseline state goes to a table changelog with ``to_dict``/``from_dict``.
+The single aggregator (``streams/anomaly_gate/aggregate.py``) sums the partitions' partials
+per window, feeds closed windows to the global baseline (``add``, ``close_until``) and checks
+each window's total with ``detectors.trips``; under enforce a global trip becomes a halt
+every gate honours. State goes to a table changelog through :mod:`.persist`.
 :mod:`.replay` runs a whole history through the same rules in one process (calibration).
 """
 
@@ -63,14 +63,7 @@ from postbacks.core.anomaly.modes import (
     endpoint_scope,
     resolve_modes,
 )
-from postbacks.core.anomaly.rollup import (
-    PartitionPartial,
-    Rollup,
-    accumulate,
-    add_partial,
-    global_total,
-    prune,
-)
+from postbacks.core.anomaly.rollup import PartitionPartial, accumulate
 from postbacks.core.anomaly.windows import (
     DEFAULT_WINDOW_MS,
     day_of_week,
@@ -100,7 +93,6 @@ __all__ = [
     "PartitionPartial",
     "RateResult",
     "RateThresholds",
-    "Rollup",
     "Scope",
     "SeasonalBaseline",
     "Signal",
@@ -108,7 +100,6 @@ __all__ = [
     "Within",
     "accumulate",
     "add",
-    "add_partial",
     "apply_trips",
     "baseline",
     "close_until",
@@ -117,11 +108,9 @@ __all__ = [
     "empty",
     "endpoint_scope",
     "from_dict",
-    "global_total",
     "hour_of_day",
     "observe",
     "payout_input",
-    "prune",
     "resolve_modes",
     "retrodated",
     "to_dict",
