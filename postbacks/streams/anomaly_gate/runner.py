@@ -59,7 +59,8 @@ def faust_settings(settings: Settings) -> dict[str, Any]:
         broker_heartbeat_interval=1.0,
         broker_rebalance_timeout=10.0,
         broker_request_timeout=30.0,
-        broker_commit_every=10_000,
+        broker_commit_every=1 << 40,  # by interval only: a count-based commit runs inside
+                                      # Faust's fetch loop and stalls every partition
         broker_commit_interval=0.5,
         consumer_auto_offset_reset="earliest",
         producer_linger=0.002,
@@ -83,6 +84,8 @@ class GateProcess:
         self.control = ControlReader(settings, self.halts, self.writer)
         self.producer: Producer = make_producer(settings, **{"linger.ms": 2})
         self._failed: list[str] = []
+        self._produced = 0  # records handed to the producer ...
+        self._reported = 0  # ... and delivery reports received for them
         self._inflight: list[Any] = []  # changelog sends since the last flush
         self._partial_codec = codec_for("PayoutPartial")
         self._control_codec = codec_for("BreakerState")
@@ -156,6 +159,7 @@ class GateProcess:
 
     # ----------------------------------------------------------------- batches
     def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        self._reported += 1
         if err is not None:
             self._failed.append(str(err))
 
@@ -164,6 +168,7 @@ class GateProcess:
             try:
                 self.producer.produce(self.settings.topic(topic_base), value, key,
                                       on_delivery=self._on_delivery)
+                self._produced += 1
                 return
             except BufferError:
                 self.producer.poll(0.05)
@@ -178,7 +183,13 @@ class GateProcess:
         """
         self._write_states()
         futs, self._inflight = self._inflight, []
-        left = await asyncio.to_thread(self.producer.flush, 60.0)
+        # Wait for the reports of what was produced *before* this point only: a plain
+        # producer.flush() under steady load waits for a moment the queue is empty.
+        target, deadline = self._produced, time.monotonic() + 60.0
+        while self._reported < target and time.monotonic() < deadline:
+            self.producer.poll(0)
+            await asyncio.sleep(0.002)
+        left = max(0, target - self._reported)
         try:
             if futs:
                 await asyncio.wait_for(asyncio.gather(*futs), 60.0)
