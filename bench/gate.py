@@ -151,6 +151,7 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=2000, help="deliveries/s for the latency run")
     ap.add_argument("--seconds", type=float, default=10, help="length of the latency run")
     ap.add_argument("--endpoints", type=int, default=300)
+    ap.add_argument("--commit-s", help="POSTBACKS_GATE_COMMIT_INTERVAL_S for the gate")
     ap.add_argument("--profile", metavar="FILE", help="py-spy the gate during the throughput run")
     args = ap.parse_args()
     base = load_settings()
@@ -165,7 +166,8 @@ def main() -> int:
     try:
         say(f"throughput: producing {args.n:,} deliveries over {args.endpoints} endpoints")
         produce(s, args.n, endpoints, "t")
-        env = env_for(s, POSTBACKS_ANOMALY_GLOBAL_KEY=s.anomaly_global_key)
+        extra = {"POSTBACKS_GATE_COMMIT_INTERVAL_S": args.commit_s} if args.commit_s else {}
+        env = env_for(s, POSTBACKS_ANOMALY_GLOBAL_KEY=s.anomaly_global_key, **extra)
         with Stack(env, log_dir) as stack:
             t_start = time.time()
             gate = stack.start("gate", "gate")

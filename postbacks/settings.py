@@ -79,6 +79,7 @@ class Settings:
     anomaly_global_key: str = "*"  # scope_key of this deployment's global scope rows
     gate_batch_max: int = 500  # deliveries per gate batch (Faust take_events)
     gate_batch_within_s: float = 0.005  # ... or whatever arrived within this long
+    gate_commit_interval_s: float = 0.5  # offsets (and the state they cover) this often
 
     def topic(self, base: str) -> str:
         """Full topic name for a registry base name (prefix applied)."""

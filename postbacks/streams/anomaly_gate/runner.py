@@ -61,7 +61,7 @@ def faust_settings(settings: Settings) -> dict[str, Any]:
         broker_request_timeout=30.0,
         broker_commit_every=1 << 40,  # by interval only: a count-based commit runs inside
                                       # Faust's fetch loop and stalls every partition
-        broker_commit_interval=0.5,
+        broker_commit_interval=settings.gate_commit_interval_s,
         consumer_auto_offset_reset="earliest",
         producer_linger=0.002,
         stream_recovery_delay=0.0,
