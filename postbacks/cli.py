@@ -186,10 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--rate", type=float, default=0)
     sp.set_defaults(func=_demo)
 
-    from postbacks.tools import anomaly_admin, held
+    from postbacks.tools import anomaly_admin, console_cli, held
 
     held.add_parser(sub)
     anomaly_admin.add_parser(sub)
+    console_cli.add_parser(sub)
     return p
 
 

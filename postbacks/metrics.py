@@ -99,6 +99,19 @@ HELD_DEPTH = Gauge("webhook_held_depth", "Deliveries currently held")
 HELD_OLDEST_AGE = Gauge("webhook_held_oldest_age_seconds",
                         "Age of the oldest held delivery, from held_at")
 
+# Replay console.
+CONSOLE_REQUESTS = Histogram(
+    "postbacks_console_request_seconds", "Console requests by route and status class",
+    ["route", "status"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+CONSOLE_ACTIONS = Counter("postbacks_console_actions_total",
+                          "Console actions by action and result (ok | refused)",
+                          ["action", "result"])
+CONSOLE_REPLAYED = Counter("postbacks_console_replays_published_total",
+                           "Replayed deliveries published to the retry topics")
+CONSOLE_REPLAY_PENDING = Gauge("postbacks_console_replay_pending",
+                               "Replayed deliveries queued but not yet published")
+
 
 @functools.cache
 def child(metric: Any, value: str) -> Any:

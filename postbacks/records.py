@@ -6,7 +6,7 @@ check every access. A contract test keeps their keys equal to the latest schema'
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 __all__ = [
     "AttemptRecord",
@@ -49,6 +49,7 @@ class DeliveryRecord(TypedDict):
     first_attempt_at: int | None
     hold_reason: str | None
     last_error: str | None
+    override: NotRequired[str | None]  # v2: console edit-and-replay (core/override.py)
 
 
 class AttemptRecord(TypedDict):

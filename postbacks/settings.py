@@ -80,6 +80,14 @@ class Settings:
     gate_batch_max: int = 500  # deliveries per gate batch (Faust take_events)
     gate_batch_within_s: float = 0.005  # ... or whatever arrived within this long
     gate_commit_interval_s: float = 0.5  # offsets (and the state they cover) this often
+    # Replay console (postbacks console serve; see postbacks/console).
+    console_host: str = "127.0.0.1"
+    console_port: int = 8790
+    console_replay_per_app_hour: int = 100  # deliveries re-driven per app per hour (not admin)
+    console_bulk_confirm_above: int = 100  # a bulk replay of more needs the count confirmed
+    console_bulk_max: int = 50_000  # at most this many deliveries in one bulk replay
+    console_replay_rate_per_endpoint: float = 10.0  # replays published per endpoint per second
+    console_replay_rate_total: float = 1000.0  # ... and in all
 
     def topic(self, base: str) -> str:
         """Full topic name for a registry base name (prefix applied)."""
@@ -150,13 +158,17 @@ def _validate(s: Settings) -> None:
         raise ConfigError("POSTBACKS_RETRY_CEILING_S must be at most 72 h (259200)")
     for name in ("retry_base_s", "retry_max_delay_s", "retry_ceiling_s", "breaker_open_s",
                  "breaker_ramp_s", "quarantine_delay_s", "endpoint_budget_s",
-                 "stall_restart_s"):
+                 "stall_restart_s", "console_replay_rate_per_endpoint",
+                 "console_replay_rate_total"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{env_name(name)} must be > 0")
     for name in ("retry_max_attempts", "failing_after", "breaker_failure_threshold",
-                 "endpoint_max_queue", "max_buffered", "commit_interval_ms"):
+                 "endpoint_max_queue", "max_buffered", "commit_interval_ms",
+                 "console_bulk_confirm_above", "console_bulk_max"):
         if getattr(s, name) < 1:
             raise ConfigError(f"{env_name(name)} must be >= 1")
+    if s.console_replay_per_app_hour < 0:
+        raise ConfigError("POSTBACKS_CONSOLE_REPLAY_PER_APP_HOUR must be >= 0 (0 = no limit)")
     parse_event_type_limits(s.retry_max_attempts_by_event_type)
     if not s.database_url.startswith(("postgresql://", "postgres://")):
         raise ConfigError("POSTBACKS_DATABASE_URL must be a postgresql:// URL")

@@ -22,13 +22,16 @@ def _ms(t: dt.datetime | None) -> int | None:
     return None if t is None else int(t.timestamp() * 1000)
 
 
-def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox) -> list[Endpoint]:
-    """Every enabled endpoint with its (decrypted) secrets that have not expired."""
+def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox,
+                   only: str | None = None) -> list[Endpoint]:
+    """Every enabled endpoint (or just ``only``, enabled or not) with its (decrypted)
+    secrets that have not expired."""
     secrets: dict[str, list[SigningSecret]] = {}
+    one = " AND endpoint_id = %(only)s" if only is not None else ""
     for secret_id, endpoint_id, ciphertext, active_from, active_until in conn.execute(
         "SELECT secret_id, endpoint_id, ciphertext, active_from, active_until"
-        " FROM endpoint_secrets WHERE active_until IS NULL OR active_until > now()"
-        " ORDER BY active_from"
+        " FROM endpoint_secrets WHERE (active_until IS NULL OR active_until > now())"
+        f"{one} ORDER BY active_from", {"only": only},
     ):
         key = decode_secret(box.open(bytes(ciphertext), secret_id))
         secrets.setdefault(endpoint_id, []).append(
@@ -37,7 +40,8 @@ def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox) -> list[Endpoi
     out = []
     for row in conn.execute(
         "SELECT endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency,"
-        " config FROM endpoints WHERE enabled"
+        " config FROM endpoints WHERE " + ("endpoint_id = %(only)s" if only else "enabled"),
+        {"only": only},
     ):
         endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency, cfg = row
         try:

@@ -17,7 +17,7 @@ from postbacks.errors import ServiceUnavailable
 from postbacks.kafka.clients import make_producer, make_transactional_producer
 from postbacks.settings import Settings
 
-__all__ = ["publish_acked", "publish_transaction"]
+__all__ = ["TransactionalPublisher", "publish_acked", "publish_transaction"]
 
 Item = tuple[str, bytes | None, bytes]  # (full topic name, key, value)
 
@@ -50,6 +50,38 @@ def publish_transaction(settings: Settings, stage: str, items: Sequence[Item], *
         raise ServiceUnavailable(
             f"Kafka transaction failed, nothing was published ({len(items)} record(s)): {exc}"
         ) from exc
+
+
+class TransactionalPublisher:
+    """A long-lived transactional producer for a process that publishes batch after batch
+    (the console's replay drainer): each :meth:`publish` is one committed transaction. A
+    failure aborts, drops the producer (a fresh one is made for the next batch) and raises
+    :class:`ServiceUnavailable`."""
+
+    def __init__(self, settings: Settings, stage: str) -> None:
+        self._settings = settings
+        self._stage = stage
+        self._producer: Producer | None = None
+
+    def publish(self, items: Sequence[Item], *, timeout_s: float = 30.0) -> None:
+        if not items:
+            return
+        if self._producer is None:
+            self._producer = make_transactional_producer(
+                self._settings, f"{self._stage}-{uuid.uuid4().hex[:12]}")
+        producer = self._producer
+        try:
+            producer.begin_transaction()
+            for topic, key, value in items:
+                _produce(producer, topic, key, value)
+            producer.commit_transaction(timeout_s)
+        except KafkaException as exc:
+            with contextlib.suppress(KafkaException):
+                producer.abort_transaction(10)
+            self._producer = None
+            raise ServiceUnavailable(
+                f"Kafka transaction failed, nothing was published ({len(items)} record(s)): "
+                f"{exc}") from exc
 
 
 def publish_acked(settings: Settings, items: Sequence[Item], *, timeout_s: float = 30.0,

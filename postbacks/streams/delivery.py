@@ -17,6 +17,7 @@ from postbacks.codec import codec_for
 from postbacks.core.classify import Delivered, Permanent, Retryable, Verdict, classify
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.outcomes import make_attempt, make_outcome
+from postbacks.core.override import OverrideError, apply_override, parse_override
 from postbacks.core.redact import redact_request
 from postbacks.core.render import RenderedRequest, RenderError, render
 from postbacks.core.retry import DeadLetter, RetryPolicy, ScheduleRetry, next_step
@@ -110,8 +111,9 @@ class Deliverer:
         now_ms = int(picked * 1000)
         queue_ms = max(0.0, float(now_ms - (d["enqueued_at"] or d["created_at"])))
         try:
+            ep = apply_override(ep, parse_override(d.get("override")))
             req = render(d, ep, now_ms=now_ms)
-        except RenderError as exc:
+        except (RenderError, OverrideError) as exc:
             RENDER_ERRORS.inc()
             self.attempt(out, d, now_ms, "render_failed", None, error_class="render_error",
                          error_message=str(exc), queue_ms=queue_ms)

@@ -24,7 +24,7 @@ def make_delivery(**over: Any) -> DeliveryRecord:
         delivery_id="dlv_1", endpoint_id="ep_1", idempotency_key="msg_abc",
         conversion=make_conversion(), created_at=1_700_000_200_000, attempt=0,
         trigger="initial", triggered_by=None, due_at=None, enqueued_at=1_700_000_200_000,
-        first_attempt_at=None, hold_reason=None, last_error=None,
+        first_attempt_at=None, hold_reason=None, last_error=None, override=None,
     )
     base.update(over)
     return DeliveryRecord(**base)  # type: ignore[typeddict-item]

@@ -1,0 +1,1 @@
+"""The replay console: pages, JSON API and CLI over PostgreSQL and the retry topics."""

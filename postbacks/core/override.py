@@ -1,0 +1,130 @@
+"""Edit-and-replay overrides: a one-off change to how ONE re-driven copy is rendered.
+
+Support fixing a delivery in the console may override, for that re-drive only, the URL
+(which is also the V2 macro mapping: the macros are in the URL template), the V3 field
+subset and the key aliases. The override travels on the Delivery record (``override``, a
+JSON string, schema v2); the agent applies it to the endpoint's *current* config before
+rendering, so everything else (secrets, validator, headers) stays the endpoint's own.
+
+:func:`parse_override` is strict (unknown keys, wrong types, an empty override and anything
+over :data:`MAX_OVERRIDE_BYTES` are refused with a message naming the problem);
+:func:`apply_override` returns the endpoint to render with; :func:`override_diff` is what
+the console shows before the replay. The SSRF address check of an overridden URL is I/O
+(done by the console's adapter on save, and by the agent's transport on every connect).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any
+
+from postbacks.core.endpoint import Endpoint
+
+__all__ = [
+    "MAX_OVERRIDE_BYTES",
+    "Override",
+    "OverrideError",
+    "apply_override",
+    "override_diff",
+    "parse_override",
+]
+
+MAX_OVERRIDE_BYTES = 8192  # an override is a fix, not a payload
+_MAX_URL = 2048
+_KEYS = ("url", "fields", "aliases")
+
+
+class OverrideError(ValueError):
+    """An override that cannot be used, in words for the person who typed it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    url: str | None = None
+    fields: tuple[str, ...] | None = None
+    aliases: Mapping[str, str] | None = None
+
+    def to_json(self) -> str:
+        out: dict[str, Any] = {}
+        if self.url is not None:
+            out["url"] = self.url
+        if self.fields is not None:
+            out["fields"] = list(self.fields)
+        if self.aliases is not None:
+            out["aliases"] = dict(self.aliases)
+        return json.dumps(out, sort_keys=True, separators=(",", ":"))
+
+
+def parse_override(raw: str | Mapping[str, Any] | None) -> Override | None:
+    """The override in ``raw`` (a JSON string or an already-parsed object); ``None`` for
+    no override. Raises :class:`OverrideError`."""
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, str):
+        if len(raw.encode()) > MAX_OVERRIDE_BYTES:
+            raise OverrideError(f"override is larger than {MAX_OVERRIDE_BYTES} bytes")
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise OverrideError(f"override is not JSON: {exc}") from exc
+    else:
+        data = raw
+        if len(json.dumps(data, default=str).encode()) > MAX_OVERRIDE_BYTES:
+            raise OverrideError(f"override is larger than {MAX_OVERRIDE_BYTES} bytes")
+    if not isinstance(data, Mapping):
+        raise OverrideError("override must be a JSON object with url, fields or aliases")
+    unknown = sorted(set(data) - set(_KEYS))
+    if unknown:
+        raise OverrideError(f"unknown override key(s): {', '.join(unknown)} "
+                            f"(allowed: {', '.join(_KEYS)})")
+    url = data.get("url")
+    if url is not None:
+        if not isinstance(url, str) or not url.strip():
+            raise OverrideError("url must be a non-empty string")
+        if len(url) > _MAX_URL:
+            raise OverrideError(f"url is longer than {_MAX_URL} characters")
+        url = url.strip()
+    fields = data.get("fields")
+    if fields is not None:
+        if not isinstance(fields, list) or not all(isinstance(f, str) and f for f in fields):
+            raise OverrideError("fields must be a list of non-empty strings")
+        fields = tuple(fields)
+    aliases = data.get("aliases")
+    if aliases is not None:
+        if not isinstance(aliases, Mapping) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in aliases.items()
+        ):
+            raise OverrideError("aliases must be an object of non-empty strings")
+        aliases = MappingProxyType(dict(aliases))
+    if url is None and fields is None and aliases is None:
+        raise OverrideError("override changes nothing: give url, fields or aliases")
+    return Override(url=url, fields=fields, aliases=aliases)
+
+
+def apply_override(endpoint: Endpoint, override: Override | None) -> Endpoint:
+    """``endpoint`` as this copy renders it."""
+    if override is None:
+        return endpoint
+    config = endpoint.config
+    if override.fields is not None:
+        config = replace(config, fields=override.fields)
+    if override.aliases is not None:
+        config = replace(config, aliases=override.aliases)
+    return replace(endpoint, url=override.url or endpoint.url, config=config)
+
+
+def override_diff(endpoint: Endpoint, override: Override) -> list[tuple[str, str, str]]:
+    """``(what, current, override)`` for every value the override changes."""
+    out: list[tuple[str, str, str]] = []
+    if override.url is not None and override.url != endpoint.url:
+        out.append(("url", endpoint.url, override.url))
+    if override.fields is not None and override.fields != endpoint.config.fields:
+        cur = "(default)" if endpoint.config.fields is None else ", ".join(endpoint.config.fields)
+        out.append(("fields", cur, ", ".join(override.fields)))
+    if override.aliases is not None and dict(override.aliases) != dict(endpoint.config.aliases):
+        out.append(("aliases", json.dumps(dict(endpoint.config.aliases), sort_keys=True),
+                    json.dumps(dict(override.aliases), sort_keys=True)))
+    return out

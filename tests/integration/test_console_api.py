@@ -1,0 +1,429 @@
+"""The replay console's API and pages against real PostgreSQL and Kafka: role boundaries,
+CSRF, the replay rate limit, bulk confirmation, the SSRF check on edits, bad input, the
+drainer's per-endpoint cap, the audit trail of every mutation, and CLI parity."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from postbacks.console.drain import Drainer
+from postbacks.core.endpoint import EndpointConfig
+from postbacks.db.connect import connect
+from postbacks.db.endpoints import upsert_endpoint
+from postbacks.settings import Settings
+from postbacks.topics import TOPICS
+from tests.integration.anomaly_helpers import (
+    held_delivery,
+    insert_deliveries,
+    run_cli,
+    topic_size,
+)
+from tests.integration.console_util import Client, console_server, token
+from tests.kafka_util import decode, read_topic
+
+RETRY_5S = TOPICS.retry_tier("5s").base
+
+
+def _world(settings: Settings, ns: str) -> dict[str, Any]:
+    """Two apps, an endpoint each; deliveries in every interesting status."""
+    w: dict[str, Any] = {"a": f"app_{ns}_a", "b": f"app_{ns}_b",
+                         "ep_a": f"ep_{ns}_a", "ep_b": f"ep_{ns}_b"}
+    with connect(settings.database_url) as conn:
+        for app, ep in ((w["a"], w["ep_a"]), (w["b"], w["ep_b"])):
+            upsert_endpoint(conn, endpoint_id=ep, app_id=app,
+                            url=f"https://pub.example/{ep}", config=EndpointConfig())
+        conn.commit()
+    plan = [(1, "a", "delivered"), (2, "a", "delivered"), (3, "a", "held"),
+            (4, "a", "rejected"), (5, "a", "dead_lettered"), (6, "a", "pending"),
+            (7, "b", "delivered"), (8, "b", "dead_lettered")]
+    for n, app, status in plan:
+        d = held_delivery(ns, n, endpoint=w[f"ep_{app}"], app=w[app])
+        insert_deliveries(settings, [d], status=status)
+        w[f"d{n}"] = d
+    return w
+
+
+def _ids(rows: list[dict[str, Any]]) -> set[str]:
+    return {r["delivery_id"] for r in rows}
+
+
+def _audit(settings: Settings, target_id: str) -> list[tuple[str, str]]:
+    with connect(settings.database_url) as conn:
+        return [(r[0], r[1]) for r in conn.execute(
+            "SELECT actor, action FROM audit_log WHERE target_id = %s ORDER BY audit_id",
+            (target_id,))]
+
+
+def test_roles_and_the_publisher_scope(settings: Settings, namespace: str) -> None:
+    w = _world(settings, namespace)
+    ns = namespace
+    with console_server(settings) as port:
+        anon = Client(port)
+        assert anon.get("/api/v1/deliveries").status == 401
+        page = anon.get("/deliveries")
+        assert page.status == 303 and page.headers["location"].startswith("/login")
+        assert Client(port, bearer="pbc_not_a_token").get("/api/v1/deliveries").status == 401
+
+        pub = Client(port, bearer=token(settings, f"pub-{ns}", "publisher", (w["a"],)))
+        seen = _ids(pub.get("/api/v1/deliveries?limit=200").json()["deliveries"])
+        assert {f"dlv_{ns}_{n}" for n in (1, 2, 5)} <= seen
+        # held, rejected, pending and the other app's never appear, filtered or not
+        for n in (3, 4, 6, 7, 8):
+            assert f"dlv_{ns}_{n}" not in seen
+        for status in ("held", "rejected", "pending"):
+            r = pub.get(f"/api/v1/deliveries?app={w['a']}&status={status}")
+            assert r.status == 200 and r.json()["deliveries"] == []
+        assert pub.get(f"/api/v1/deliveries?app={w['b']}").json()["deliveries"] == []
+        for n in (3, 4, 7):
+            assert pub.get(f"/api/v1/deliveries/dlv_{ns}_{n}").status == 404
+        mine = pub.get(f"/api/v1/deliveries/dlv_{ns}_1").json()
+        assert "snapshot" not in mine and "hold_reason" not in mine
+        for path in ("/api/v1/held", "/api/v1/dead-letters", "/api/v1/audit",
+                     f"/api/v1/endpoints/{w['ep_a']}"):
+            assert pub.get(path).status in (403, 404), path
+        r = pub.post(f"/api/v1/deliveries/dlv_{ns}_1/replay", body={})
+        assert r.status == 403 and "publisher may not" in r.json()["error"]
+
+        pub_page = Client(port)
+        pub_page.sign_in(token(settings, f"pub2-{ns}", "publisher", (w["a"],)))
+        html = pub_page.get("/deliveries?limit=200").text
+        assert f"dlv_{ns}_1" in html and f"dlv_{ns}_3" not in html and "Held" not in html
+        assert pub_page.get("/held").status == 403
+
+        support = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
+        staff_seen = _ids(support.get(f"/api/v1/deliveries?app={w['a']}").json()["deliveries"])
+        assert f"dlv_{ns}_3" in staff_seen  # staff see held ones
+        r = support.post("/api/v1/held/release", body={"delivery_ids": [f"dlv_{ns}_3"]})
+        assert r.status == 403 and "only a reviewer" in r.json()["error"]
+        r = support.post(f"/api/v1/endpoints/{w['ep_a']}", body={"url": "https://x.example/"})
+        assert r.status == 403
+        assert topic_size(settings, RETRY_5S) == 0
+
+        reviewer = Client(port, bearer=token(settings, f"rev-{ns}", "reviewer"))
+        r = reviewer.post("/api/v1/held/release",
+                          body={"delivery_ids": [f"dlv_{ns}_3"], "note": "checked"})
+        assert r.status == 200, r.text
+        assert r.json()["delivery_ids"] == [f"dlv_{ns}_3"]
+    records = [decode("Delivery", m) for m in read_topic(settings, RETRY_5S, 1)]
+    assert records[0]["idempotency_key"] == w["d3"]["idempotency_key"]
+    assert records[0]["trigger"] == "release"
+    assert records[0]["triggered_by"] == f"reviewer:rev-{ns}"
+    assert ("reviewer:rev-" + ns, "held.release") in _audit(settings, f"dlv_{ns}_3")
+
+
+def test_csrf_is_required_on_every_cookie_form(settings: Settings, namespace: str) -> None:
+    w = _world(settings, namespace)
+    ns = namespace
+    with console_server(settings) as port:
+        c = Client(port)
+        c.sign_in(token(settings, f"sup-{ns}", "support"))
+        assert c.csrf
+        path = f"/deliveries/dlv_{ns}_5/suppress"
+        r = c.post(path, form={"reason": "poison"})
+        assert r.status == 403 and "CSRF" in r.text
+        r = c.post(path, form={"reason": "poison", "csrf": "0" * 40})
+        assert r.status == 403
+        r = c.post(path, body={"reason": "poison"})  # JSON with the cookie: still needs it
+        assert r.status == 403
+        with connect(settings.database_url) as conn:
+            assert conn.execute("SELECT count(*) FROM postback_suppressions WHERE"
+                                " delivery_id = %s", (f"dlv_{ns}_5",)).fetchone() == (0,)
+        r = c.post(path, form={"reason": "poison", "csrf": c.csrf})
+        assert r.status == 303, r.text
+        r = c.post(f"/api/v1/deliveries/dlv_{ns}_8/suppress", body={"reason": "x"},
+                   headers={"X-CSRF-Token": c.csrf})
+        assert r.status == 200, r.text
+        # A bearer token is not an ambient credential: no CSRF token needed.
+        b = Client(port, bearer=token(settings, f"sup2-{ns}", "support"))
+        r = b.post(f"/api/v1/deliveries/dlv_{ns}_1/replay", body={})
+        assert r.status == 202, r.text
+        # a second suppression of the same delivery is refused
+        r = b.post(f"/api/v1/deliveries/dlv_{ns}_5/suppress", body={"reason": "again"})
+        assert r.status == 409
+    assert (f"support:sup-{ns}", "delivery.suppress") in _audit(settings, f"dlv_{ns}_5")
+    del w
+
+
+def _drain(settings: Settings, *, limit: int = 50) -> int:
+    drainer = Drainer(settings)
+    total = 0
+    with connect(settings.database_url) as conn:
+        for _ in range(limit):
+            n = drainer.tick(conn)
+            conn.commit()
+            total += n
+            if drainer.pending(conn) == 0:
+                conn.commit()
+                break
+            drainer.last -= 1.0  # a second later: the buckets refill
+    return total
+
+
+def test_replay_redrives_with_the_original_key_and_is_audited(
+        settings: Settings, namespace: str) -> None:
+    w = _world(settings, namespace)
+    ns = namespace
+    with console_server(settings) as port:
+        sup = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
+        r = sup.post(f"/api/v1/deliveries/dlv_{ns}_5/replay", body={"note": "fixed upstream"})
+        assert r.status == 202, r.text
+        job = r.json()["job_id"]
+        for n, words in ((3, "1 held"), (4, "1 rejected"), (6, "1 pending")):
+            r = sup.post(f"/api/v1/deliveries/dlv_{ns}_{n}/replay", body={})
+            assert r.status == 409 and words in r.json()["error"], r.text
+        assert sup.post(f"/api/v1/deliveries/dlv_{ns}_nope/replay", body={}).status == 404
+        assert sup.get(f"/api/v1/replays/{job}").json()["state"] == "queued"
+        assert _drain(settings) == 1
+        assert sup.get(f"/api/v1/replays/{job}").json() | {} == {
+            **sup.get(f"/api/v1/replays/{job}").json(), "state": "done", "published": 1}
+    [m] = read_topic(settings, RETRY_5S, 1)
+    d = decode("Delivery", m)
+    assert m.key() == w["ep_a"].encode()
+    assert d["delivery_id"] == f"dlv_{ns}_5"
+    assert d["idempotency_key"] == w["d5"]["idempotency_key"]
+    assert (d["trigger"], d["triggered_by"], d["override"]) == (
+        "manual", f"support:sup-{ns}", None)
+    outcomes = [decode("Outcome", x) for x in read_topic(settings, TOPICS.outcomes.base, 1)]
+    assert [(o["kind"], o["actor"]) for o in outcomes] == [("replayed", f"support:sup-{ns}")]
+    assert (f"support:sup-{ns}", "delivery.replay") in _audit(settings, f"dlv_{ns}_5")
+    assert (f"support:sup-{ns}", "replay.replay") in _audit(settings, job)
+
+
+def test_replay_rate_limit_per_app_per_hour(settings: Settings, namespace: str) -> None:
+    from dataclasses import replace
+
+    w = _world(settings, namespace)
+    ns = namespace
+    limited = replace(settings, console_replay_per_app_hour=2)
+    with console_server(limited) as port:
+        sup = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
+        assert sup.post(f"/api/v1/deliveries/dlv_{ns}_1/replay", body={}).status == 202
+        assert sup.post(f"/api/v1/deliveries/dlv_{ns}_2/replay", body={}).status == 202
+        r = sup.post(f"/api/v1/deliveries/dlv_{ns}_5/replay", body={})
+        assert r.status == 429, r.text
+        assert r.json()["app"] == w["a"] and r.json()["left"] == 0
+        assert "2 deliveries per app per hour" in r.json()["error"]
+        # another app has its own allowance; an admin is not limited
+        assert sup.post(f"/api/v1/deliveries/dlv_{ns}_7/replay", body={}).status == 202
+        admin = Client(port, bearer=token(settings, f"adm-{ns}", "admin"))
+        assert admin.post(f"/api/v1/deliveries/dlv_{ns}_5/replay", body={}).status == 202
+    assert not [a for a in _audit(settings, f"dlv_{ns}_5") if a[0] == f"support:sup-{ns}"]
+
+
+def test_bulk_replay_needs_the_previewed_count(settings: Settings, namespace: str) -> None:
+    from dataclasses import replace
+
+    ns = namespace
+    ep, app = f"ep_{ns}_bulk", f"app_{ns}_bulk"
+    with connect(settings.database_url) as conn:
+        upsert_endpoint(conn, endpoint_id=ep, app_id=app, url="https://pub.example/b")
+        conn.commit()
+    insert_deliveries(settings, [held_delivery(ns, 100 + i, endpoint=ep, app=app)
+                                 for i in range(5)], status="dead_lettered")
+    insert_deliveries(settings, [held_delivery(ns, 200, endpoint=ep, app=app)], status="held")
+    small = replace(settings, console_bulk_confirm_above=2)
+    with console_server(small) as port:
+        sup = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
+        pv = sup.get(f"/api/v1/replays/preview?app={app}").json()
+        assert pv["by_status"] == {"dead_lettered": 5, "held": 1}
+        assert pv["replayable"] == 5 and pv["needs_confirmation"] is True
+        r = sup.post("/api/v1/replays", body={"filter": {"app": app}})
+        assert r.status == 409 and r.json()["needs_confirmation"] == 5
+        r = sup.post("/api/v1/replays", body={"filter": {"app": app}, "confirm": 4})
+        assert r.status == 409
+        assert sup.post("/api/v1/replays", body={"filter": {}}).status == 400
+        r = sup.post("/api/v1/replays", body={"filter": {"app": app}, "confirm": 5})
+        assert r.status == 202, r.text
+        assert r.json()["total"] == 5 and r.json()["skipped"] == {"held": 1}
+        # the page flow: preview page -> confirm form carries the count
+        page = Client(port)
+        page.sign_in(token(settings, f"sup2-{ns}", "support"))
+        html = page.get(f"/replays/preview?app={app}").text
+        assert 'name="confirm" value="5"' in html
+    assert _drain(settings) == 5
+    keys = {decode("Delivery", m)["delivery_id"] for m in read_topic(settings, RETRY_5S, 5)}
+    assert keys == {f"dlv_{ns}_{100 + i}" for i in range(5)}
+
+
+def test_edits_are_ssrf_checked_and_nothing_changes_when_refused(
+        settings: Settings, namespace: str) -> None:
+    from dataclasses import replace
+
+    w = _world(settings, namespace)
+    ns = namespace
+    strict = replace(settings, allow_loopback_targets=False)
+
+    def lookup(host: str) -> list[str]:
+        if host == "internal.test":
+            return ["10.1.2.3"]
+        if host == "mixed.test":
+            return ["93.184.216.34", "169.254.169.254"]
+        if host == "public.test":
+            return ["93.184.216.34"]
+        raise OSError("name does not resolve")
+
+    path = f"/api/v1/deliveries/dlv_{ns}_5/replay"
+    with console_server(strict, lookup=lookup) as port:
+        sup = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
+        for url, words in [
+            ("http://10.0.0.5/hook", "private"),
+            ("http://0x7f000001/hook", "loopback"),
+            ("http://[::ffff:127.0.0.1]/hook", "loopback"),
+            ("http://169.254.169.254/latest/meta-data", "link"),
+            ("http://internal.test/hook", "resolves to 10.1.2.3"),
+            ("http://mixed.test/hook", "169.254.169.254"),
+            ("http://nowhere.test/hook", "does not resolve"),
+            ("ftp://public.test/hook", "scheme"),
+        ]:
+            r = sup.post(path, body={"override": {"url": url}})
+            assert r.status == 400, (url, r.text)
+            assert words in r.json()["error"].lower() or words in r.json()["error"], (url, r.text)
+        r = sup.post(path, body={"override": {"url": "https://public.test/hook"}})
+        assert r.status == 202, r.text
+        assert r.json()["diff"] == [["url", f"https://pub.example/{w['ep_a']}",
+                                     "https://public.test/hook"]]
+        # the page's first POST shows the diff, the second queues
+        page = Client(port)
+        page.sign_in(token(settings, f"sup2-{ns}", "support"))
+        r = page.post(f"/deliveries/dlv_{ns}_1/replay",
+                      form={"url": "https://public.test/other", "csrf": page.csrf})
+        assert r.status == 200 and "https://public.test/other" in r.text and "confirm" in r.text
+        r = page.post(f"/deliveries/dlv_{ns}_1/replay",
+                      form={"url": "http://internal.test/x", "csrf": page.csrf})
+        assert r.status == 400 and "resolves to 10.1.2.3" in r.text
+
+        admin_tok = token(settings, f"adm-{ns}", "admin")
+        admin = Client(port, bearer=admin_tok)
+        ep_path = f"/api/v1/endpoints/{w['ep_a']}"
+        r = admin.post(ep_path, body={"url": "http://internal.test/hook"})
+        assert r.status == 422 and any("10.1.2.3" in p for p in r.json()["problems"])
+        r = admin.post(ep_path, body={"url": "https://public.test/new"})
+        assert r.status == 401 and r.json()["step_up"] is True
+        r = admin.post(ep_path, body={"url": "https://public.test/new",
+                                      "confirm_token": "pbc_wrong"})
+        assert r.status == 401
+        r = admin.post(ep_path, body={"config": {"fields": ["no_such_field"]}})
+        assert r.status == 422 and "no_such_field" in json.dumps(r.json()["problems"])
+        r = admin.post(ep_path, body={"url": "https://public.test/new", "confirm_token": admin_tok,
+                                      "note": "publisher moved"})
+        assert r.status == 200, r.text
+    with connect(settings.database_url) as conn:
+        assert conn.execute("SELECT url FROM endpoints WHERE endpoint_id = %s",
+                            (w["ep_a"],)).fetchone() == ("https://public.test/new",)
+        jobs = conn.execute("SELECT count(*) FROM replay_items WHERE delivery_id = %s",
+                            (f"dlv_{ns}_5",)).fetchone()
+    assert jobs == (1,)  # only the accepted edit
+    assert [a for _actor, a in _audit(settings, w["ep_a"])] == ["endpoint.update"]
+    assert [a for _actor, a in _audit(settings, f"dlv_{ns}_5")] == ["delivery.edit_replay"]
+
+
+def test_bad_input_gets_a_clear_error_and_changes_nothing(
+        settings: Settings, namespace: str) -> None:
+    _world(settings, namespace)
+    ns = namespace
+    with console_server(settings) as port:
+        sup = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
+        r = sup.get(f"/api/v1/deliveries/dlv_{ns}_unknown")
+        assert r.status == 404 and "no delivery" in r.json()["error"]
+        for q, words in [("status=bogus", "status must be one of"),
+                         ("since=last-week", "since must be a date"),
+                         ("cursor=garbage", "cursor is malformed"),
+                         ("limit=100000", "limit must be"),
+                         ("colour=red", "unknown filter")]:
+            r = sup.get(f"/api/v1/deliveries?{q}")
+            assert r.status == 400 and words in r.json()["error"], (q, r.text)
+        r = sup.post(f"/api/v1/deliveries/dlv_{ns}_5/replay",
+                     body={"override": {"url": "https://x.example/", "fields": ["f" * 9000]}})
+        assert r.status == 400 and "larger than 8192 bytes" in r.json()["error"]
+        r = sup.post(f"/api/v1/deliveries/dlv_{ns}_5/replay",
+                     body={"override": {"method": "DELETE"}})
+        assert r.status == 400 and "unknown override key" in r.json()["error"]
+        r = sup.post(f"/api/v1/deliveries/dlv_{ns}_5/replay", raw=b"{not json",
+                     headers={"Content-Type": "application/json"})
+        assert r.status == 400 and "not JSON" in r.json()["error"]
+        r = sup.post(f"/api/v1/deliveries/dlv_{ns}_5/replay", raw=b"x" * 70_000,
+                     headers={"Content-Type": "application/json"})
+        assert r.status == 413
+        assert sup.post("/api/v1/dead-letters/dl_nope/resolve", body={}).status == 404
+        assert sup.post(f"/api/v1/deliveries/dlv_{ns}_1/suppress",
+                        body={"reason": "x"}).status == 409  # delivered: not poison
+
+        page = Client(port)
+        page.sign_in(token(settings, f"sup2-{ns}", "support"))
+        r = page.get("/deliveries?status=bogus")
+        assert r.status == 400 and "status must be one of" in r.text
+        r = page.get(f"/deliveries/dlv_{ns}_unknown")
+        assert r.status == 404 and "no delivery" in r.text
+    with connect(settings.database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM replay_items WHERE delivery_id LIKE %s",
+                            (f"dlv_{ns}_%",)).fetchone() == (0,)
+    assert topic_size(settings, RETRY_5S) == 0
+
+
+def test_the_drainer_publishes_at_the_per_endpoint_cap(settings: Settings, namespace: str) -> None:
+    from dataclasses import replace
+
+    from postbacks.console.actions import create_replay
+    from postbacks.console.auth import Principal
+
+    ns = namespace
+    s = replace(settings, console_replay_rate_per_endpoint=4.0, console_replay_rate_total=100.0)
+    eps = {"x": f"ep_{ns}_x", "y": f"ep_{ns}_y"}
+    with connect(s.database_url) as conn:
+        for ep in eps.values():
+            upsert_endpoint(conn, endpoint_id=ep, app_id=f"app_{ns}", url="https://p.example/")
+        conn.commit()
+    insert_deliveries(s, [held_delivery(ns, i, endpoint=eps["x"]) for i in range(10)],
+                      status="delivered")
+    insert_deliveries(s, [held_delivery(ns, 100 + i, endpoint=eps["y"]) for i in range(3)],
+                      status="delivered")
+    now = [1000.0]
+    admin = Principal("tok_test", "bulk", "admin", ())
+    with connect(s.database_url) as conn:
+        from postbacks.console.queries import DeliveryFilter
+
+        job = create_replay(conn, s, admin, flt=DeliveryFilter(app=f"app_{ns}"), confirm=13)
+        conn.commit()
+        drainer = Drainer(s, clock=lambda: now[0])
+        per_tick = []
+        for _ in range(6):
+            per_tick.append(drainer.tick(conn))
+            conn.commit()
+            now[0] += 0.5  # 2 tokens per endpoint per half second
+    assert job.total == 13
+    # burst of 4 per endpoint (x: 4, y: 3), then 2 per half second for x alone
+    assert per_tick == [7, 2, 2, 2, 0, 0]
+    published = [decode("Delivery", m) for m in read_topic(s, RETRY_5S, 13)]
+    assert len({d["delivery_id"] for d in published}) == 13
+    assert all(d["triggered_by"] == "admin:bulk" for d in published)
+
+
+def test_cli_parity_list_show_replay(settings: Settings, namespace: str,
+                                     monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    w = _world(settings, namespace)
+    ns = namespace
+    assert run_cli(monkeypatch, settings, "deliveries", "list", "--app", w["a"],
+                   "--status", "dead_lettered", "--json") == 0
+    assert _ids(json.loads(capsys.readouterr().out)["deliveries"]) == {f"dlv_{ns}_5"}
+    assert run_cli(monkeypatch, settings, "deliveries", "list", "--status", "nope") == 2
+    assert "status must be one of" in capsys.readouterr().err
+    assert run_cli(monkeypatch, settings, "deliveries", "show", f"dlv_{ns}_5") == 0
+    out = capsys.readouterr().out
+    assert w["d5"]["idempotency_key"] in out and "dead_lettered" in out
+    assert run_cli(monkeypatch, settings, "deliveries", "show", f"dlv_{ns}_zz") == 1
+    assert run_cli(monkeypatch, settings, "deliveries", "replay", f"dlv_{ns}_5",
+                   "--actor", "carol", "--note", "from the CLI") == 0
+    captured = capsys.readouterr()
+    assert "1/1 published" in captured.out and "published 1/1" in captured.err
+    [m] = read_topic(settings, RETRY_5S, 1)
+    d = decode("Delivery", m)
+    assert (d["delivery_id"], d["triggered_by"], d["idempotency_key"]) == (
+        f"dlv_{ns}_5", "support:carol", w["d5"]["idempotency_key"])
+    assert run_cli(monkeypatch, settings, "deliveries", "replay", f"dlv_{ns}_3",
+                   "--actor", "carol") == 1
+    assert "held" in capsys.readouterr().err
+    assert run_cli(monkeypatch, settings, "deliveries", "replay", "--actor", "carol") == 2
