@@ -11,7 +11,7 @@ export POSTBACKS_DATABASE_URL ?= postgresql://postbacks@127.0.0.1:15432/postback
 PYTEST_ARGS ?=
 
 .PHONY: help install check lint typecheck test test-unit test-integration demo services-up \
-        services-down services-status bench clean
+        services-down services-status browser bench clean
 
 help:
 	@echo "make demo            run the whole pipeline on local services (the main job)"
@@ -20,6 +20,7 @@ help:
 	@echo "make check           ruff + mypy (strict)"
 	@echo "make services-up     start Kafka and PostgreSQL (deploy/local/services.sh)"
 	@echo "make services-down   stop them"
+	@echo "make browser         install Debian's chromium (console browser tests)"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -52,7 +53,10 @@ services-status:
 test-unit: install
 	$(BIN)/pytest tests/unit tests/contract $(PYTEST_ARGS)
 
-test: install services-up
+browser:
+	$(SERVICES) browser
+
+test: install services-up browser
 	$(BIN)/pytest tests/unit tests/contract tests/integration tests/e2e $(PYTEST_ARGS)
 
 demo: install

@@ -6,6 +6,7 @@
 #   bash deploy/local/services.sh status        exit non-zero unless both are ready
 #   bash deploy/local/services.sh logs          last 100 lines of each log
 #   bash deploy/local/services.sh env           print the export lines only
+#   bash deploy/local/services.sh browser       install Debian's chromium if missing
 #   bash deploy/local/services.sh restart-kafka [SECONDS]     stop the broker, wait, start it
 #   bash deploy/local/services.sh restart-postgres [SECONDS]  the same for PostgreSQL
 #                                               (failure tests: a broker restart, a DB outage)
@@ -657,6 +658,27 @@ cmd_status() {
   return "$rc"
 }
 
+# Debian's chromium for the console's browser tests (Playwright drives it by path; no
+# browser download). Retried: a mirror hiccup must not fail a CI run.
+cmd_browser() {
+  local try
+  if [[ -x /usr/bin/chromium ]]; then
+    log "chromium: $(/usr/bin/chromium --version 2>/dev/null || echo present) at /usr/bin/chromium"
+    return 0
+  fi
+  take_lock
+  for try in 1 2 3; do
+    if ( apt_install chromium ); then
+      log "chromium: installed ($(/usr/bin/chromium --version 2>/dev/null))"
+      return 0
+    fi
+    log "chromium install failed (try $try of 3)"
+    APT_UPDATED=0
+    sleep $(( try * 5 ))
+  done
+  die "could not install chromium (apt-get install chromium); see $LOGS/apt.log"
+}
+
 cmd_logs() {
   local f
   resolve_pg_layout || PG_LOG="$LOGS/postgres.log"
@@ -668,14 +690,14 @@ cmd_logs() {
 }
 
 usage() {
-  sed -n "2,12p" "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n "2,13p" "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 main() {
   local cmd=${1:-}
   [[ $# -gt 0 ]] && shift
   case $cmd in
-    up|down|status|logs|env|restart-kafka|restart-postgres) ;;
+    up|down|status|logs|env|browser|restart-kafka|restart-postgres) ;;
     -h|--help|help) usage; return 0 ;;
     *) usage >&2; return 2 ;;
   esac
@@ -687,6 +709,7 @@ main() {
     status) cmd_status ;;
     logs) cmd_logs ;;
     env) print_env ;;
+    browser) cmd_browser ;;
     restart-kafka) take_lock; ensure_java; kafka_down; sleep "${1:-0}"; kafka_up ;;
     restart-postgres) take_lock; pg_down; sleep "${1:-0}"; pg_up ;;
   esac
