@@ -427,3 +427,61 @@ def test_cli_parity_list_show_replay(settings: Settings, namespace: str,
                    "--actor", "carol") == 1
     assert "held" in capsys.readouterr().err
     assert run_cli(monkeypatch, settings, "deliveries", "replay", "--actor", "carol") == 2
+
+
+def test_rotation_test_send_and_dead_letter_resolution(
+        settings: Settings, namespace: str, stack: Any) -> None:
+    from postbacks.core.signing import generate_secret
+    from postbacks.tools.procs import free_port, http_json, wait_for
+
+    w = _world(settings, namespace)
+    ns = namespace
+    rport = free_port()
+    stack.start("receiver", "receiver", "--port", str(rport))
+    rbase = f"http://127.0.0.1:{rport}"
+    wait_for(lambda: http_json(f"{rbase}/_control/stats"), 30, what="receiver")
+    old, new = generate_secret(), generate_secret()
+    http_json(f"{rbase}/_control/secrets", {w["ep_a"]: [new]})  # verifies with the new one
+    with connect(settings.database_url) as conn:
+        conn.execute("INSERT INTO dead_letters (dead_letter_id, reason, error_class,"
+                     " error_message, stage, origin_topic, origin_partition, origin_offset,"
+                     " delivery_id, endpoint_id, occurred_at) VALUES (%s, 'permanent',"
+                     " 'DeadLetterError', 'http_404', 'agent', 'dispatch.v1', 0, 7, %s, %s,"
+                     " now())", (f"dl_{ns}", f"dlv_{ns}_5", w["ep_a"]))
+        conn.commit()
+    with console_server(settings) as port:
+        admin_tok = token(settings, f"adm-{ns}", "admin")
+        admin = Client(port, bearer=admin_tok)
+        ep_path = f"/api/v1/endpoints/{w['ep_a']}"
+        assert admin.post(f"{ep_path}/secrets", body={"secret": "not-a-secret"}).status == 400
+        assert admin.post(f"{ep_path}/secrets", body={"secret": old}).status == 200
+        r = admin.post(f"{ep_path}/secrets", body={"secret": new, "overlap_s": 3600})
+        assert r.status == 200, r.text
+        secrets = admin.get(ep_path).json()["secrets"]
+        assert len(secrets) == 2 and all(s["active"] for s in secrets)
+        assert "ciphertext" not in json.dumps(secrets) and new not in admin.get(ep_path).text
+        # test-send: real render + sign + transport, both signatures, the exact bytes back
+        r = admin.post(f"{ep_path}/test-send",
+                       body={"override": {"url": f"{rbase}/hooks/{w['ep_a']}"}})
+        assert r.status == 200, r.text
+        sent = r.json()
+        assert sent["ok"] and sent["response"]["status"] == 200
+        assert sent["request"]["headers"]["webhook-signature"].count("v1,") == 2
+        assert json.loads(sent["request"]["body"])["type"] == "conversion"
+        [got] = http_json(f"{rbase}/_control/received?endpoint={w['ep_a']}")
+        assert got["signature"] == "ok" and got["body"] == sent["request"]["body"]
+        r = admin.post(f"{ep_path}/test-send", body={"override": {"url": "http://10.9.9.9/"}})
+        assert r.status == 400 and "private" in r.json()["error"]
+        sup = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
+        assert sup.post(f"{ep_path}/secrets", body={"secret": new}).status == 403
+        # dead letters: resolve once, audited; twice is refused
+        assert f"dl_{ns}" in {x["dead_letter_id"] for x in
+                              sup.get("/api/v1/dead-letters").json()["dead_letters"]}
+        assert sup.post(f"/api/v1/dead-letters/dl_{ns}/resolve",
+                        body={"note": "publisher fixed it"}).status == 200
+        assert sup.post(f"/api/v1/dead-letters/dl_{ns}/resolve", body={}).status == 409
+        assert f"dl_{ns}" not in {x["dead_letter_id"] for x in
+                                  sup.get("/api/v1/dead-letters").json()["dead_letters"]}
+    assert [a for _x, a in _audit(settings, w["ep_a"])] == [
+        "endpoint.rotate_secret", "endpoint.rotate_secret", "endpoint.test_send"]
+    assert _audit(settings, f"dl_{ns}") == [(f"support:sup-{ns}", "dead_letter.resolve")]
