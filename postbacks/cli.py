@@ -121,7 +121,8 @@ def _demo(settings: Settings, args: argparse.Namespace) -> int:
     from postbacks.tools.demo import run_demo
 
     return run_demo(settings, count=args.count, apps=args.apps,
-                    endpoints_per_app=args.endpoints_per_app, rate=args.rate)
+                    endpoints_per_app=args.endpoints_per_app, rate=args.rate,
+                    keep_console=args.keep_console)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--apps", type=int, default=10)
     sp.add_argument("--endpoints-per-app", type=int, default=3)
     sp.add_argument("--rate", type=float, default=0)
+    sp.add_argument("--keep-console", action="store_true",
+                    help="leave the replay console running at the end (Ctrl-C stops it)")
     sp.set_defaults(func=_demo)
 
     from postbacks.tools import anomaly_admin, console_cli, held

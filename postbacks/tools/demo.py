@@ -2,7 +2,9 @@
 
 services up -> migrations -> topics -> receiver -> seed endpoints -> fanout, gate, agent,
 sink -> emit conversions -> wait until every delivery reached the receiver and PostgreSQL
--> summary -> stop everything it started.
+-> the replay console: a support token, a replay of 100 delivered postbacks through its
+API (they arrive again with their original idempotency keys) -> summary -> stop everything
+it started (``--keep-console`` leaves the console up until Ctrl-C).
 """
 
 from __future__ import annotations
@@ -62,8 +64,62 @@ def receiver_with_endpoints(stack: Stack, settings: Settings, namespace: str, *,
     return base, list(seeded)
 
 
+def _console_phase(stack: Stack, settings: Settings, namespace: str, base: str,
+                   keep: bool) -> tuple[int, int]:
+    """Start the console, replay 100 delivered postbacks through its API; returns (replayed,
+    received again with the same idempotency key)."""
+    import json
+    import urllib.request
+
+    from postbacks.console.auth import create_token
+
+    port = free_port()
+    stack.start("console", "console", "serve", "--port", str(port))
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: http_json(f"{url}/healthz"), 30, what="the console")
+    with connect(settings.database_url) as conn:
+        _id, support = create_token(conn, name=f"demo-support-{namespace}", role="support",
+                                    created_by="demo")
+        _id, admin = create_token(conn, name=f"demo-admin-{namespace}", role="admin",
+                                  created_by="demo")
+        picked = [r[0] for r in conn.execute(
+            "SELECT delivery_id FROM (SELECT delivery_id, row_number() OVER (PARTITION BY"
+            " endpoint_id ORDER BY created_at) AS rn FROM deliveries WHERE endpoint_id LIKE %s"
+            " AND status = 'delivered') x WHERE rn <= 4 LIMIT 100", (f"ep_{namespace}_%",))]
+        conn.commit()
+    before = http_json(f"{base}/_control/stats")["received"]
+    req = urllib.request.Request(
+        f"{url}/api/v1/replays", data=json.dumps({"delivery_ids": picked,
+                                                  "note": "demo"}).encode(),
+        headers={"Authorization": f"Bearer {admin}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        job = json.loads(resp.read())
+    _say(f"console on {url}: replaying {job['total']} delivered postbacks (job {job['job_id']})")
+    wait_for(lambda: http_json(f"{base}/_control/stats")["received"] >= before + len(picked),
+             60, what="the replayed postbacks")
+    got = [r for r in http_json(f"{base}/_control/received")[before:]
+           if r["idempotency_key"]]
+    with connect(settings.database_url) as conn:
+        keys: dict[str, str] = dict(conn.execute(
+            "SELECT idempotency_key, delivery_id FROM deliveries WHERE delivery_id = ANY(%s)",
+            (picked,)).fetchall())
+    same = sum(1 for r in got if r["idempotency_key"] in keys)
+    _say(f"replayed postbacks received again: {same}/{len(picked)} with their original "
+         "idempotency keys")
+    if keep:
+        _say(f"console: {url}/  sign in with support token {support}  (admin: {admin})")
+        _say("Ctrl-C to stop the console and everything else")
+        try:
+            while not stack.dead():
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            pass
+    return len(picked), same
+
+
 def run_demo(
-    settings: Settings, *, count: int, apps: int, endpoints_per_app: int, rate: float
+    settings: Settings, *, count: int, apps: int, endpoints_per_app: int, rate: float,
+    keep_console: bool = False,
 ) -> int:
     t0 = time.monotonic()
     script = ROOT / "deploy" / "local" / "services.sh"
@@ -121,7 +177,11 @@ def run_demo(
                 break
             time.sleep(0.5)
         elapsed = time.monotonic() - start
-    ok = stats["unique_ids"] >= expected and rows[1] >= expected and stats["bad_signatures"] == 0
+        replayed = same_key = 0
+        if stats["unique_ids"] >= expected and rows[1] >= expected:
+            replayed, same_key = _console_phase(stack, settings, namespace, base, keep_console)
+    ok = (stats["unique_ids"] >= expected and rows[1] >= expected
+          and stats["bad_signatures"] == 0 and replayed > 0 and same_key == replayed)
     print()
     print("=== postbacks demo summary ===")
     print(f"conversions emitted        {producer.acked}")
@@ -133,6 +193,7 @@ def run_demo(
     print(f"dead letters               {rows[3]}")
     print(f"end-to-end throughput      {stats['unique_ids'] / max(elapsed, 1e-9):.0f} deliveries/s"
           f" over {elapsed:.1f}s")
+    print(f"console replays            {same_key}/{replayed} received again, original keys")
     print(f"total wall time            {time.monotonic() - t0:.1f}s")
     print(f"result                     {'OK' if ok else 'INCOMPLETE'}")
     sys.stdout.flush()
