@@ -480,6 +480,12 @@ def test_rotation_test_send_and_dead_letter_resolution(
         assert sup.post(f"/api/v1/dead-letters/dl_{ns}/resolve",
                         body={"note": "publisher fixed it"}).status == 200
         assert sup.post(f"/api/v1/dead-letters/dl_{ns}/resolve", body={}).status == 409
+        metrics = Client(port).get("/metrics").text  # public, like every process's /metrics
+        assert 'postbacks_console_actions_total{action="test_send",result="ok"}' in metrics
+        assert 'postbacks_console_actions_total{action="resolve_dead_letter",result="ok"}' \
+            in metrics
+        assert 'postbacks_console_request_seconds_count{route="/api/v1/endpoints/{id}/' \
+            'test-send",status="4xx"}' in metrics
         assert f"dl_{ns}" not in {x["dead_letter_id"] for x in
                                   sup.get("/api/v1/dead-letters").json()["dead_letters"]}
     assert [a for _x, a in _audit(settings, w["ep_a"])] == [
