@@ -83,6 +83,9 @@ class Settings:
     # Replay console (postbacks console serve; see postbacks/console).
     console_host: str = "127.0.0.1"
     console_port: int = 8790
+    # HMAC key of console session cookies; empty = a random key per process (sessions end
+    # when it restarts). Set it (the same on every instance) behind a load balancer.
+    console_session_key: Secret = field(default_factory=lambda: Secret(""))
     console_replay_per_app_hour: int = 100  # deliveries re-driven per app per hour (not admin)
     console_bulk_confirm_above: int = 100  # a bulk replay of more needs the count confirmed
     console_bulk_max: int = 50_000  # at most this many deliveries in one bulk replay

@@ -33,6 +33,7 @@ from postbacks.console.queries import (
     NotFound,
     count_deliveries,
     filter_sql,
+    masked_config,
 )
 from postbacks.core.endpoint import Endpoint, EndpointConfig
 from postbacks.core.override import Override, OverrideError, apply_override, override_diff
@@ -59,10 +60,11 @@ __all__ = [
     "test_send",
 ]
 
-# Statuses a replay may re-drive (delivered ones too: "replay of already-delivered events").
-REPLAYABLE = ("delivered", "failing", "exhausted", "dead_lettered", "quarantined",
-              "released", "replayed")
-_SUPPRESSIBLE = ("failing", "exhausted", "dead_lettered", "quarantined")
+# Statuses a replay may re-drive: terminal ones (delivered too: "replay of already-delivered
+# events"). A failing, quarantined, released or replayed delivery still has a live copy in
+# the retry topics; replaying it would start a second chain beside it.
+REPLAYABLE = ("delivered", "exhausted", "dead_lettered")
+_SUPPRESSIBLE = ("exhausted", "dead_lettered")
 
 Lookup = Callable[[str], list[str]]  # host -> addresses (the DNS seam; blocking)
 
@@ -185,7 +187,7 @@ def save_endpoint(
         return problems
     before = _endpoint_json(current)
     after = _endpoint_json(new)
-    if before == after:
+    if before == after and new.config == current.config:
         return []
     conn.execute(
         "UPDATE endpoints SET url = %s, config = %s, event_types = %s, enabled = %s,"
@@ -198,8 +200,9 @@ def save_endpoint(
 
 
 def _endpoint_json(e: Endpoint) -> dict[str, Any]:
-    return {"url": e.url, "config": e.config.to_json(), "event_types": sorted(e.event_types),
-            "enabled": e.enabled}
+    """The endpoint as the audit log records it (header values masked)."""
+    return {"url": e.url, "config": masked_config(e.config.to_json()),
+            "event_types": sorted(e.event_types), "enabled": e.enabled}
 
 
 def add_secret(conn: psycopg.Connection[Any], settings: Settings, p: Principal,
@@ -211,6 +214,8 @@ def add_secret(conn: psycopg.Connection[Any], settings: Settings, p: Principal,
     from postbacks.db.endpoints import add_secret as store
 
     _require(p, "edit_endpoint", "rotate signing secrets")
+    if not 0 <= overlap_s <= 30 * 86400:
+        raise ActionError("overlap_s must be between 0 and 2592000 (30 days)")
     load_endpoint(conn, endpoint_id)
     box = SecretBox(settings.secrets_key.reveal())
     try:
@@ -243,8 +248,9 @@ def _rate_check(conn: psycopg.Connection[Any], settings: Settings, p: Principal,
     if limit == 0 or may(p, "unlimited_replay"):
         return
     used = dict(conn.execute(
-        "SELECT app_id, count(*) FROM replay_items WHERE app_id = ANY(%s)"
-        " AND queued_at > now() - interval '1 hour' GROUP BY app_id", (list(per_app),),
+        "SELECT i.app_id, count(*) FROM replay_items i JOIN replay_jobs j USING (job_id)"
+        " WHERE i.app_id = ANY(%s) AND j.role <> 'admin'"
+        " AND i.queued_at > now() - interval '1 hour' GROUP BY i.app_id", (list(per_app),),
     ).fetchall())
     for app, n in sorted(per_app.items()):
         left = max(0, limit - int(used.get(app, 0)))
@@ -301,8 +307,9 @@ def create_replay(
     if ids and skipped:
         raise ActionError(
             "not replayable: " + ", ".join(f"{n} {s}" for s, n in sorted(skipped.items()))
-            + " (held deliveries are released by a reviewer; pending ones are in flight;"
-            " rejected and suppressed ones are never sent)", 409)
+            + " (only delivered, exhausted or dead-lettered deliveries are replayed: held ones"
+            " are released by a reviewer; pending, failing, quarantined, released and replayed"
+            " ones are still in flight; rejected and suppressed ones are never sent)", 409)
     if not ok:
         raise ActionError("no replayable deliveries match; nothing was replayed", 404)
     diff: list[tuple[str, str, str]] = []
@@ -408,19 +415,24 @@ def replay_preview(conn: psycopg.Connection[Any], p: Principal, flt: DeliveryFil
         " GROUP BY 1", (*args, cap + 1),
     ).fetchall())
     replayable = sum(n for s, n in counts.items() if s in REPLAYABLE)
-    return {"by_status": counts, "replayable": replayable,
+    return {"by_status": counts, "replayable": replayable, "replayable_statuses": REPLAYABLE,
             "needs_confirmation": replayable > settings.console_bulk_confirm_above,
             "too_many": sum(counts.values()) > cap, "filter": flt.to_params()}
 
 
 def job_status(conn: psycopg.Connection[Any], job_id: str) -> dict[str, Any]:
     row = conn.execute(
-        "SELECT job_id, actor, kind, total, published, state, created_at, finished_at"
-        " FROM replay_jobs WHERE job_id = %s", (job_id,)).fetchone()
+        "SELECT job_id, actor, kind, total, published, state, created_at, finished_at,"
+        " (SELECT count(*) FROM replay_items i WHERE i.job_id = j.job_id"
+        "  AND i.error IS NOT NULL) FROM replay_jobs j WHERE job_id = %s", (job_id,)).fetchone()
     if row is None:
         raise NotFound(f"no replay job {job_id!r}")
+    errors = [{"delivery_id": e[0], "error": e[1]} for e in conn.execute(
+        "SELECT delivery_id, error FROM replay_items WHERE job_id = %s AND error IS NOT NULL"
+        " ORDER BY seq LIMIT 100", (job_id,))] if row[8] else []
     return {"job_id": row[0], "actor": row[1], "kind": row[2], "total": row[3],
-            "published": row[4], "state": row[5],
+            "published": row[4] - int(row[8]), "not_published": int(row[8]),
+            "not_published_examples": errors, "state": row[5],
             "created_at_ms": int(row[6].timestamp() * 1000),
             "finished_at_ms": None if row[7] is None else int(row[7].timestamp() * 1000)}
 
@@ -430,7 +442,7 @@ def job_status(conn: psycopg.Connection[Any], job_id: str) -> dict[str, Any]:
 def suppress_delivery(conn: psycopg.Connection[Any], p: Principal, delivery_id: str,
                       reason: str) -> None:
     """Mark a poison delivery as never to be sent again (replays skip it). Only
-    deliveries that are not in flight: failing, exhausted, dead-lettered, quarantined."""
+    deliveries that are not in flight: exhausted or dead-lettered."""
     _require(p, "suppress", "suppress deliveries")
     if not reason.strip():
         raise ActionError("a suppression needs a reason")

@@ -29,6 +29,7 @@ from typing import Any
 import psycopg
 
 from postbacks.codec import codec_for
+from postbacks.console.actions import REPLAYABLE
 from postbacks.core.outcomes import make_outcome
 from postbacks.db.connect import connect
 from postbacks.errors import ServiceUnavailable
@@ -56,6 +57,7 @@ class Drainer:
         self.burst = max(1.0, self.rate)
         self.total_rate = settings.console_replay_rate_total
         self.tokens: dict[str, float] = {}
+        self.turn = -1
         self.total_tokens = max(1.0, self.total_rate)
         self.last = clock()
         self.retry_topic = settings.topic(TOPICS.retry_tier(RELEASE_TIER).base)
@@ -79,9 +81,11 @@ class Drainer:
         per_ep = int(self.burst)
         rows = conn.execute(
             "SELECT job_id, seq, delivery_id, endpoint_id, actor, override, idempotency_key,"
-            " snapshot, created_at, attempt_count FROM ("
+            " snapshot, created_at, attempt_count, status, suppressed, rn FROM ("
             "  SELECT i.job_id, i.seq, i.delivery_id, i.endpoint_id, j.actor, j.override,"
-            "   d.idempotency_key, d.snapshot, d.created_at, d.attempt_count,"
+            "   d.idempotency_key, d.snapshot, d.created_at, d.attempt_count, d.status,"
+            "   EXISTS (SELECT 1 FROM postback_suppressions s"
+            "           WHERE s.delivery_id = i.delivery_id) AS suppressed,"
             "   row_number() OVER (PARTITION BY i.endpoint_id"
             "                      ORDER BY j.created_at, i.job_id, i.seq) AS rn"
             "  FROM replay_items i JOIN replay_jobs j USING (job_id)"
@@ -94,7 +98,7 @@ class Drainer:
         done: list[tuple[str, int, str | None]] = []
         dcodec, ocodec = codec_for("Delivery"), codec_for("Outcome")
         for (job_id, seq, delivery_id, endpoint_id, actor, override, key, snapshot,
-             created_at, attempts) in rows:
+             created_at, attempts, status, suppressed) in self._fair(rows):
             if self.total_tokens < 1:
                 break
             have = self.tokens.get(endpoint_id, self.burst)
@@ -104,6 +108,11 @@ class Drainer:
             self.total_tokens -= 1
             if snapshot is None:
                 done.append((job_id, seq, "delivery row is gone"))
+                continue
+            if suppressed or status not in REPLAYABLE:
+                # changed since the replay was queued (held, suppressed, rejected, in flight)
+                done.append((job_id, seq, "not replayed: it is now "
+                             + ("suppressed" if suppressed else str(status))))
                 continue
             try:
                 d = redrive_record(
@@ -142,6 +151,23 @@ class Drainer:
         sent = sum(1 for _j, _s, err in done if err is None)
         CONSOLE_REPLAYED.inc(sent)
         return sent
+
+    def _fair(self, rows: list[Any]) -> list[Any]:
+        """Rows in serving order: each endpoint's oldest first (``rn``); within one ``rn``,
+        endpoints in a rotating order, so a total cap below the sum of the per-endpoint
+        caps does not always serve the same endpoints first."""
+        self.turn += 1
+        out: list[Any] = []
+        i = 0
+        while i < len(rows):
+            j = i
+            while j < len(rows) and rows[j][-1] == rows[i][-1]:
+                j += 1
+            group = [r[:-1] for r in rows[i:j]]
+            k = self.turn % len(group)
+            out += group[k:] + group[:k]
+            i = j
+        return out
 
     def pending(self, conn: psycopg.Connection[Any]) -> int:
         row = conn.execute("SELECT coalesce(sum(total - published), 0) FROM replay_jobs"
@@ -199,6 +225,10 @@ def run_drainer(settings: Settings, stop: threading.Event, *,
         except (psycopg.Error, ServiceUnavailable) as exc:
             log.warning("replay drainer: %s; retrying in 2 s", exc)
             stop.wait(2.0)
+        except Exception:  # never let the drainer thread die silently
+            log.exception("replay drainer failed; restarting it in 5 s")
+            drainer = None
+            stop.wait(5.0)
     return True
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "delivery_detail",
     "endpoint_detail",
     "list_deliveries",
+    "masked_config",
     "parse_filter",
     "suppressions",
 ]
@@ -37,8 +38,8 @@ MAX_PAGE = 200
 STATUSES = ("pending", "delivered", "failing", "exhausted", "dead_lettered", "quarantined",
             "held", "released", "rejected", "suppressed", "replayed")
 _HIDDEN_FROM_PUBLISHERS = ("pending", "held", "rejected")
-_ID = re.compile(r"^[A-Za-z0-9_.:*-]{1,200}$")
-_CURSOR = re.compile(r"^(\d{1,16}):([A-Za-z0-9_.:-]{1,200})$")
+_ID = re.compile(r"^[A-Za-z0-9_.:*-]{1,200}$", re.ASCII)
+_CURSOR = re.compile(r"^([0-9]{1,16}):([A-Za-z0-9_.:-]{1,200})$")
 
 
 class FilterError(ValueError):
@@ -79,6 +80,10 @@ def _iso(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_MIN_MS = 0  # 1970-01-01
+_MAX_MS = 32_503_680_000_000  # 3000-01-01
+
+
 def _time(name: str, raw: str) -> int:
     text = raw.strip()
     try:
@@ -88,10 +93,13 @@ def _time(name: str, raw: str) -> int:
             t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
             if t.tzinfo is None:
                 t = t.replace(tzinfo=dt.UTC)
-    except ValueError:
+        ms = int(t.timestamp() * 1000)
+    except (ValueError, OverflowError):
         raise FilterError(f"{name} must be a date (2026-11-30) or an ISO time "
-                          f"(2026-11-30T12:00:00Z), not {raw!r}") from None
-    return int(t.timestamp() * 1000)
+                          f"(2026-11-30T12:00:00Z), not {raw[:60]!r}") from None
+    if not _MIN_MS <= ms < _MAX_MS:
+        raise FilterError(f"{name} must be between 1970 and 3000")
+    return ms
 
 
 def parse_filter(params: Mapping[str, str]) -> DeliveryFilter:
@@ -125,10 +133,12 @@ def parse_filter(params: Mapping[str, str]) -> DeliveryFilter:
         m = _CURSOR.match(cursor)
         if not m:
             raise FilterError("cursor is malformed (use the next link of the previous page)")
+        if not _MIN_MS <= int(m.group(1)) < _MAX_MS:
+            raise FilterError("cursor is malformed (use the next link of the previous page)")
         kw["cursor"] = (int(m.group(1)), m.group(2))
     limit = (params.get("limit") or "").strip()
     if limit:
-        if not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE:
+        if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= MAX_PAGE:
             raise FilterError(f"limit must be a whole number from 1 to {MAX_PAGE}")
         kw["limit"] = int(limit)
     return DeliveryFilter(**kw)
@@ -288,6 +298,14 @@ def delivery_detail(conn: psycopg.Connection[Any], p: Principal, delivery_id: st
     return out
 
 
+def masked_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """An endpoint config with custom header values hidden (they may carry credentials)."""
+    out = dict(config)
+    if isinstance(out.get("headers"), Mapping):
+        out["headers"] = {k: "********" for k in out["headers"]}
+    return out
+
+
 def endpoint_detail(conn: psycopg.Connection[Any], p: Principal, endpoint_id: str
                     ) -> dict[str, Any]:
     """An endpoint: config, validator, secrets (ids and windows, never keys), health over
@@ -304,7 +322,8 @@ def endpoint_detail(conn: psycopg.Connection[Any], p: Principal, endpoint_id: st
     out: dict[str, Any] = {
         "endpoint_id": row[0], "app_id": row[1], "publisher_id": row[2], "name": row[3],
         "url": row[4], "method": row[5], "provider": row[6], "event_types": list(row[7]),
-        "enabled": row[8], "concurrency": row[9], "config": row[10],
+        "enabled": row[8], "concurrency": row[9],
+        "config": row[10] if may(p, "edit_endpoint") else masked_config(row[10] or {}),
         "created_at_ms": _ms(row[11]), "updated_at_ms": _ms(row[12]),
     }
     out["secrets"] = [

@@ -23,6 +23,8 @@ import hashlib
 import json
 import logging
 import queue
+import re
+import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -49,6 +51,7 @@ from postbacks.console.auth import (
 )
 from postbacks.core.override import Override, OverrideError, parse_override
 from postbacks.db.connect import connect
+from postbacks.errors import ServiceUnavailable
 from postbacks.metrics import CONSOLE_ACTIONS, CONSOLE_REQUESTS
 from postbacks.settings import Settings
 from postbacks.tools.cli_output import usd
@@ -189,6 +192,14 @@ def _str(body: Mapping[str, Any], key: str) -> str | None:
     return text or None
 
 
+def _flag(body: Mapping[str, Any], key: str) -> bool:
+    """A checkbox or a JSON boolean."""
+    v = body.get(key)
+    if isinstance(v, bool):
+        return v
+    return isinstance(v, str | int) and str(v).strip().lower() in ("1", "true", "on", "yes")
+
+
 def _ids(body: Mapping[str, Any], key: str) -> list[str]:
     v = body.get(key)
     if v is None:
@@ -204,7 +215,7 @@ def _int(body: Mapping[str, Any], key: str) -> int | None:
     v = _str(body, key)
     if v is None:
         return None
-    if not v.isdigit():
+    if not (v.isascii() and v.isdigit()) or len(v) > 12:
         raise Problem(400, f"{key} must be a whole number")
     return int(v)
 
@@ -239,8 +250,11 @@ class Console:
         self.settings = settings
         self.pool = pool
         self.lookup = lookup
-        self.key = hashlib.sha256(
-            b"postbacks-console|" + settings.secrets_key.reveal().encode()).digest()
+        # Never derived from a key with a public development default: a configured key, or
+        # a random one for this process.
+        configured = settings.console_session_key.reveal()
+        self.key = (hashlib.sha256(b"postbacks-console-session|" + configured.encode()).digest()
+                    if configured else secrets.token_bytes(32))
         self.env = _env()
 
     # auth ---------------------------------------------------------------------------
@@ -311,6 +325,8 @@ def make_app(settings: Settings, *, lookup: act.Lookup | None = None,
 
 
 _PUBLIC = {"/healthz", "/metrics", "/login"}
+# A same-site path to return to after sign-in: no scheme, host, backslash or whitespace.
+_LOCAL_PATH = re.compile(r"/(?![/\\])[A-Za-z0-9/_.:%?&=+-]*")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -355,6 +371,13 @@ def _middleware(c: Console) -> Any:
         except q.NotFound as exc:
             status = 404
             return _problem(c, request, 404, str(exc), {})
+        except ServiceUnavailable as exc:
+            status = 503
+            return _problem(c, request, 503, str(exc), {})
+        except psycopg.OperationalError as exc:
+            status = 503
+            log.warning("console: database unavailable: %s", exc)
+            return _problem(c, request, 503, "the database is unavailable; try again", {})
         except web.HTTPException as exc:
             status = exc.status
             raise
@@ -415,8 +438,13 @@ def _login(c: Console) -> Handler:
         body = await _body(request)
         token = _str(body, "token") or ""
         nxt = _str(body, "next") or "/deliveries"
-        if not nxt.startswith("/") or nxt.startswith("//"):
+        if not _LOCAL_PATH.fullmatch(nxt):
             nxt = "/deliveries"
+        site = request.headers.get("Sec-Fetch-Site")
+        origin = request.headers.get("Origin")
+        if site == "cross-site" or (origin and origin != f"{request.scheme}://{request.host}"):
+            _counted("login", "refused")
+            raise Problem(403, "sign in from the console's own page")
         p = await c.pool.run(lambda conn: lookup_token(conn, token)) if token else None
         if p is None:
             _counted("login", "refused")
@@ -425,7 +453,7 @@ def _login(c: Console) -> Handler:
         _counted("login", "ok")
         resp = _redirect(nxt)
         resp.set_cookie(COOKIE, session_cookie(c.key, p.token_id), httponly=True,
-                        samesite="Strict", path="/", max_age=8 * 3600)
+                        samesite="Strict", path="/", max_age=8 * 3600, secure=request.secure)
         return resp
     return h
 
@@ -476,28 +504,24 @@ def _held(c: Console) -> Handler:
         p = _me(request)
         if not may(p, "read_internal"):
             raise Problem(403, "held deliveries are not visible to publishers")
-        from postbacks.db.anomaly import held_deliveries
+        from postbacks.db.anomaly import held_cohorts, held_deliveries
 
         flt = {k: request.query.get(k) or None for k in ("endpoint", "reason", "app")}
         for k, v in flt.items():
             if v is not None and not q._ID.match(v):
                 raise Problem(400, f"{k} {v[:60]!r} is not a valid id")
-        held = await c.pool.run(lambda conn: held_deliveries(
-            conn, endpoint_id=flt["endpoint"], reason=flt["reason"], app_id=flt["app"],
-            limit=500))
+        def read(conn: psycopg.Connection[Any]) -> tuple[list[Any], list[dict[str, Any]]]:
+            return (held_deliveries(conn, endpoint_id=flt["endpoint"], reason=flt["reason"],
+                                    app_id=flt["app"], limit=500),
+                    held_cohorts(conn, endpoint_id=flt["endpoint"], reason=flt["reason"],
+                                 app_id=flt["app"]))
+        held, cohorts = await c.pool.run(read)
         rows = [{"delivery_id": x.delivery_id, "endpoint_id": x.endpoint_id,
                  "app_id": x.app_id, "hold_reason": x.hold_reason, "held_at_ms": x.held_at_ms,
                  "payout_usd_micros": x.payout_usd_micros, "idempotency_key": x.idempotency_key}
                 for x in held]
-        cohorts: dict[tuple[str, str], dict[str, Any]] = {}
-        for x in held:
-            ck = (x.endpoint_id, x.hold_reason or "")
-            co = cohorts.setdefault(ck, {"endpoint_id": ck[0], "hold_reason": ck[1], "count": 0,
-                                         "payout_usd_micros": 0, "oldest_ms": x.held_at_ms})
-            co["count"] += 1
-            co["payout_usd_micros"] += x.payout_usd_micros or 0
-        data = {"held": rows, "cohorts": list(cohorts.values())}
-        return c.reply(request, data, "held.html", rows=rows, cohorts=list(cohorts.values()),
+        data = {"held": rows, "cohorts": cohorts}
+        return c.reply(request, data, "held.html", rows=rows, cohorts=cohorts,
                        f={k: v for k, v in flt.items() if v})
     return h
 
@@ -559,8 +583,10 @@ def _replay_one(c: Console) -> Handler:
         body = await _body(request)
         override = _override_from(body)
         note = _str(body, "note")
-        promote = _str(body, "promote") in ("1", "true", "on")
-        confirmed = _str(body, "confirm") in ("1", "true", "on") or _is_api(request)
+        promote = _flag(body, "promote")
+        confirmed = _flag(body, "confirm") or _is_api(request)
+        if not may(p, "replay"):
+            raise Problem(403, f"a {p.role} may not replay deliveries")
         if override is not None and not confirmed:
             def preview(conn: psycopg.Connection[Any]) -> tuple[dict[str, Any], Any]:
                 d = q.delivery_detail(conn, p, did)
@@ -682,7 +708,7 @@ def _resolve(c: Console, kind: str) -> Handler:
             r = await asyncio.to_thread(
                 resolve_held, c.settings, kind=kind, actor=p.actor, note=_str(body, "note"),
                 delivery_ids=ids, endpoint=kw["endpoint"], reason=kw["reason"],
-                app=kw["app"], all_=_str(body, "all") in ("1", "true", "on"),
+                app=kw["app"], all_=_flag(body, "all"),
                 confirm=_int(body, "confirm"))
         except NeedsConfirmation as exc:
             raise Problem(409, str(exc), needs_confirmation=exc.count) from exc
@@ -710,10 +736,15 @@ def _endpoint_save(c: Console) -> Handler:
                 raise Problem(400, f"config is not JSON: {exc}") from exc
         if config is not None and not isinstance(config, dict):
             raise Problem(400, "config must be a JSON object")
-        types = _str(body, "event_types")
+        raw_types = body.get("event_types")
+        if isinstance(raw_types, list) and _is_api(request):
+            types: list[str] | None = [str(t) for t in raw_types]
+        else:
+            text = _str(body, "event_types")
+            types = text.split(",") if text else None
         problems = await c.pool.run(lambda conn: act.save_endpoint(
             conn, c.settings, p, eid, url=_str(body, "url"), config=config,
-            event_types=types.split(",") if types else None,
+            event_types=types,
             confirm_token=_str(body, "confirm_token"), note=_str(body, "note"),
             lookup=c.lookup))
         _counted("endpoint_save", "refused" if problems else "ok")
@@ -753,6 +784,8 @@ def _test_send(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = _me(request)
         eid = request.match_info["id"]
+        if not may(p, "test_send"):
+            raise Problem(403, f"a {p.role} may not test-send")
         body = await _body(request)
         override = _override_from(body)
         if override is not None and override.url is not None:

@@ -39,6 +39,7 @@ __all__ = [
     "audit_held",
     "close_halt",
     "endpoint_exists",
+    "held_cohorts",
     "held_deliveries",
     "load_rows",
     "lock_held",
@@ -287,13 +288,8 @@ def close_halt(
     return after
 
 
-def held_deliveries(
-    conn: psycopg.Connection[Any], *, endpoint_id: str | None = None,
-    reason: str | None = None, app_id: str | None = None,
-    delivery_ids: Sequence[str] | None = None, limit: int = 1000,
-) -> list[HeldDelivery]:
-    """Held deliveries matching every given filter, oldest hold first. Deliveries already
-    released or rejected (audited, not yet projected by the sink) are left out."""
+def _held_where(endpoint_id: str | None, reason: str | None, app_id: str | None,
+                delivery_ids: Sequence[str] | None) -> tuple[str, list[Any]]:
     where = ["d.status = 'held'"]
     args: list[Any] = []
     for column, value in (("endpoint_id", endpoint_id), ("hold_reason", reason),
@@ -309,10 +305,21 @@ def held_deliveries(
         " AND a.target_id = d.delivery_id AND a.action IN ('held.release', 'held.reject')"
         " AND (d.held_at IS NULL OR a.at >= d.held_at))"
     )
+    return " AND ".join(where), args
+
+
+def held_deliveries(
+    conn: psycopg.Connection[Any], *, endpoint_id: str | None = None,
+    reason: str | None = None, app_id: str | None = None,
+    delivery_ids: Sequence[str] | None = None, limit: int = 1000,
+) -> list[HeldDelivery]:
+    """Held deliveries matching every given filter, oldest hold first. Deliveries already
+    released or rejected (audited, not yet projected by the sink) are left out."""
+    where, args = _held_where(endpoint_id, reason, app_id, delivery_ids)
     rows = conn.execute(
         "SELECT d.delivery_id, d.endpoint_id, d.app_id, d.idempotency_key, d.hold_reason,"
         " d.held_at, d.payout_usd_micros, d.attempt_count, d.created_at, d.snapshot"
-        f" FROM deliveries d WHERE {' AND '.join(where)}"
+        f" FROM deliveries d WHERE {where}"
         " ORDER BY d.held_at NULLS FIRST, d.delivery_id LIMIT %s",
         (*args, limit),
     ).fetchall()
@@ -320,6 +327,24 @@ def held_deliveries(
         HeldDelivery(r[0], r[1], r[2], r[3], r[4], _ms(r[5]), r[6], r[7], _ms(r[8]) or 0,
                      dict(r[9]))
         for r in rows
+    ]
+
+
+def held_cohorts(
+    conn: psycopg.Connection[Any], *, endpoint_id: str | None = None,
+    reason: str | None = None, app_id: str | None = None, limit: int = 500,
+) -> list[dict[str, Any]]:
+    """Held deliveries grouped by (endpoint, hold reason): count, payout, oldest hold —
+    the same selection :func:`held_deliveries` (and so a release or reject) makes."""
+    where, args = _held_where(endpoint_id, reason, app_id, None)
+    return [
+        {"endpoint_id": r[0], "hold_reason": r[1], "count": int(r[2]),
+         "payout_usd_micros": int(r[3] or 0), "oldest_ms": _ms(r[4])}
+        for r in conn.execute(
+            "SELECT d.endpoint_id, d.hold_reason, count(*), sum(d.payout_usd_micros),"
+            f" min(d.held_at) FROM deliveries d WHERE {where}"
+            " GROUP BY d.endpoint_id, d.hold_reason ORDER BY min(d.held_at) NULLS FIRST"
+            " LIMIT %s", (*args, limit))
     ]
 
 

@@ -491,3 +491,146 @@ def test_rotation_test_send_and_dead_letter_resolution(
     assert [a for _x, a in _audit(settings, w["ep_a"])] == [
         "endpoint.rotate_secret", "endpoint.rotate_secret", "endpoint.test_send"]
     assert _audit(settings, f"dl_{ns}") == [(f"support:sup-{ns}", "dead_letter.resolve")]
+
+
+def test_sign_in_is_hardened(settings: Settings, namespace: str) -> None:
+    import hashlib
+
+    from postbacks.console.auth import session_cookie
+    from postbacks.settings import _DEV_SECRETS_KEY
+
+    ns = namespace
+    tok = token(settings, f"adm-{ns}", "admin")
+    with console_server(settings) as port:
+        c = Client(port)
+        for nxt in ("/\\evil.example/x", "/\tevil.example", "//evil.example",
+                    "https://evil.example/", "/\r\nSet-Cookie: x=1", "javascript:alert(1)"):
+            r = c.post("/login", form={"token": tok, "next": nxt})
+            assert r.status == 303 and r.headers["location"] == "/deliveries", nxt
+        r = c.post("/login", form={"token": tok, "next": "/deliveries?status=held"})
+        assert r.headers["location"] == "/deliveries?status=held"
+        r = Client(port).post("/login", form={"token": tok},
+                              headers={"Origin": "https://evil.example"})
+        assert r.status == 403
+        r = Client(port).post("/login", form={"token": tok},
+                              headers={"Sec-Fetch-Site": "cross-site"})
+        assert r.status == 403
+        # the session key is not derived from the (public) development secrets key
+        from postbacks.db.connect import connect as pg
+
+        with pg(settings.database_url) as conn:
+            tid = conn.execute("SELECT token_id FROM console_tokens WHERE name = %s",
+                               (f"adm-{ns}",)).fetchone()[0]
+        forged = session_cookie(
+            hashlib.sha256(b"postbacks-console|" + _DEV_SECRETS_KEY.encode()).digest(), tid)
+        assert Client(port, cookie=forged).get("/api/v1/deliveries").status == 401
+        bad = Client(port, cookie=c.cookie + "0")
+        assert bad.get("/api/v1/deliveries").status == 401
+
+
+def test_no_dns_answer_or_header_value_reaches_the_wrong_role(
+        settings: Settings, namespace: str) -> None:
+    w = _world(settings, namespace)
+    ns = namespace
+    with connect(settings.database_url) as conn:
+        upsert_endpoint(conn, endpoint_id=w["ep_a"], app_id=w["a"],
+                        url=f"https://pub.example/{w['ep_a']}",
+                        config=EndpointConfig.from_json(
+                            {"headers": {"X-Api-Key": "sekrit-header-value"}}))
+        conn.commit()
+    asked: list[str] = []
+
+    def lookup(host: str) -> list[str]:
+        asked.append(host)
+        return ["10.1.2.3"]
+
+    with console_server(settings, lookup=lookup) as port:
+        pub = Client(port)
+        pub.sign_in(token(settings, f"pub-{ns}", "publisher", (w["a"],)))
+        r = pub.post(f"/deliveries/dlv_{ns}_1/replay",
+                     form={"url": "http://intranet.test/", "csrf": pub.csrf})
+        assert r.status == 403 and "10.1.2.3" not in r.text
+        r = pub.post(f"/endpoints/{w['ep_a']}/test-send",
+                     form={"url": "http://intranet.test/", "csrf": pub.csrf})
+        assert r.status == 403 and "10.1.2.3" not in r.text
+        assert asked == []
+        sup = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
+        assert "sekrit-header-value" not in sup.get(f"/api/v1/endpoints/{w['ep_a']}").text
+        admin_tok = token(settings, f"adm-{ns}", "admin")
+        admin = Client(port, bearer=admin_tok)
+        assert "sekrit-header-value" in admin.get(f"/api/v1/endpoints/{w['ep_a']}").text
+        r = admin.post(f"/api/v1/endpoints/{w['ep_a']}",
+                       body={"config": {"headers": {"X-Api-Key": "new-sekrit"}}})
+        assert r.status == 200, r.text
+        assert "sekrit" not in sup.get(f"/api/v1/audit?target_id={w['ep_a']}").text
+
+
+def test_json_booleans_promote_and_release_all(settings: Settings, namespace: str) -> None:
+    w = _world(settings, namespace)
+    ns = namespace
+
+    def lookup(host: str) -> list[str]:
+        return ["93.184.216.34"]
+
+    with console_server(settings, lookup=lookup) as port:
+        admin_tok = token(settings, f"adm-{ns}", "admin")
+        admin = Client(port, bearer=admin_tok)
+        r = admin.post(f"/api/v1/deliveries/dlv_{ns}_5/replay",
+                       body={"override": {"url": "https://moved.test/h"}, "promote": True,
+                             "confirm_token": admin_tok})
+        assert r.status == 202, r.text
+        assert admin.get(f"/api/v1/endpoints/{w['ep_a']}").json()["url"] == \
+            "https://moved.test/h"
+        rev = Client(port, bearer=token(settings, f"rev-{ns}", "reviewer"))
+        r = rev.post("/api/v1/held/reject", body={"app": w["a"], "note": "fraud"})
+        assert r.status == 200 and r.json()["delivery_ids"] == [f"dlv_{ns}_3"], r.text
+    assert [a for _x, a in _audit(settings, w["ep_a"])] == ["endpoint.update"]
+
+
+def test_more_bad_input_is_a_400_not_a_500(settings: Settings, namespace: str) -> None:
+    w = _world(settings, namespace)
+    ns = namespace
+    with console_server(settings) as port:
+        sup = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
+        for q in ("limit=%C2%B2", "cursor=9999999999999999:x",
+                  "since=0001-01-01T00:00:00%2B14:00", "until=9999-12-31"):
+            r = sup.get(f"/api/v1/deliveries?{q}")
+            assert r.status == 400, (q, r.text)
+        r = sup.post("/api/v1/replays", body={"filter": {"app": w["a"]}, "confirm": "²"})
+        assert r.status == 400
+        admin = Client(port, bearer=token(settings, f"adm-{ns}", "admin"))
+        r = admin.post(f"/api/v1/endpoints/{w['ep_a']}/secrets",
+                       body={"secret": "whsec_" + "A" * 43 + "=", "overlap_s": 10**20})
+        assert r.status == 400
+        # failing/quarantined deliveries still have a live retry chain: not replayed
+        insert_deliveries(settings, [held_delivery(ns, 50, endpoint=w["ep_a"], app=w["a"])],
+                          status="failing")
+        r = sup.post(f"/api/v1/deliveries/dlv_{ns}_50/replay", body={})
+        assert r.status == 409 and "in flight" in r.json()["error"]
+
+
+def test_the_drainer_rechecks_status_before_publishing(settings: Settings, namespace: str
+                                                       ) -> None:
+    from dataclasses import replace
+
+    w = _world(settings, namespace)
+    ns = namespace
+    s = replace(settings, console_replay_per_app_hour=0)
+    with console_server(s) as port:
+        sup = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
+        r = sup.post("/api/v1/replays", body={"delivery_ids": [f"dlv_{ns}_5", f"dlv_{ns}_1"]})
+        assert r.status == 202, r.text
+        job = r.json()["job_id"]
+        with connect(settings.database_url) as conn:  # held by a validator meanwhile
+            conn.execute("UPDATE deliveries SET status = 'held' WHERE delivery_id = %s",
+                         (f"dlv_{ns}_5",))
+            conn.commit()
+        assert _drain(s) == 1
+        status = sup.get(f"/api/v1/replays/{job}").json()
+        assert status["state"] == "done" and status["published"] == 1
+        assert status["not_published"] == 1
+        assert status["not_published_examples"] == [
+            {"delivery_id": f"dlv_{ns}_5", "error": "not replayed: it is now held"}]
+    [m] = read_topic(settings, RETRY_5S, 1)
+    assert decode("Delivery", m)["delivery_id"] == f"dlv_{ns}_1"
+    del w
