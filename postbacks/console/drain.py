@@ -79,19 +79,23 @@ class Drainer:
         """Publish what the caps allow now; returns how many were published."""
         self._refill()
         per_ep = int(self.burst)
+        # Rank the narrow queue rows alone; join the jobs and the deliveries (snapshots)
+        # only for the few rows each endpoint may send now.
         rows = conn.execute(
-            "SELECT job_id, seq, delivery_id, endpoint_id, actor, override, idempotency_key,"
-            " snapshot, created_at, attempt_count, status, suppressed, rn FROM ("
-            "  SELECT i.job_id, i.seq, i.delivery_id, i.endpoint_id, j.actor, j.override,"
-            "   d.idempotency_key, d.snapshot, d.created_at, d.attempt_count, d.status,"
-            "   EXISTS (SELECT 1 FROM postback_suppressions s"
-            "           WHERE s.delivery_id = i.delivery_id) AS suppressed,"
-            "   row_number() OVER (PARTITION BY i.endpoint_id"
-            "                      ORDER BY j.created_at, i.job_id, i.seq) AS rn"
-            "  FROM replay_items i JOIN replay_jobs j USING (job_id)"
-            "  LEFT JOIN deliveries d USING (delivery_id)"
-            "  WHERE i.published_at IS NULL AND j.state = 'queued' AND j.topic_prefix = %s) x"
-            " WHERE rn <= %s ORDER BY rn, endpoint_id", (self.settings.topic_prefix, per_ep),
+            "SELECT x.job_id, x.seq, x.delivery_id, x.endpoint_id, j.actor, j.override,"
+            " d.idempotency_key, d.snapshot, d.created_at, d.attempt_count, d.status,"
+            " EXISTS (SELECT 1 FROM postback_suppressions s"
+            "         WHERE s.delivery_id = x.delivery_id), x.rn"
+            " FROM (SELECT i.job_id, i.seq, i.delivery_id, i.endpoint_id,"
+            "        row_number() OVER (PARTITION BY i.endpoint_id"
+            "                           ORDER BY j.created_at, i.job_id, i.seq) AS rn"
+            "       FROM replay_items i JOIN replay_jobs j USING (job_id)"
+            "       WHERE i.published_at IS NULL AND j.state = 'queued'"
+            "         AND j.topic_prefix = %s) x"
+            " JOIN replay_jobs j USING (job_id)"
+            " LEFT JOIN deliveries d USING (delivery_id)"
+            " WHERE x.rn <= %s ORDER BY x.rn, x.endpoint_id",
+            (self.settings.topic_prefix, per_ep),
         ).fetchall()
         now_ms = int(time.time() * 1000)
         items: list[Item] = []
