@@ -4,9 +4,14 @@
    starts; the rate is N / (time from its first to its last output), and its CPU time per
    delivery. Every detector is armed (retrodating and value rate in detect, per endpoint
    and global) so the gate does all of its work while dispatching everything.
-2. **Added latency**: with the gate running, deliveries are produced at a fixed rate; for
-   each, the gate's output record's timestamp minus the input record's (both CreateTime on
-   this host) -- the time the gate adds, p50/p99.
+2. **Added latency**: once the gate has committed all of the throughput run (its
+   aggregator of the partials included) and sat idle for ``--idle-s``, deliveries are
+   produced at a fixed rate; for each, the gate's output record's timestamp minus the input
+   record's (both CreateTime on this host) -- the time the gate adds, p50/p99, after the
+   first second and in the first second (the first after an idle gate). Without the wait
+   (``--back-to-back``) the first second measures the gate still aggregating the burst.
+   ``--series FILE`` writes every delivery's latency against its send time (commit-time
+   stalls show up as a period of ``POSTBACKS_GATE_COMMIT_INTERVAL_S``).
 
 Results go to stdout and ``bench/results/gate-latest.json``. Usage:
 ``python bench/gate.py [--n 100000] [--rate 2000] [--seconds 10]``. Topics are deleted at
@@ -52,12 +57,15 @@ def arm(s: Settings, endpoints: list[str]) -> None:
         conn.commit()
 
 
-def produce(s: Settings, n: int, endpoints: list[str], tag: str, rate: float = 0.0) -> None:
+def produce(s: Settings, n: int, endpoints: list[str], tag: str, rate: float = 0.0,
+            warm: bool = False) -> None:
     codec = codec_for("Delivery")
     p = Producer({"bootstrap.servers": s.kafka_bootstrap_servers, "linger.ms": 5,
                   "partitioner": "murmur2_random", "compression.type": "lz4"})
-    start = time.monotonic()
     topic = s.topic(TOPICS.deliveries.base)
+    if warm:  # connected, with the topic's metadata, before the first timed record
+        p.list_topics(topic, timeout=10)
+    start = time.monotonic()
     for i in range(n):
         now = int(time.time() * 1000)
         ep = endpoints[i % len(endpoints)]
@@ -99,6 +107,29 @@ def read_outputs(s: Settings, n: int, timeout: float) -> list[tuple[int, int]]:
     return out
 
 
+def wait_drained(s: Settings, timeout: float = 120.0) -> float:
+    """Wait until the gate has committed everything on deliveries.v1 and on its own
+    anomaly.partials.v1 (the aggregator trails the gate by seconds after a burst); the
+    seconds it took."""
+    from confluent_kafka import TopicPartition
+
+    start = time.monotonic()
+    c = Consumer({"bootstrap.servers": s.kafka_bootstrap_servers,
+                  "group.id": f"{s.topic_prefix}postbacks-gate", "enable.auto.commit": False})
+    tps = [TopicPartition(s.topic(t.base), p) for t in (TOPICS.deliveries, TOPICS.anomaly_partials)
+           for p in range(t.partitions)]
+    try:
+        while time.monotonic() - start < timeout:
+            done = c.committed(tps, timeout=10)
+            ends = [c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps]
+            if all(tp.offset >= end for tp, end in zip(done, ends, strict=True)):
+                break
+            time.sleep(0.2)
+    finally:
+        c.close()
+    return time.monotonic() - start
+
+
 def input_times(s: Settings) -> dict[str, int]:
     """delivery_id -> input CreateTime, from deliveries.v1."""
     codec = codec_for("Delivery")
@@ -118,8 +149,10 @@ def input_times(s: Settings) -> dict[str, int]:
     return out
 
 
-def added_latency(s: Settings, n: int, tag: str) -> tuple[list[float], list[float]]:
-    """Added latency of every delivery, and of those after the first second (warm-up)."""
+def added_latency(s: Settings, n: int, tag: str,
+                  series: str | None = None) -> tuple[list[float], list[float], list[float]]:
+    """Added latency of every delivery, of those after the first second, and of those in
+    the first second (the gate was idle before it)."""
     codec = codec_for("Delivery")
     created = input_times(s)
     c = Consumer({"bootstrap.servers": s.kafka_bootstrap_servers,
@@ -142,7 +175,10 @@ def added_latency(s: Settings, n: int, tag: str) -> tuple[list[float], list[floa
     slow = sorted(worst)[-max(1, len(worst) // 100):]
     say("slowest 1% were produced at s " + ", ".join(sorted({f"{(t - first) / 1000:.1f}"
                                                              for _, t in slow})))
-    return lat, [x for x, t in worst if t - first >= 1000]
+    if series:
+        Path(series).write_text(json.dumps(sorted((t - first, x) for x, t in worst)))
+    return lat, [x for x, t in worst if t - first >= 1000], [x for x, t in worst
+                                                             if t - first < 1000]
 
 
 def main() -> int:
@@ -153,6 +189,16 @@ def main() -> int:
     ap.add_argument("--endpoints", type=int, default=300)
     ap.add_argument("--commit-s", help="POSTBACKS_GATE_COMMIT_INTERVAL_S for the gate")
     ap.add_argument("--profile", metavar="FILE", help="py-spy the gate during the throughput run")
+    ap.add_argument("--profile-latency", metavar="FILE",
+                    help="py-spy the gate (with idle frames) during the latency run")
+    ap.add_argument("--idle-s", type=float, default=2.0,
+                    help="seconds the gate sits idle (after it drained the throughput run, "
+                         "its aggregator included) before the latency run")
+    ap.add_argument("--back-to-back", action="store_true",
+                    help="start the latency run as soon as the throughput run's last output is "
+                         "read (the gate is then still finishing that run's aggregation)")
+    ap.add_argument("--series", metavar="FILE",
+                    help="write [ms since the first input, added latency ms] of the latency run")
     args = ap.parse_args()
     base = load_settings()
     migrate(base.database_url)
@@ -190,17 +236,32 @@ def main() -> int:
             results["cpu_us_per_delivery"] = round(cpu / len(got) * 1e6)
             results["startup_to_first_output_s"] = round(first / 1000 - t_start, 2)
 
+            if not args.back_to_back:
+                drained = wait_drained(s)
+                say(f"gate drained the throughput run {drained:.1f}s after its last dispatch; "
+                    f"idle for {args.idle_s:.0f}s")
+                results.update(drained_after_s=round(drained, 1), idle_s=args.idle_s)
+                time.sleep(args.idle_s)
             say(f"latency: {args.rate:.0f}/s for {args.seconds:.0f}s through the running gate")
             m = int(args.rate * args.seconds)
-            produce(s, m, endpoints, "l", rate=args.rate)
-            lat, steady = added_latency(s, m, "l")
+            if args.profile_latency:
+                import subprocess
+
+                spy = str(Path(sys.executable).parent / "py-spy")
+                subprocess.Popen([spy, "record", "-r", "100", "--idle", "-t", "-d",
+                                  str(int(args.seconds) + 2), "-f", "raw",
+                                  "-o", args.profile_latency, "-p", str(gate.pid)])
+            produce(s, m, endpoints, "l", rate=args.rate, warm=True)
+            lat, steady, first_s = added_latency(s, m, "l", args.series)
             p50, p99 = pct(lat, 50), pct(lat, 99)
             say(f"gate added latency over {len(lat):,} deliveries: p50 {p50:.0f} ms, "
                 f"p99 {p99:.0f} ms, max {max(lat):.0f} ms; after the first second: "
-                f"p50 {pct(steady, 50):.0f} ms, p99 {pct(steady, 99):.0f} ms")
+                f"p50 {pct(steady, 50):.0f} ms, p99 {pct(steady, 99):.0f} ms; first second: "
+                f"p99 {pct(first_s, 99):.0f} ms, max {max(first_s):.0f} ms")
             results.update(latency_p50_ms=p50, latency_p99_ms=p99, latency_n=len(lat),
                            latency_rate=args.rate, steady_p50_ms=pct(steady, 50),
-                           steady_p99_ms=pct(steady, 99))
+                           steady_p99_ms=pct(steady, 99), first_second_p99_ms=pct(first_s, 99),
+                           first_second_max_ms=max(first_s))
     finally:
         delete_prefixed_topics(s, s.topic_prefix)
     out = ROOT / "bench" / "results" / "gate-latest.json"
