@@ -39,11 +39,22 @@ class Work:
     slot: Slot
 
 
+REDRIVES = frozenset({"manual", "release"})  # console replays and held releases
+REDRIVE_SHARE = 4  # with both kinds waiting, every 4th start is a re-drive
+
+
 @dataclass(slots=True)
 class Lane:
+    """One endpoint's work. Re-drives (replays, releases) wait in their own queue and get
+    every :data:`REDRIVE_SHARE`-th free slot while first attempts and retries wait, so a
+    bulk replay never delays an endpoint's live traffic by more than a quarter of its cap
+    (and is never starved: offsets commit only past finished work)."""
+
     endpoint_id: str
     queue: deque[Work] = field(default_factory=deque)
+    redrives: deque[Work] = field(default_factory=deque)
     in_flight: int = 0
+    starts: int = 0
     breaker: BreakerState = field(default_factory=BreakerState)
     latency_s: float = 0.0  # EWMA of attempt durations (0 = none finished yet)
 
@@ -51,9 +62,21 @@ class Lane:
         self.latency_s = seconds if self.latency_s == 0 else (
             alpha * seconds + (1 - alpha) * self.latency_s)
 
+    def waiting(self) -> int:
+        return len(self.queue) + len(self.redrives)
+
+    def push(self, work: Work) -> None:
+        (self.redrives if work.delivery["trigger"] in REDRIVES else self.queue).append(work)
+
+    def pop(self) -> Work:
+        self.starts += 1
+        if self.redrives and (not self.queue or self.starts % REDRIVE_SHARE == 0):
+            return self.redrives.popleft()
+        return self.queue.popleft()
+
     def expected_wait_s(self, cap: int) -> float:
         """How long the newest queued delivery would wait at the current pace."""
-        return (len(self.queue) + self.in_flight) * self.latency_s / max(1, cap)
+        return (self.waiting() + self.in_flight) * self.latency_s / max(1, cap)
 
 
 @dataclass
@@ -93,22 +116,22 @@ class Lanes:
             self.deliverer.quarantine(out, d, "over_budget", due, now_ms)
             slot.finish(out)
             return
-        lane.queue.append(Work(msg, d, slot))
+        lane.push(Work(msg, d, slot))
         self.pump(lane)
 
     def _over_budget(self, lane: Lane, endpoint_id: str) -> bool:
         """Budget of buffered work, in time: divert when the backlog would take longer than
         ``budget_s`` to drain at the endpoint's own pace (a fast endpoint with a burst
         stays; a slow one spills to quarantine), and never buffer more than ``max_queue``."""
-        if len(lane.queue) >= self.max_queue:
+        if lane.waiting() >= self.max_queue:
             return True
         ep = self.endpoint(endpoint_id)
         cap = ep.concurrency if ep is not None else 1
-        return len(lane.queue) >= cap and lane.expected_wait_s(cap) > self.budget_s
+        return lane.waiting() >= cap and lane.expected_wait_s(cap) > self.budget_s
 
     def pump(self, lane: Lane) -> None:
         """Start queued work while the lane's cap and breaker allow."""
-        while lane.queue:
+        while lane.queue or lane.redrives:
             ep = self.endpoint(lane.endpoint_id)
             cap = ep.concurrency if ep is not None else 1
             now_ms = self._now_ms()
@@ -120,7 +143,7 @@ class Lanes:
             if lane.in_flight >= decision.concurrency:
                 return
             lane.breaker = state
-            work = lane.queue.popleft()
+            work = lane.pop()
             lane.in_flight += 1
             IN_FLIGHT.inc()
             task = asyncio.get_running_loop().create_task(self._run(lane, work, decision.probe))
@@ -128,8 +151,8 @@ class Lanes:
             task.add_done_callback(self.tasks.discard)
 
     def _divert_all(self, lane: Lane, decision: Divert, now_ms: int) -> None:
-        while lane.queue:
-            work = lane.queue.popleft()
+        while lane.queue or lane.redrives:
+            work = lane.pop()
             out: list[Item] = []
             QUARANTINED.labels(reason=decision.reason).inc()
             self.deliverer.quarantine(out, work.delivery, decision.reason, decision.due_at_ms,
@@ -179,13 +202,17 @@ class Lanes:
             lane.queue = deque(
                 w for w in lane.queue if (w.msg.topic(), w.msg.partition()) not in revoked
             )
+            lane.redrives = deque(
+                w for w in lane.redrives if (w.msg.topic(), w.msg.partition()) not in revoked
+            )
 
     def clear(self) -> None:
         for lane in self.lanes.values():
             lane.queue.clear()
+            lane.redrives.clear()
 
     def wake(self) -> None:
         """Re-pump every lane (a breaker may have become ready to probe)."""
         for lane in self.lanes.values():
-            if lane.queue:
+            if lane.queue or lane.redrives:
                 self.pump(lane)

@@ -57,6 +57,8 @@ CREATE INDEX deliveries_endpoint_created_idx
     ON deliveries (endpoint_id, created_at DESC, delivery_id DESC);
 CREATE INDEX deliveries_app_created_idx ON deliveries (app_id, created_at DESC, delivery_id DESC);
 CREATE INDEX deliveries_status_idx ON deliveries (status, created_at DESC, delivery_id DESC);
+CREATE INDEX deliveries_app_status_idx
+    ON deliveries (app_id, status, created_at DESC, delivery_id DESC);
 CREATE INDEX deliveries_error_idx ON deliveries (last_error, created_at DESC, delivery_id DESC)
     WHERE last_error IS NOT NULL;
 CREATE INDEX deliveries_held_idx ON deliveries (held_at) WHERE status = 'held';
