@@ -2,8 +2,8 @@
 
 Replays are rows in ``replay_items`` (written by
 :func:`~postbacks.console.actions.create_replay`). Each :meth:`Drainer.tick` refills one
-token bucket per endpoint (``console_replay_rate_per_endpoint``/s, burst = one second's
-worth) and one for all endpoints (``console_replay_rate_total``), takes the oldest queued
+token bucket per endpoint (``console_replay_rate_per_endpoint``/s, holding at most a
+quarter second's worth, so a new bulk replay starts smoothly) and one for all endpoints (``console_replay_rate_total``), takes the oldest queued
 items each endpoint may send now, and publishes, in ONE Kafka transaction, each delivery
 (original id and idempotency key, ``trigger="manual"``, ``triggered_by`` = the job's actor,
 due now, the job's override) to ``retry.5s.v1`` plus a ``replayed`` outcome. Only after
@@ -45,6 +45,7 @@ log = logging.getLogger("postbacks.console.drain")
 
 DRAIN_LOCK = 74_246_113  # with hashtext(topic prefix): held by the one running drainer
 TICK_S = 0.2
+BURST_S = 0.25  # a bucket holds a quarter second's worth: no flood after an idle spell
 
 
 class Drainer:
@@ -54,11 +55,12 @@ class Drainer:
         self.clock = clock
         self.publisher = publisher or TransactionalPublisher(settings, "console-replay")
         self.rate = settings.console_replay_rate_per_endpoint
-        self.burst = max(1.0, self.rate)
+        self.burst = max(1.0, self.rate * BURST_S)
         self.total_rate = settings.console_replay_rate_total
+        self.total_burst = max(1.0, self.total_rate * BURST_S)
         self.tokens: dict[str, float] = {}
         self.turn = -1
-        self.total_tokens = max(1.0, self.total_rate)
+        self.total_tokens = self.total_burst
         self.last = clock()
         self.retry_topic = settings.topic(TOPICS.retry_tier(RELEASE_TIER).base)
         self.outcome_topic = settings.topic(TOPICS.outcomes.base)
@@ -73,7 +75,7 @@ class Drainer:
                 del self.tokens[ep]  # full again: forget it
             else:
                 self.tokens[ep] = t
-        self.total_tokens = min(max(1.0, self.total_rate), self.total_tokens + dt * self.total_rate)
+        self.total_tokens = min(self.total_burst, self.total_tokens + dt * self.total_rate)
 
     def tick(self, conn: psycopg.Connection[Any]) -> int:
         """Publish what the caps allow now; returns how many were published."""

@@ -389,13 +389,16 @@ def test_the_drainer_publishes_at_the_per_endpoint_cap(settings: Settings, names
         conn.commit()
         drainer = Drainer(s, clock=lambda: now[0])
         per_tick = []
-        for _ in range(6):
+        for _ in range(12):
             per_tick.append(drainer.tick(conn))
             conn.commit()
-            now[0] += 0.5  # 2 tokens per endpoint per half second
+            now[0] += 0.25  # one token per endpoint per quarter second (4/s)
+        drainer.last -= 5.0  # a long pause banks a quarter second's worth, not five seconds'
+        drainer._refill()
+        assert drainer.total_tokens == 25.0 and drainer.burst == 1.0
     assert job.total == 13
-    # burst of 4 per endpoint (x: 4, y: 3), then 2 per half second for x alone
-    assert per_tick == [7, 2, 2, 2, 0, 0]
+    # x (10 queued) and y (3) one each per tick; never more than the cap
+    assert per_tick == [2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 0, 0]
     published = [decode("Delivery", m) for m in read_topic(s, RETRY_5S, 13)]
     assert len({d["delivery_id"] for d in published}) == 13
     assert all(d["triggered_by"] == "admin:bulk" for d in published)
