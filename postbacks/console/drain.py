@@ -2,14 +2,14 @@
 
 Replays are rows in ``replay_items`` (written by
 :func:`~postbacks.console.actions.create_replay`). Each :meth:`Drainer.tick` refills one
-token bucket per endpoint (``console_replay_rate_per_endpoint``/s, holding at most a
-quarter second's worth, so a new bulk replay starts smoothly) and one for all endpoints (``console_replay_rate_total``), takes the oldest queued
-items each endpoint may send now, and publishes, in ONE Kafka transaction, each delivery
-(original id and idempotency key, ``trigger="manual"``, ``triggered_by`` = the job's actor,
-due now, the job's override) to ``retry.5s.v1`` plus a ``replayed`` outcome. Only after
-Kafka commits are the items marked published in PostgreSQL: a crash in between publishes
-them again (same idempotency key: the receiver's dedupe and the sink's keys absorb it),
-never loses one.
+token bucket per endpoint (``console_replay_rate_per_endpoint``/s, holding at most half a
+second's worth, so a new bulk replay starts smoothly) and one for all endpoints
+(``console_replay_rate_total``), takes the oldest queued items each endpoint may send now,
+and publishes, in ONE Kafka transaction, each delivery (original id and idempotency key,
+``trigger="manual"``, ``triggered_by`` = the job's actor, due now, the job's override) to
+``retry.5s.v1`` plus a ``replayed`` outcome. Only after Kafka commits are the items marked
+published in PostgreSQL: a crash in between publishes them again (same idempotency key:
+the receiver's dedupe and the sink's keys absorb it), never loses one.
 
 One drainer runs at a time per deployment (a PostgreSQL advisory lock on the topic
 prefix; a job is drained only by a drainer with the prefix it was created under): the
@@ -45,7 +45,7 @@ log = logging.getLogger("postbacks.console.drain")
 
 DRAIN_LOCK = 74_246_113  # with hashtext(topic prefix): held by the one running drainer
 TICK_S = 0.2
-BURST_S = 0.25  # a bucket holds a quarter second's worth: no flood after an idle spell
+BURST_S = 0.5  # a bucket holds half a second's worth: no flood after an idle spell
 
 
 class Drainer:
@@ -227,7 +227,7 @@ def run_drainer(settings: Settings, stop: threading.Event, *,
                     if not sent:
                         stop.wait(TICK_S)
                     else:
-                        stop.wait(TICK_S / 2)
+                        stop.wait(TICK_S / 4)
         except (psycopg.Error, ServiceUnavailable) as exc:
             log.warning("replay drainer: %s; retrying in 2 s", exc)
             stop.wait(2.0)

@@ -393,12 +393,12 @@ def test_the_drainer_publishes_at_the_per_endpoint_cap(settings: Settings, names
             per_tick.append(drainer.tick(conn))
             conn.commit()
             now[0] += 0.25  # one token per endpoint per quarter second (4/s)
-        drainer.last -= 5.0  # a long pause banks a quarter second's worth, not five seconds'
+        drainer.last -= 5.0  # a long pause banks half a second's worth, not five seconds'
         drainer._refill()
-        assert drainer.total_tokens == 25.0 and drainer.burst == 1.0
+        assert drainer.total_tokens == 50.0 and drainer.burst == 2.0
     assert job.total == 13
-    # x (10 queued) and y (3) one each per tick; never more than the cap
-    assert per_tick == [2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 0, 0]
+    # half a second's worth at first (x 2, y 2), then one per endpoint per quarter second
+    assert per_tick == [4, 2, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0]
     published = [decode("Delivery", m) for m in read_topic(s, RETRY_5S, 13)]
     assert len({d["delivery_id"] for d in published}) == 13
     assert all(d["triggered_by"] == "admin:bulk" for d in published)
