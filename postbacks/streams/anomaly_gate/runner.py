@@ -52,6 +52,7 @@ from postbacks.streams.anomaly_gate.config import HaltBook
 from postbacks.streams.anomaly_gate.control import ControlReader, TripWriter
 from postbacks.streams.anomaly_gate.engine import BatchOut, GateEngine, In
 from postbacks.streams.anomaly_gate.refresh import Refresher
+from postbacks.streams.anomaly_gate.stall import ProgressWatch
 from postbacks.topics import TOPICS
 
 __all__ = ["GateProcess"]
@@ -272,8 +273,15 @@ class GateProcess:
         await self.app.start()
         gc.freeze()  # start-up objects out of the collector's way (see the module docstring)
         log.info("gate running (instance %s)", self.settings.instance_id)
+        watch = ProgressWatch(self.settings, self.app.conf.id, self.settings.stall_restart_s)
+        next_watch = time.monotonic() + 5.0
         while not stop.is_set():
             await asyncio.sleep(0.1)
+            if time.monotonic() >= next_watch:
+                next_watch = time.monotonic() + 5.0
+                stuck = await asyncio.to_thread(watch.stalled)
+                if stuck:
+                    restart_in_place(f"gate: no progress: {stuck}", backoff_s=1.0)
             crashed = [svc for svc in (self.app, self.app.consumer,
                                        getattr(self.app, "_fetcher", None))
                        if svc is not None and svc.crashed]

@@ -1,0 +1,49 @@
+"""The gate's progress watchdog against the real broker: a committed offset that does not
+move while a record waits is a stall; a transaction's commit marker after the last record
+is not (the gate commits past records, never past markers)."""
+
+from __future__ import annotations
+
+import uuid
+
+from confluent_kafka import Consumer, TopicPartition
+
+from postbacks.kafka.clients import make_transactional_producer
+from postbacks.settings import Settings
+from postbacks.streams.anomaly_gate.stall import ProgressWatch
+from postbacks.topics import TOPICS
+
+
+def _commit(settings: Settings, group: str, topic: str, offset: int) -> None:
+    c = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers, "group.id": group,
+                  "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
+    finally:
+        c.close()
+
+
+def test_a_waiting_record_behind_a_still_offset_is_a_stall_a_marker_is_not(
+        settings: Settings) -> None:
+    topic = settings.topic(TOPICS.deliveries.base)
+    group = f"{settings.topic_prefix}postbacks-gate-{uuid.uuid4().hex[:6]}"
+    p = make_transactional_producer(settings, "watch-test")
+    p.begin_transaction()
+    p.produce(topic, b"one", b"k", partition=0)
+    p.commit_transaction(30)  # offset 0: the record; offset 1: the commit marker
+    watch = ProgressWatch(settings, group, stall_s=10.0)
+    try:
+        _commit(settings, group, topic, 1)  # processed the record: only the marker is left
+        assert watch.stalled(now=100.0) is None
+        assert watch.stalled(now=200.0) is None  # still, but nothing is waiting
+
+        _commit(settings, group, topic, 0)  # the record is not processed
+        assert watch.stalled(now=300.0) is None  # first sight of this offset
+        assert watch.stalled(now=305.0) is None  # still within stall_s
+        stuck = watch.stalled(now=311.0)
+        assert stuck is not None and f"{topic}[0] committed offset 0" in stuck
+
+        _commit(settings, group, topic, 1)  # progress again
+        assert watch.stalled(now=400.0) is None
+    finally:
+        watch.close()
