@@ -410,6 +410,15 @@ def _me(request: web.Request) -> Principal:
     return request[PRINCIPAL]
 
 
+def _staff(request: web.Request, what: str) -> Principal:
+    """The principal, who must be staff: ``what`` (e.g. "dead letters are") is not visible
+    to publishers."""
+    p = _me(request)
+    if not may(p, "read_internal"):
+        raise Problem(403, f"{what} not visible to publishers")
+    return p
+
+
 def _counted(action: str, result: str) -> None:
     CONSOLE_ACTIONS.labels(action, result).inc()
 
@@ -501,9 +510,7 @@ def _endpoint(c: Console) -> Handler:
 
 def _held(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
-        p = _me(request)
-        if not may(p, "read_internal"):
-            raise Problem(403, "held deliveries are not visible to publishers")
+        _staff(request, "held deliveries are")
         from postbacks.db.anomaly import held_cohorts, held_deliveries
 
         flt = {k: request.query.get(k) or None for k in ("endpoint", "reason", "app")}
@@ -528,9 +535,7 @@ def _held(c: Console) -> Handler:
 
 def _dead_letters(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
-        p = _me(request)
-        if not may(p, "read_internal"):
-            raise Problem(403, "dead letters are not visible to publishers")
+        p = _staff(request, "dead letters are")
         unresolved = request.query.get("all") != "1"
         rows = await c.pool.run(lambda conn: q.dead_letters(conn, p, unresolved=unresolved))
         return c.reply(request, {"dead_letters": rows}, "dead_letters.html", rows=rows,
@@ -540,9 +545,7 @@ def _dead_letters(c: Console) -> Handler:
 
 def _suppressions(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
-        p = _me(request)
-        if not may(p, "read_internal"):
-            raise Problem(403, "suppressions are not visible to publishers")
+        p = _staff(request, "suppressions are")
         rows = await c.pool.run(lambda conn: q.suppressions(conn, p))
         return c.reply(request, {"suppressions": rows}, "suppressions.html", rows=rows)
     return h
@@ -550,9 +553,7 @@ def _suppressions(c: Console) -> Handler:
 
 def _audit(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
-        p = _me(request)
-        if not may(p, "read_internal"):
-            raise Problem(403, "the audit log is not visible to publishers")
+        _staff(request, "the audit log is")
         f = {k: request.query.get(k) or None for k in ("target_type", "target_id", "actor")}
         rows = await c.pool.run(lambda conn: q.audit_rows(
             conn, target_type=f["target_type"], target_id=f["target_id"], actor=f["actor"]))

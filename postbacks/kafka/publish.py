@@ -37,19 +37,7 @@ def publish_transaction(settings: Settings, stage: str, items: Sequence[Item], *
     """Publish every item in ONE committed transaction (all or nothing). The transactional
     id is unique per call (``<stage>-<uuid>``), so concurrent invocations never fence each
     other."""
-    producer = make_transactional_producer(settings, f"{stage}-{uuid.uuid4().hex[:12]}")
-    try:
-        producer.begin_transaction()
-        for topic, key, value in items:
-            _produce(producer, topic, key, value)
-        producer.commit_transaction(timeout_s)
-    except KafkaException as exc:
-        # If the abort fails too, the transaction times out on the broker, never visible.
-        with contextlib.suppress(KafkaException):
-            producer.abort_transaction(10)
-        raise ServiceUnavailable(
-            f"Kafka transaction failed, nothing was published ({len(items)} record(s)): {exc}"
-        ) from exc
+    TransactionalPublisher(settings, stage).publish(items, timeout_s=timeout_s)
 
 
 class TransactionalPublisher:
