@@ -1,4 +1,5 @@
-"""The console's mutations, shared by the web handlers, the JSON API and the CLI.
+"""The console's replay and delivery mutations (endpoint actions: :mod:`.endpoints`),
+shared by the web handlers, the JSON API and the CLI.
 
 Every action checks the principal's right, refuses bad input with a :class:`ActionError`
 (status 400/403/404/409/429 and a message for the person) before changing anything, and
@@ -17,47 +18,31 @@ replayed (a held one is released by a reviewer; a pending one is still in flight
 from __future__ import annotations
 
 import json
-import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from postbacks.console.auth import Principal, lookup_token, may
-from postbacks.console.queries import (
-    DeliveryFilter,
-    NotFound,
-    count_deliveries,
-    filter_sql,
-    masked_config,
-)
-from postbacks.core.endpoint import Endpoint, EndpointConfig
-from postbacks.core.override import Override, OverrideError, apply_override, override_diff
-from postbacks.core.ssrf import blocked_reason, parse_host_literal, url_blocked_reason
-from postbacks.errors import ConfigError
+from postbacks.console.auth import Principal, may
+from postbacks.console.endpoints import check_target, load_endpoint, save_endpoint
+from postbacks.console.queries import DeliveryFilter, NotFound, count_deliveries, filter_sql
+from postbacks.console.rules import ActionError, Lookup, audit, require
+from postbacks.core.override import Override, apply_override, override_diff
 from postbacks.ids import new_id
 from postbacks.settings import Settings
 
 __all__ = [
     "REPLAYABLE",
-    "ActionError",
-    "OverrideError",
     "ReplayJob",
-    "add_secret",
-    "check_target",
     "create_replay",
     "job_status",
-    "load_endpoint",
-    "load_for_test_send",
+    "preview_edit",
     "replay_preview",
     "resolve_dead_letter",
-    "save_endpoint",
     "suppress_delivery",
-    "test_send",
 ]
 
 # Statuses a replay may re-drive: terminal ones (delivered too: "replay of already-delivered
@@ -65,172 +50,6 @@ __all__ = [
 # the retry topics; replaying it would start a second chain beside it.
 REPLAYABLE = ("delivered", "exhausted", "dead_lettered")
 _SUPPRESSIBLE = ("exhausted", "dead_lettered")
-
-Lookup = Callable[[str], list[str]]  # host -> addresses (the DNS seam; blocking)
-
-
-class ActionError(Exception):
-    """A refused action: nothing changed. ``status`` is the HTTP status the API answers."""
-
-    def __init__(self, message: str, status: int = 400, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.extra = extra
-
-
-def _require(p: Principal, right: str, what: str) -> None:
-    if not may(p, right):
-        raise ActionError(f"a {p.role} may not {what}", 403)
-
-
-def _audit(conn: psycopg.Connection[Any], p: Principal, action: str, target_type: str,
-           target_id: str, before: Any, after: Any, note: str | None = None) -> None:
-    conn.execute(
-        "INSERT INTO audit_log (actor, action, target_type, target_id, before, after, note)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-        (p.actor, action, target_type, target_id,
-         None if before is None else Jsonb(before), None if after is None else Jsonb(after),
-         note),
-    )
-
-
-# --- SSRF check of a URL someone typed --------------------------------------------------
-
-def _system_lookup(host: str) -> list[str]:
-    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    return [str(i[4][0]) for i in infos]
-
-
-def check_target(url: str, *, allow_loopback: bool, lookup: Lookup | None = None
-                       ) -> str | None:
-    """Why ``url`` may not be a postback target, or None. Stricter than the transport
-    (which connects only to the allowed addresses of a name): a URL is refused on save
-    when its host resolves to ANY refused address, or does not resolve."""
-    problem = url_blocked_reason(url, allow_loopback=allow_loopback)
-    if problem:
-        return f"{url}: {problem}"
-    host = urlsplit(url).hostname or ""
-    if parse_host_literal(host) is not None:
-        return None  # an allowed literal (url_blocked_reason judged it)
-    try:
-        addresses = (lookup or _system_lookup)(host)
-    except (OSError, UnicodeError) as exc:
-        return f"{url}: host {host!r} does not resolve ({exc})"
-    if not addresses:
-        return f"{url}: host {host!r} does not resolve"
-    for a in addresses:
-        why = blocked_reason(a, allow_loopback=allow_loopback)
-        if why:
-            return f"{url}: host {host!r} resolves to {a}, refused ({why})"
-    return None
-
-
-# --- endpoints --------------------------------------------------------------------------
-
-def load_endpoint(conn: psycopg.Connection[Any], endpoint_id: str) -> Endpoint:
-    """The endpoint as the agent would render with it (secrets not loaded)."""
-    row = conn.execute(
-        "SELECT endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency,"
-        " config FROM endpoints WHERE endpoint_id = %s", (endpoint_id,),
-    ).fetchone()
-    if row is None:
-        raise NotFound(f"no endpoint {endpoint_id!r}")
-    try:
-        config, error = EndpointConfig.from_json(row[8]), None
-    except ConfigError as exc:
-        config, error = EndpointConfig(), f"stored endpoint config is invalid: {exc}"
-    return Endpoint(endpoint_id=row[0], app_id=row[1], url=row[2], method=row[3],
-                    provider=row[4], event_types=frozenset(row[5]), enabled=row[6],
-                    concurrency=row[7], config=config, config_error=error)
-
-
-def save_endpoint(
-    conn: psycopg.Connection[Any], settings: Settings, p: Principal, endpoint_id: str, *,
-    url: str | None = None, config: dict[str, Any] | None = None,
-    event_types: Sequence[str] | None = None, enabled: bool | None = None,
-    confirm_token: str | None = None, note: str | None = None, lookup: Lookup | None = None,
-) -> list[str]:
-    """Validate and save an endpoint change (admin). A URL change needs step-up: the
-    admin's own token again in ``confirm_token``. Returns the problems found (nothing is
-    saved unless the list is empty); raises ActionError for rights and step-up."""
-    from postbacks.core.endpoint_check import endpoint_problems
-
-    _require(p, "edit_endpoint", "change endpoint configuration")
-    current = load_endpoint(conn, endpoint_id)
-    new = current
-    problems: list[str] = []
-    if config is not None:
-        try:
-            new = replace(new, config=EndpointConfig.from_json(config), config_error=None)
-        except ConfigError as exc:
-            problems.append(f"config: {exc}")
-    if url is not None:
-        new = replace(new, url=url.strip())
-    if event_types is not None:
-        new = replace(new, event_types=frozenset(t.strip() for t in event_types if t.strip()))
-    if enabled is not None:
-        new = replace(new, enabled=enabled)
-    if problems:
-        return problems
-    problems += endpoint_problems(new, now_ms=int(time.time() * 1000))
-    if new.url != current.url:
-        why = check_target(new.url, allow_loopback=settings.allow_loopback_targets,
-                                 lookup=lookup)
-        if why:
-            problems.append(why)
-        if not problems:
-            again = lookup_token(conn, confirm_token or "") if confirm_token else None
-            if again is None or again.token_id != p.token_id:
-                raise ActionError("changing an endpoint's URL needs step-up: enter your "
-                                  "sign-in token again to confirm", 401, step_up=True)
-    if problems:
-        return problems
-    before = _endpoint_json(current)
-    after = _endpoint_json(new)
-    if before == after and new.config == current.config:
-        return []
-    conn.execute(
-        "UPDATE endpoints SET url = %s, config = %s, event_types = %s, enabled = %s,"
-        " updated_at = now() WHERE endpoint_id = %s",
-        (new.url, Jsonb(new.config.to_json()), sorted(new.event_types), new.enabled,
-         endpoint_id),
-    )
-    _audit(conn, p, "endpoint.update", "endpoint", endpoint_id, before, after, note)
-    return []
-
-
-def _endpoint_json(e: Endpoint) -> dict[str, Any]:
-    """The endpoint as the audit log records it (header values masked)."""
-    return {"url": e.url, "config": masked_config(e.config.to_json()),
-            "event_types": sorted(e.event_types), "enabled": e.enabled}
-
-
-def add_secret(conn: psycopg.Connection[Any], settings: Settings, p: Principal,
-               endpoint_id: str, secret: str, *, overlap_s: float = 24 * 3600.0) -> str:
-    """Rotate: a new signing secret, active now; every other open secret of the endpoint
-    stays active for ``overlap_s`` more (both signatures are sent meanwhile). Audited
-    without the secret."""
-    from postbacks.db.crypto import SecretBox
-    from postbacks.db.endpoints import add_secret as store
-
-    _require(p, "edit_endpoint", "rotate signing secrets")
-    if not 0 <= overlap_s <= 30 * 86400:
-        raise ActionError("overlap_s must be between 0 and 2592000 (30 days)")
-    load_endpoint(conn, endpoint_id)
-    box = SecretBox(settings.secrets_key.reveal())
-    try:
-        secret_id = store(conn, box, endpoint_id, secret.strip(), now_ms=int(time.time() * 1000))
-    except (ValueError, ConfigError) as exc:
-        raise ActionError(f"secret: {exc}") from exc
-    ended = [r[0] for r in conn.execute(
-        "UPDATE endpoint_secrets SET active_until = now() + make_interval(secs => %s)"
-        " WHERE endpoint_id = %s AND secret_id <> %s AND (active_until IS NULL"
-        " OR active_until > now() + make_interval(secs => %s)) RETURNING secret_id",
-        (overlap_s, endpoint_id, secret_id, overlap_s))]
-    _audit(conn, p, "endpoint.rotate_secret", "endpoint", endpoint_id,
-           {"ending": ended}, {"added": secret_id, "overlap_s": overlap_s})
-    return secret_id
-
 
 # --- replay -----------------------------------------------------------------------------
 
@@ -270,7 +89,7 @@ def create_replay(
     than ``console_bulk_confirm_above`` need ``confirm`` = the previewed count). With an
     ``override`` (edit & replay: one endpoint only, URL SSRF-checked), optionally promoted
     to the endpoint's config (admin, step-up for a URL). Raises ActionError."""
-    _require(p, "replay", "replay deliveries")
+    require(p, "replay", "replay deliveries")
     if bool(delivery_ids) == (flt is not None):
         raise ActionError("replay either delivery ids or a filter")
     ids = list(dict.fromkeys(delivery_ids))
@@ -392,7 +211,7 @@ def create_replay(
             [(p.actor, f"delivery.{kind}", r[0], Jsonb({"status": r[3]}), Jsonb(after), note)
              for r in ok],
         )
-    _audit(conn, p, f"replay.{kind}", "replay_job", job_id, None,
+    audit(conn, p, f"replay.{kind}", "replay_job", job_id, None,
            {"total": len(ok), "skipped": skipped, "selection": selection,
             **({"override": after["override"]} if diff else {})}, note)
     return ReplayJob(job_id, len(ok), skipped, diff)
@@ -401,11 +220,28 @@ def create_replay(
 _REPLAY_LOCK = 7_424_611_002  # serialises replay creation (the per-app limit is checked)
 
 
+def preview_edit(conn: psycopg.Connection[Any], settings: Settings, p: Principal,
+                 delivery_id: str, override: Override, *, lookup: Lookup | None = None,
+                 ) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+    """An edit & replay's first step: the delivery and what the edit changes (URL
+    SSRF-checked), nothing queued yet."""
+    from postbacks.console.queries import delivery_detail
+
+    require(p, "replay", "replay deliveries")
+    d = delivery_detail(conn, p, delivery_id)
+    if override.url is not None:
+        why = check_target(override.url, allow_loopback=settings.allow_loopback_targets,
+                           lookup=lookup)
+        if why:
+            raise ActionError(f"edit refused: {why}", 400)
+    return d, override_diff(load_endpoint(conn, d["endpoint_id"]), override)
+
+
 def replay_preview(conn: psycopg.Connection[Any], p: Principal, flt: DeliveryFilter,
                    settings: Settings) -> dict[str, Any]:
     """What a bulk replay of ``flt`` would re-drive: counts by status (replayable or not)
     and whether a confirmation is needed."""
-    _require(p, "replay", "replay deliveries")
+    require(p, "replay", "replay deliveries")
     where, args = filter_sql(p, replace(flt, cursor=None), paging=False)
     cap = settings.console_bulk_max
     counts = dict(conn.execute(
@@ -443,7 +279,7 @@ def suppress_delivery(conn: psycopg.Connection[Any], p: Principal, delivery_id: 
                       reason: str) -> None:
     """Mark a poison delivery as never to be sent again (replays skip it). Only
     deliveries that are not in flight: exhausted or dead-lettered."""
-    _require(p, "suppress", "suppress deliveries")
+    require(p, "suppress", "suppress deliveries")
     if not reason.strip():
         raise ActionError("a suppression needs a reason")
     row = conn.execute("SELECT endpoint_id, status FROM deliveries WHERE delivery_id = %s"
@@ -459,14 +295,14 @@ def suppress_delivery(conn: psycopg.Connection[Any], p: Principal, delivery_id: 
         (delivery_id, row[0], reason.strip(), p.actor)).fetchone()
     if done is None:
         raise ActionError(f"delivery {delivery_id} is already suppressed", 409)
-    _audit(conn, p, "delivery.suppress", "delivery", delivery_id, {"status": row[1]},
+    audit(conn, p, "delivery.suppress", "delivery", delivery_id, {"status": row[1]},
            {"suppressed": True, "reason": reason.strip()})
 
 
 def resolve_dead_letter(conn: psycopg.Connection[Any], p: Principal, dead_letter_id: str,
                         note: str | None) -> None:
     """Mark a dead letter handled (it stays, with who resolved it and when)."""
-    _require(p, "suppress", "resolve dead letters")
+    require(p, "suppress", "resolve dead letters")
     row = conn.execute(
         "UPDATE dead_letters SET resolved_at = now(), resolved_by = %s"
         " WHERE dead_letter_id = %s AND resolved_at IS NULL RETURNING reason",
@@ -476,50 +312,8 @@ def resolve_dead_letter(conn: psycopg.Connection[Any], p: Principal, dead_letter
                               (dead_letter_id,)).fetchone()
         raise ActionError(f"dead letter {dead_letter_id} is already resolved" if exists
                           else f"no dead letter {dead_letter_id!r}", 409 if exists else 404)
-    _audit(conn, p, "dead_letter.resolve", "dead_letter", dead_letter_id,
+    audit(conn, p, "dead_letter.resolve", "dead_letter", dead_letter_id,
            {"resolved": False, "reason": row[0]}, {"resolved": True}, note)
 
 
 
-# --- test-send --------------------------------------------------------------------------
-
-def load_for_test_send(conn: psycopg.Connection[Any], settings: Settings, p: Principal,
-                       endpoint_id: str) -> Endpoint:
-    """The endpoint with its signing secrets, for :func:`test_send` (support and up)."""
-    from postbacks.db.crypto import SecretBox
-    from postbacks.db.endpoints import load_endpoints
-
-    _require(p, "test_send", "test-send")
-    found = load_endpoints(conn, SecretBox(settings.secrets_key.reveal()), only=endpoint_id)
-    if not found:
-        raise ActionError(f"no endpoint {endpoint_id!r}", 404)
-    return found[0]
-
-
-async def test_send(settings: Settings, endpoint: Endpoint, *,
-                    override: Override | None = None) -> dict[str, Any]:
-    """Render a sample delivery for ``endpoint`` (plus an optional override) through the
-    real render and sign path, send it through the real transport (SSRF guard included)
-    and return the exact request and the receiver's response."""
-    from postbacks.core.endpoint_check import sample_delivery
-    from postbacks.core.render import RenderError, render
-    from postbacks.transport.http import HttpTransport
-
-    ep = apply_override(endpoint, override)
-    now_ms = int(time.time() * 1000)
-    d = sample_delivery(ep, now_ms=now_ms)
-    try:
-        req = render(d, ep, now_ms=now_ms)
-    except RenderError as exc:
-        return {"ok": False, "stage": "render", "error": str(exc)}
-    request = {"method": req.method, "url": req.url, "headers": dict(req.headers),
-               "body": req.body.decode("utf-8", "replace")}
-    async with HttpTransport(timeout_s=settings.http_timeout_s,
-                             allow_loopback=settings.allow_loopback_targets, limit=4) as t:
-        result = await t.send(req, follow_redirects=ep.config.follow_redirects)
-    response = {"status": result.http.status, "error_class": result.http.error_class,
-                "blocked": result.blocked, "wire_ms": round(result.wire_ms, 1),
-                "body_excerpt": (result.excerpt or b"").decode("utf-8", "replace")}
-    ok = result.blocked is None and result.http.status is not None \
-        and 200 <= result.http.status < 300
-    return {"ok": ok, "stage": "send", "request": request, "response": response}

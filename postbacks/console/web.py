@@ -17,28 +17,26 @@ with the cookie must carry the CSRF token (form field ``csrf`` or header
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import hashlib
 import json
 import logging
-import queue
 import re
 import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlencode
 
 import jinja2
 import psycopg
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from psycopg.types.json import Jsonb
 
 from postbacks.console import actions as act
+from postbacks.console import endpoints as eps
 from postbacks.console import queries as q
 from postbacks.console.auth import (
     Principal,
@@ -49,65 +47,33 @@ from postbacks.console.auth import (
     may,
     session_cookie,
 )
-from postbacks.core.override import Override, OverrideError, parse_override
-from postbacks.db.connect import connect
+from postbacks.console.forms import (
+    MAX_BODY,
+    Problem,
+    body_of,
+    filter_from,
+    flag,
+    id_list,
+    is_api,
+    override_from,
+    text,
+    whole,
+)
+from postbacks.console.pool import ConnPool
+from postbacks.console.rules import ActionError, Lookup
+from postbacks.core.override import OverrideError
 from postbacks.errors import ServiceUnavailable
 from postbacks.metrics import CONSOLE_ACTIONS, CONSOLE_REQUESTS
 from postbacks.settings import Settings
 from postbacks.tools.cli_output import usd
 
-__all__ = ["ConnPool", "make_app", "serve"]
+__all__ = ["make_app", "serve"]
 
 log = logging.getLogger("postbacks.console")
-T = TypeVar("T")
 PRINCIPAL = web.RequestKey("principal", Principal)
 COOKIE_VALUE = web.RequestKey("cookie", str)
-BODY = web.RequestKey("body", dict)
+ACTION = web.RequestKey("action", str)  # the action a POST performs (metrics)
 COOKIE = "pb_session"
-MAX_BODY = 64 * 1024  # forms and JSON bodies; an edit is far smaller
-
-
-class ConnPool:
-    """A few PostgreSQL connections used from worker threads, one per call."""
-
-    def __init__(self, database_url: str, size: int = 4) -> None:
-        self._url = database_url
-        self._free: queue.LifoQueue[psycopg.Connection[Any]] = queue.LifoQueue()
-        self._sem = threading.BoundedSemaphore(size)
-
-    def call(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """Run ``fn`` in a transaction on a pooled connection (commit if it returns)."""
-        with self._sem:
-            try:
-                conn = self._free.get_nowait()
-            except queue.Empty:
-                conn = connect(self._url)
-            ok = False
-            try:
-                result = fn(conn)
-                conn.commit()
-                ok = True
-                return result
-            finally:
-                if ok:
-                    self._free.put(conn)
-                else:
-                    with contextlib.suppress(psycopg.Error):
-                        conn.rollback()
-                    if conn.closed or conn.info.transaction_status != 0:
-                        conn.close()
-                    else:
-                        self._free.put(conn)
-
-    async def run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        return await asyncio.to_thread(self.call, fn)
-
-    def close(self) -> None:
-        while True:
-            try:
-                self._free.get_nowait().close()
-            except queue.Empty:
-                return
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -132,121 +98,10 @@ def _env() -> jinja2.Environment:
     return env
 
 
-class Problem(Exception):
-    """An error the page and the API show as is."""
-
-    def __init__(self, status: int, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.extra = extra
-
-
-def _is_api(request: web.Request) -> bool:
-    return request.path.startswith("/api/")
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    """The request's form or JSON body as a dict (bounded; parsed once per request)."""
-    if BODY in request:
-        cached: dict[str, Any] = request[BODY]
-        return cached
-    if request.content_length is not None and request.content_length > MAX_BODY:
-        raise Problem(413, f"request body larger than {MAX_BODY} bytes")
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise Problem(413, f"request body larger than {MAX_BODY} bytes") from exc
-    request[BODY] = out = _parse_body(request, raw)
-    return out
-
-
-def _parse_body(request: web.Request, raw: bytes) -> dict[str, Any]:
-    if not raw:
-        return {}
-    if request.content_type == "application/json":
-        try:
-            data = json.loads(raw)
-        except ValueError as exc:
-            raise Problem(400, f"body is not JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise Problem(400, "body must be a JSON object")
-        return data
-    from urllib.parse import parse_qs
-
-    try:
-        form = parse_qs(raw.decode(), keep_blank_values=True, strict_parsing=False)
-    except UnicodeDecodeError as exc:
-        raise Problem(400, "form is not UTF-8") from exc
-    return {k: (v if len(v) > 1 else v[0]) for k, v in form.items()}
-
-
-def _str(body: Mapping[str, Any], key: str) -> str | None:
-    v = body.get(key)
-    if v is None:
-        return None
-    if isinstance(v, list):
-        raise Problem(400, f"{key} given more than once")
-    if not isinstance(v, str | int):
-        raise Problem(400, f"{key} must be a string")
-    text = str(v).strip()
-    return text or None
-
-
-def _flag(body: Mapping[str, Any], key: str) -> bool:
-    """A checkbox or a JSON boolean."""
-    v = body.get(key)
-    if isinstance(v, bool):
-        return v
-    return isinstance(v, str | int) and str(v).strip().lower() in ("1", "true", "on", "yes")
-
-
-def _ids(body: Mapping[str, Any], key: str) -> list[str]:
-    v = body.get(key)
-    if v is None:
-        return []
-    items = v if isinstance(v, list) else str(v).replace(",", " ").split()
-    out = [str(i).strip() for i in items if str(i).strip()]
-    if len(out) > 10_000:
-        raise Problem(400, f"{key}: at most 10000 ids")
-    return out
-
-
-def _int(body: Mapping[str, Any], key: str) -> int | None:
-    v = _str(body, key)
-    if v is None:
-        return None
-    if not (v.isascii() and v.isdigit()) or len(v) > 12:
-        raise Problem(400, f"{key} must be a whole number")
-    return int(v)
-
-
-def _override_from(body: Mapping[str, Any]) -> Override | None:
-    """An edit from a JSON ``override`` object or the form's url/fields/aliases fields."""
-    try:
-        if isinstance(body.get("override"), dict):
-            return parse_override(body["override"])
-        raw: dict[str, Any] = {}
-        url = _str(body, "url")
-        if url:
-            raw["url"] = url
-        fields = _str(body, "fields")
-        if fields:
-            raw["fields"] = [f.strip() for f in fields.split(",") if f.strip()]
-        aliases = _str(body, "aliases")
-        if aliases:
-            try:
-                raw["aliases"] = json.loads(aliases)
-            except ValueError as exc:
-                raise OverrideError(f"aliases must be a JSON object: {exc}") from exc
-        return parse_override(raw) if raw else None
-    except OverrideError as exc:
-        raise Problem(400, str(exc)) from exc
-
-
 # --- the app ----------------------------------------------------------------------------
 
 class Console:
-    def __init__(self, settings: Settings, pool: ConnPool, lookup: act.Lookup | None) -> None:
+    def __init__(self, settings: Settings, pool: ConnPool, lookup: Lookup | None) -> None:
         self.settings = settings
         self.pool = pool
         self.lookup = lookup
@@ -283,13 +138,13 @@ class Console:
 
     def reply(self, request: web.Request, data: Any, page: str | None = None,
               status: int = 200, **ctx: Any) -> web.StreamResponse:
-        if _is_api(request) or page is None:
+        if is_api(request) or page is None:
             return web.json_response(data, status=status, dumps=lambda v: json.dumps(
                 v, default=str))
         return self.render(request, page, status=status, data=data, **ctx)
 
 
-def make_app(settings: Settings, *, lookup: act.Lookup | None = None,
+def make_app(settings: Settings, *, lookup: Lookup | None = None,
              pool: ConnPool | None = None) -> web.Application:
     """The console app. ``lookup`` is the DNS seam of the SSRF check (tests)."""
     c = Console(settings, pool or ConnPool(settings.database_url), lookup)
@@ -351,7 +206,7 @@ def _middleware(c: Console) -> Any:
                 if request.method not in ("GET", "HEAD") and cookie is not None:
                     given = request.headers.get("X-CSRF-Token")
                     if given is None and request.content_type != "application/json":
-                        v = (await _body(request)).get("csrf")
+                        v = (await body_of(request)).get("csrf")
                         given = v if isinstance(v, str) else None
                     if not check_csrf(c.key, cookie, given):
                         raise Problem(403, "missing or wrong CSRF token: reload the page and "
@@ -362,7 +217,7 @@ def _middleware(c: Console) -> Any:
         except Problem as exc:
             status = exc.status
             return _problem(c, request, exc.status, str(exc), exc.extra)
-        except act.ActionError as exc:
+        except ActionError as exc:
             status = exc.status
             return _problem(c, request, exc.status, str(exc), exc.extra)
         except (q.FilterError, OverrideError) as exc:
@@ -394,7 +249,9 @@ def _middleware(c: Console) -> Any:
 
 def _problem(c: Console, request: web.Request, status: int, message: str,
              extra: Mapping[str, Any]) -> web.StreamResponse:
-    if _is_api(request):
+    if ACTION in request and 400 <= status < 500:
+        _counted(request[ACTION], "refused")
+    if is_api(request):
         return web.json_response({"error": message, **extra}, status=status)
     if status == 401 and request.method == "GET":
         return _redirect(f"/login?{urlencode({'next': request.path_qs})}")
@@ -423,6 +280,21 @@ def _counted(action: str, result: str) -> None:
     CONSOLE_ACTIONS.labels(action, result).inc()
 
 
+def _doing(request: web.Request, action: str) -> None:
+    """Name the action this request performs: the middleware counts it ``refused`` if the
+    handler refuses it, :func:`_done` counts it ``ok``."""
+    request[ACTION] = action
+
+
+def _done(request: web.Request, data: Any, location: str,
+          status: int = 200) -> web.StreamResponse:
+    """The action succeeded: count it; JSON for the API, a redirect for the pages."""
+    _counted(request[ACTION], "ok")
+    if is_api(request):
+        return web.json_response(data, status=status)
+    return _redirect(location)
+
+
 async def _home(_request: web.Request) -> web.StreamResponse:
     return _redirect("/deliveries")
 
@@ -444,9 +316,9 @@ def _login_page(c: Console) -> Handler:
 
 def _login(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
-        body = await _body(request)
-        token = _str(body, "token") or ""
-        nxt = _str(body, "next") or "/deliveries"
+        body = await body_of(request)
+        token = text(body, "token") or ""
+        nxt = text(body, "next") or "/deliveries"
         if not _LOCAL_PATH.fullmatch(nxt):
             nxt = "/deliveries"
         site = request.headers.get("Sec-Fetch-Site")
@@ -581,65 +453,36 @@ def _replay_one(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = _me(request)
         did = request.match_info["id"]
-        body = await _body(request)
-        override = _override_from(body)
-        note = _str(body, "note")
-        promote = _flag(body, "promote")
-        confirmed = _flag(body, "confirm") or _is_api(request)
+        body = await body_of(request)
+        override = override_from(body)
+        note = text(body, "note")
+        promote = flag(body, "promote")
+        confirmed = flag(body, "confirm") or is_api(request)
+        _doing(request, "edit_replay" if override else "replay")
         if not may(p, "replay"):
             raise Problem(403, f"a {p.role} may not replay deliveries")
         if override is not None and not confirmed:
-            def preview(conn: psycopg.Connection[Any]) -> tuple[dict[str, Any], Any]:
-                d = q.delivery_detail(conn, p, did)
-                ep = act.load_endpoint(conn, d["endpoint_id"])
-                from postbacks.core.override import override_diff
-
-                why = act.check_target(override.url, allow_loopback=c.settings
-                                       .allow_loopback_targets, lookup=c.lookup) \
-                    if override.url else None
-                if why:
-                    raise act.ActionError(f"edit refused: {why}", 400)
-                return d, override_diff(ep, override)
-            d, diff = await c.pool.run(preview)
+            d, diff = await c.pool.run(lambda conn: act.preview_edit(
+                conn, c.settings, p, did, override, lookup=c.lookup))
             return c.render(request, "delivery.html", d=d, diff=diff,
                             edit={"url": override.url or "",
                                   "fields": ",".join(override.fields or ()),
                                   "aliases": json.dumps(dict(override.aliases))
                                   if override.aliases is not None else "",
                                   "note": note or "", "promote": promote})
-        try:
-            job = await c.pool.run(lambda conn: act.create_replay(
-                conn, c.settings, p, delivery_ids=[did], override=override, note=note,
-                promote=promote, confirm_token=_str(body, "confirm_token"), lookup=c.lookup))
-        except act.ActionError:
-            _counted("replay", "refused")
-            raise
-        _counted("edit_replay" if override else "replay", "ok")
-        data = {"job_id": job.job_id, "total": job.total,
-                "diff": [list(x) for x in job.diff]}
-        if _is_api(request):
-            return web.json_response(data, status=202)
-        return _redirect(f"/replays/{job.job_id}")
+        job = await c.pool.run(lambda conn: act.create_replay(
+            conn, c.settings, p, delivery_ids=[did], override=override, note=note,
+            promote=promote, confirm_token=text(body, "confirm_token"), lookup=c.lookup))
+        return _done(request, {"job_id": job.job_id, "total": job.total,
+                               "diff": [list(x) for x in job.diff]},
+                     f"/replays/{job.job_id}", status=202)
     return h
-
-
-def _filter_from(body: Mapping[str, Any]) -> q.DeliveryFilter:
-    raw = body.get("filter") if isinstance(body.get("filter"), dict) else {
-        k: v for k, v in body.items() if k in ("app", "endpoint", "status", "error", "since",
-                                               "until")}
-    if not isinstance(raw, dict):
-        raise Problem(400, "filter must be an object")
-    params = {str(k): str(v) for k, v in raw.items() if v not in (None, "")}
-    if not params:
-        raise Problem(400, "a bulk replay needs at least one filter (app, endpoint, status, "
-                      "error, since, until)")
-    return q.parse_filter(params)
 
 
 def _preview(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = _me(request)
-        flt = _filter_from(dict(request.query))
+        flt = filter_from(dict(request.query))
         pv = await c.pool.run(lambda conn: act.replay_preview(conn, p, flt, c.settings))
         return c.reply(request, pv, "replay_preview.html", pv=pv, f=flt.to_params())
     return h
@@ -648,21 +491,16 @@ def _preview(c: Console) -> Handler:
 def _replay_bulk(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = _me(request)
-        body = await _body(request)
-        ids = _ids(body, "delivery_ids")
-        flt = None if ids else _filter_from(body)
-        try:
-            job = await c.pool.run(lambda conn: act.create_replay(
-                conn, c.settings, p, delivery_ids=ids, flt=flt, note=_str(body, "note"),
-                confirm=_int(body, "confirm"), lookup=c.lookup))
-        except act.ActionError:
-            _counted("bulk_replay", "refused")
-            raise
-        _counted("bulk_replay" if flt else "replay", "ok")
-        data = {"job_id": job.job_id, "total": job.total, "skipped": job.skipped}
-        if _is_api(request):
-            return web.json_response(data, status=202)
-        return _redirect(f"/replays/{job.job_id}")
+        body = await body_of(request)
+        ids = id_list(body, "delivery_ids")
+        _doing(request, "replay" if ids else "bulk_replay")
+        flt = None if ids else filter_from(body)
+        job = await c.pool.run(lambda conn: act.create_replay(
+            conn, c.settings, p, delivery_ids=ids, flt=flt, note=text(body, "note"),
+            confirm=whole(body, "confirm"), lookup=c.lookup))
+        return _done(request, {"job_id": job.job_id, "total": job.total,
+                               "skipped": job.skipped},
+                     f"/replays/{job.job_id}", status=202)
     return h
 
 
@@ -670,13 +508,11 @@ def _suppress(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = _me(request)
         did = request.match_info["id"]
-        body = await _body(request)
+        _doing(request, "suppress")
+        body = await body_of(request)
         await c.pool.run(lambda conn: act.suppress_delivery(conn, p, did,
-                                                            _str(body, "reason") or ""))
-        _counted("suppress", "ok")
-        if _is_api(request):
-            return web.json_response({"suppressed": did})
-        return _redirect(f"/deliveries/{did}")
+                                                            text(body, "reason") or ""))
+        return _done(request, {"suppressed": did}, f"/deliveries/{did}")
     return h
 
 
@@ -684,12 +520,10 @@ def _resolve_dl(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = _me(request)
         dl = request.match_info["id"]
-        body = await _body(request)
-        await c.pool.run(lambda conn: act.resolve_dead_letter(conn, p, dl, _str(body, "note")))
-        _counted("resolve_dead_letter", "ok")
-        if _is_api(request):
-            return web.json_response({"resolved": dl})
-        return _redirect("/dead-letters")
+        _doing(request, "resolve_dead_letter")
+        body = await body_of(request)
+        await c.pool.run(lambda conn: act.resolve_dead_letter(conn, p, dl, text(body, "note")))
+        return _done(request, {"resolved": dl}, "/dead-letters")
     return h
 
 
@@ -698,27 +532,27 @@ def _resolve(c: Console, kind: str) -> Handler:
         from postbacks.tools.held import HeldError, NeedsConfirmation, resolve_held
 
         p = _me(request)
+        _doing(request, f"held_{kind}")
         if not may(p, "resolve_held"):
-            _counted(f"held_{kind}", "refused")
             raise Problem(403, f"only a reviewer may release or reject held deliveries "
                           f"(you are {p.role})")
-        body = await _body(request)
-        ids = _ids(body, "delivery_ids")
-        kw = {k: _str(body, k) for k in ("endpoint", "reason", "app")}
+        body = await body_of(request)
+        ids = id_list(body, "delivery_ids")
+        kw = {k: text(body, k) for k in ("endpoint", "reason", "app")}
         try:
             r = await asyncio.to_thread(
-                resolve_held, c.settings, kind=kind, actor=p.actor, note=_str(body, "note"),
+                resolve_held, c.settings, kind=kind, actor=p.actor, note=text(body, "note"),
                 delivery_ids=ids, endpoint=kw["endpoint"], reason=kw["reason"],
-                app=kw["app"], all_=_flag(body, "all"),
-                confirm=_int(body, "confirm"))
+                app=kw["app"], all_=flag(body, "all"),
+                confirm=whole(body, "confirm"))
         except NeedsConfirmation as exc:
             raise Problem(409, str(exc), needs_confirmation=exc.count) from exc
         except HeldError as exc:
             raise Problem(400 if exc.code == 2 else 409, str(exc)) from exc
-        _counted(f"held_{kind}", "ok")
+        _counted(request[ACTION], "ok")
         data = {"kind": r.kind, "delivery_ids": list(r.delivery_ids),
                 "skipped": list(r.skipped), "limit_reached": r.limit_reached}
-        if _is_api(request):
+        if is_api(request):
             return web.json_response(data)
         return c.render(request, "resolved.html", r=data)
     return h
@@ -727,8 +561,9 @@ def _resolve(c: Console, kind: str) -> Handler:
 def _endpoint_save(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = _me(request)
+        _doing(request, "endpoint_save")
         eid = request.match_info["id"]
-        body = await _body(request)
+        body = await body_of(request)
         config = body.get("config")
         if isinstance(config, str):
             try:
@@ -738,76 +573,66 @@ def _endpoint_save(c: Console) -> Handler:
         if config is not None and not isinstance(config, dict):
             raise Problem(400, "config must be a JSON object")
         raw_types = body.get("event_types")
-        if isinstance(raw_types, list) and _is_api(request):
+        if isinstance(raw_types, list) and is_api(request):
             types: list[str] | None = [str(t) for t in raw_types]
         else:
-            text = _str(body, "event_types")
-            types = text.split(",") if text else None
-        problems = await c.pool.run(lambda conn: act.save_endpoint(
-            conn, c.settings, p, eid, url=_str(body, "url"), config=config,
+            listed = text(body, "event_types")
+            types = listed.split(",") if listed else None
+        problems = await c.pool.run(lambda conn: eps.save_endpoint(
+            conn, c.settings, p, eid, url=text(body, "url"), config=config,
             event_types=types,
-            confirm_token=_str(body, "confirm_token"), note=_str(body, "note"),
+            confirm_token=text(body, "confirm_token"), note=text(body, "note"),
             lookup=c.lookup))
-        _counted("endpoint_save", "refused" if problems else "ok")
         if problems:
-            if _is_api(request):
+            _counted(request[ACTION], "refused")
+            if is_api(request):
                 return web.json_response({"error": "endpoint not saved", "problems": problems},
                                          status=422)
             e = await c.pool.run(lambda conn: q.endpoint_detail(conn, p, eid))
             return c.render(request, "endpoint.html", status=422, e=e, problems=problems,
                             sent=None)
-        if _is_api(request):
-            return web.json_response({"saved": eid})
-        return _redirect(f"/endpoints/{eid}")
+        return _done(request, {"saved": eid}, f"/endpoints/{eid}")
     return h
 
 
 def _rotate(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = _me(request)
+        _doing(request, "rotate_secret")
         eid = request.match_info["id"]
-        body = await _body(request)
-        secret = _str(body, "secret")
+        body = await body_of(request)
+        secret = text(body, "secret")
         if not secret:
             raise Problem(400, "secret is required (whsec_...)")
-        overlap = _int(body, "overlap_s")
-        sid = await c.pool.run(lambda conn: act.add_secret(
+        overlap = whole(body, "overlap_s")
+        sid = await c.pool.run(lambda conn: eps.add_secret(
             conn, c.settings, p, eid, secret,
             overlap_s=float(overlap if overlap is not None else 86400)))
-        _counted("rotate_secret", "ok")
-        if _is_api(request):
-            return web.json_response({"secret_id": sid})
-        return _redirect(f"/endpoints/{eid}")
+        return _done(request, {"secret_id": sid}, f"/endpoints/{eid}")
     return h
 
 
 def _test_send(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = _me(request)
+        _doing(request, "test_send")
         eid = request.match_info["id"]
         if not may(p, "test_send"):
             raise Problem(403, f"a {p.role} may not test-send")
-        body = await _body(request)
-        override = _override_from(body)
+        body = await body_of(request)
+        override = override_from(body)
         if override is not None and override.url is not None:
-            why = await asyncio.to_thread(act.check_target, override.url,
+            why = await asyncio.to_thread(eps.check_target, override.url,
                                           allow_loopback=c.settings.allow_loopback_targets,
                                           lookup=c.lookup)
             if why:
                 raise Problem(400, f"test-send refused: {why}")
-        ep = await c.pool.run(lambda conn: act.load_for_test_send(conn, c.settings, p, eid))
-        sent = await act.test_send(c.settings, ep, override=override)
+        ep = await c.pool.run(lambda conn: eps.load_for_test_send(conn, c.settings, p, eid))
+        sent = await eps.test_send(c.settings, ep, override=override)
 
-        def audit(conn: psycopg.Connection[Any]) -> None:
-            conn.execute(
-                "INSERT INTO audit_log (actor, action, target_type, target_id, after)"
-                " VALUES (%s, 'endpoint.test_send', 'endpoint', %s, %s)",
-                (p.actor, eid, Jsonb(
-                    {"ok": sent["ok"], "url": sent.get("request", {}).get("url"),
-                     "status": sent.get("response", {}).get("status")})))
-        await c.pool.run(audit)
-        _counted("test_send", "ok" if sent["ok"] else "refused")
-        if _is_api(request):
+        await c.pool.run(lambda conn: eps.audit_test_send(conn, p, eid, sent))
+        _counted(request[ACTION], "ok" if sent["ok"] else "refused")
+        if is_api(request):
             return web.json_response(sent)
         e = await c.pool.run(lambda conn: q.endpoint_detail(conn, p, eid))
         return c.render(request, "endpoint.html", e=e, problems=[], sent=sent)

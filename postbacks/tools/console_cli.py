@@ -127,9 +127,10 @@ def _show(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _replay(settings: Settings, args: argparse.Namespace) -> int:
-    from postbacks.console.actions import ActionError, create_replay
+    from postbacks.console.actions import create_replay
     from postbacks.console.drain import wait_for_job
     from postbacks.console.queries import FilterError
+    from postbacks.console.rules import ActionError
     from postbacks.core.override import OverrideError, parse_override
     from postbacks.db.connect import connect
 

@@ -1,0 +1,62 @@
+"""A few PostgreSQL connections used from worker threads, so a query never blocks the
+console's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+
+from postbacks.db.connect import connect
+
+__all__ = ["ConnPool"]
+
+T = TypeVar("T")
+
+
+class ConnPool:
+    """A few PostgreSQL connections used from worker threads, one per call."""
+
+    def __init__(self, database_url: str, size: int = 4) -> None:
+        self._url = database_url
+        self._free: queue.LifoQueue[psycopg.Connection[Any]] = queue.LifoQueue()
+        self._sem = threading.BoundedSemaphore(size)
+
+    def call(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run ``fn`` in a transaction on a pooled connection (commit if it returns)."""
+        with self._sem:
+            try:
+                conn = self._free.get_nowait()
+            except queue.Empty:
+                conn = connect(self._url)
+            ok = False
+            try:
+                result = fn(conn)
+                conn.commit()
+                ok = True
+                return result
+            finally:
+                if ok:
+                    self._free.put(conn)
+                else:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.rollback()
+                    if conn.closed or conn.info.transaction_status != 0:
+                        conn.close()
+                    else:
+                        self._free.put(conn)
+
+    async def run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        return await asyncio.to_thread(self.call, fn)
+
+    def close(self) -> None:
+        while True:
+            try:
+                self._free.get_nowait().close()
+            except queue.Empty:
+                return
