@@ -485,6 +485,11 @@ def test_rotation_test_send_and_dead_letter_resolution(
         assert sup.post(f"/api/v1/dead-letters/dl_{ns}/resolve", body={}).status == 409
         metrics = Client(port).get("/metrics").text  # public, like every process's /metrics
         assert 'postbacks_console_actions_total{action="test_send",result="ok"}' in metrics
+        # a refusal (the SSRF-refused test-send above, the support's 403) is counted too
+        assert 'postbacks_console_actions_total{action="test_send",result="refused"}' \
+            in metrics
+        assert 'postbacks_console_actions_total{action="rotate_secret",result="refused"}' \
+            in metrics
         assert 'postbacks_console_actions_total{action="resolve_dead_letter",result="ok"}' \
             in metrics
         assert 'postbacks_console_request_seconds_count{route="/api/v1/endpoints/{id}/' \
