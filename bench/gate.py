@@ -130,6 +130,20 @@ def wait_drained(s: Settings, timeout: float = 120.0) -> float:
     return time.monotonic() - start
 
 
+def partials_written(s: Settings) -> int:
+    """Records on anomaly.partials.v1 so far (its end offsets)."""
+    from confluent_kafka import TopicPartition
+
+    c = Consumer({"bootstrap.servers": s.kafka_bootstrap_servers,
+                  "group.id": f"bench-{uuid.uuid4().hex[:8]}"})
+    try:
+        return sum(c.get_watermark_offsets(TopicPartition(s.topic(TOPICS.anomaly_partials.base),
+                                                          p), timeout=10)[1]
+                   for p in range(TOPICS.anomaly_partials.partitions))
+    finally:
+        c.close()
+
+
 def input_times(s: Settings) -> dict[str, int]:
     """delivery_id -> input CreateTime, from deliveries.v1."""
     codec = codec_for("Delivery")
@@ -188,6 +202,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10, help="length of the latency run")
     ap.add_argument("--endpoints", type=int, default=300)
     ap.add_argument("--commit-s", help="POSTBACKS_GATE_COMMIT_INTERVAL_S for the gate")
+    ap.add_argument("--partials-s",
+                    help="POSTBACKS_GATE_PARTIALS_INTERVAL_S for the gate (0: after every batch)")
     ap.add_argument("--profile", metavar="FILE", help="py-spy the gate during the throughput run")
     ap.add_argument("--profile-latency", metavar="FILE",
                     help="py-spy the gate (with idle frames) during the latency run")
@@ -213,6 +229,8 @@ def main() -> int:
         say(f"throughput: producing {args.n:,} deliveries over {args.endpoints} endpoints")
         produce(s, args.n, endpoints, "t")
         extra = {"POSTBACKS_GATE_COMMIT_INTERVAL_S": args.commit_s} if args.commit_s else {}
+        if args.partials_s is not None:
+            extra["POSTBACKS_GATE_PARTIALS_INTERVAL_S"] = args.partials_s
         env = env_for(s, POSTBACKS_ANOMALY_GLOBAL_KEY=s.anomaly_global_key, **extra)
         with Stack(env, log_dir) as stack:
             t_start = time.time()
@@ -251,8 +269,16 @@ def main() -> int:
                 subprocess.Popen([spy, "record", "-r", "100", "--idle", "-t", "-d",
                                   str(int(args.seconds) + 2), "-f", "raw",
                                   "-o", args.profile_latency, "-p", str(gate.pid)])
+            partials0 = partials_written(s)
+            cpu0 = cpu_s(gate.pid)
             produce(s, m, endpoints, "l", rate=args.rate, warm=True)
             lat, steady, first_s = added_latency(s, m, "l", args.series)
+            cpu_lat = (cpu_s(gate.pid) - cpu0) / m * 1e6
+            per_delivery = (partials_written(s) - partials0) / m
+            say(f"during the latency run: {cpu_lat:.0f} µs CPU per delivery, "
+                f"{per_delivery:.3f} partials written per delivery")
+            results.update(latency_run_cpu_us_per_delivery=round(cpu_lat),
+                           partials_per_delivery=round(per_delivery, 4))
             p50, p99 = pct(lat, 50), pct(lat, 99)
             say(f"gate added latency over {len(lat):,} deliveries: p50 {p50:.0f} ms, "
                 f"p99 {p99:.0f} ms, max {max(lat):.0f} ms; after the first second: "

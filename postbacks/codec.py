@@ -11,6 +11,11 @@ by the fingerprint to its own (latest) version, so producers and consumers on di
 code during a rolling deploy keep working (the evolution gate in ``tests/contract`` proves
 each version pair both ways).
 
+The writer schema's encode, and the decode of records written with it, run through code
+compiled from the schema (:mod:`postbacks.avro_compiled`, about twice fastavro's speed,
+the same bytes); records written with an older version go through fastavro's resolving
+reader.
+
 Anything that is not a known record — garbage, a truncated body, an unknown fingerprint, a
 record of another type — raises :class:`UndecodableRecord`; stages send it to the DLQ with
 its original bytes.
@@ -30,6 +35,7 @@ from typing import Any, cast
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
+from postbacks.avro_compiled import Unsupported, compile_schema
 from postbacks.errors import UndecodableRecord
 
 __all__ = [
@@ -134,8 +140,19 @@ class Codec:
         self.writer = versions[-1]
         self._prefix = _HEADER.pack(MAGIC, self.writer.fingerprint)
         self._by_fp = {v.fingerprint: v for v in versions}
+        try:
+            self._enc, self._dec, _ = compile_schema(self.writer.parsed, record)
+        except Unsupported:  # pragma: no cover -- every schema we ship compiles
+            self._enc = self._dec = None  # type: ignore[assignment]
 
     def encode(self, datum: dict[str, Any] | Any) -> bytes:
+        if self._enc is not None:
+            pieces = [self._prefix]
+            try:
+                self._enc(datum, pieces.append)
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                raise ValueError(f"{self.record}: cannot encode: {exc}") from exc
+            return b"".join(pieces)
         buf = io.BytesIO()
         buf.write(self._prefix)
         try:
@@ -160,6 +177,16 @@ class Codec:
                 f"{self.record}: unknown writer schema fingerprint {fp:016x} "
                 "(a newer producer, or another record type)"
             )
+        if writer is self.writer and self._dec is not None:
+            try:
+                value, end = self._dec(data, _HEADER.size)
+            except (IndexError, ValueError, struct.error) as exc:
+                raise UndecodableRecord(f"{self.record}: corrupt body: {exc!r}") from exc
+            if end != len(data):
+                raise UndecodableRecord(
+                    f"{self.record}: {len(data) - end} trailing bytes after the record"
+                )
+            return cast(dict[str, Any], value)
         buf = io.BytesIO(data)
         buf.seek(_HEADER.size)
         try:

@@ -80,6 +80,9 @@ class Settings:
     gate_batch_max: int = 500  # deliveries per gate batch (Faust take_events)
     gate_batch_within_s: float = 0.005  # ... or whatever arrived within this long
     gate_commit_interval_s: float = 0.5  # offsets (and the state they cover) this often
+    # A partition's cumulative partial goes to the aggregator at most this often (and at
+    # every commit, and whenever its window closes); 0 = after every batch.
+    gate_partials_interval_s: float = 0.25
     # Replay console (postbacks console serve; see postbacks/console).
     console_host: str = "127.0.0.1"
     console_port: int = 8790
@@ -170,6 +173,8 @@ def _validate(s: Settings) -> None:
                  "console_bulk_confirm_above", "console_bulk_max"):
         if getattr(s, name) < 1:
             raise ConfigError(f"{env_name(name)} must be >= 1")
+    if s.gate_partials_interval_s < 0:
+        raise ConfigError("POSTBACKS_GATE_PARTIALS_INTERVAL_S must be >= 0")
     if s.console_replay_per_app_hour < 0:
         raise ConfigError("POSTBACKS_CONSOLE_REPLAY_PER_APP_HOUR must be >= 0 (0 = no limit)")
     parse_event_type_limits(s.retry_max_attempts_by_event_type)

@@ -2,6 +2,9 @@
 
 Stages read ``snapshot()`` on the hot path (no database round trip). A refresh failure
 keeps the last good view and is logged; the first load must succeed (fail fast at start).
+A refresh first asks PostgreSQL for a digest of every endpoint and secret row and reloads
+(decrypting every secret) only when it changed: at thousands of endpoints a full load
+costs tens of ms of CPU in every stage, the digest about one.
 """
 
 from __future__ import annotations
@@ -21,6 +24,15 @@ __all__ = ["EndpointCache"]
 
 log = logging.getLogger(__name__)
 
+# Whole rows, so any change to an endpoint or a secret (any column, a row added or
+# deleted) changes it; secrets expiring with time need no reload (render checks windows).
+_DIGEST = (
+    "SELECT (SELECT md5(coalesce(string_agg(e::text, '|' ORDER BY e.endpoint_id), ''))"
+    " FROM endpoints e),"
+    " (SELECT md5(coalesce(string_agg(s::text, '|' ORDER BY s.secret_id), ''))"
+    " FROM endpoint_secrets s)"
+)
+
 
 class EndpointCache:
     def __init__(self, database_url: str, box: SecretBox, refresh_s: float) -> None:
@@ -31,10 +43,19 @@ class EndpointCache:
         self._by_app: Mapping[str, tuple[Endpoint, ...]] = MappingProxyType({})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._digest: tuple[str, str] | None = None
+        self.loads = 0  # full loads so far (the digest saved the others)
 
-    def load(self) -> None:
+    def load(self, if_changed: bool = False) -> None:
+        """Load every enabled endpoint; with ``if_changed``, only if a row changed since."""
         with connect(self._url) as conn:
+            row = conn.execute(_DIGEST).fetchone()
+            digest = None if row is None else (str(row[0]), str(row[1]))
+            if if_changed and digest is not None and digest == self._digest:
+                return
             endpoints = load_endpoints(conn, self._box)
+        self._digest = digest
+        self.loads += 1
         by_app: dict[str, list[Endpoint]] = {}
         for ep in endpoints:
             by_app.setdefault(ep.app_id, []).append(ep)
@@ -52,7 +73,7 @@ class EndpointCache:
     def _loop(self) -> None:
         while not self._stop.wait(self._refresh_s):
             try:
-                self.load()
+                self.load(if_changed=True)
             except PostbacksError as exc:
                 log.warning("endpoint config refresh failed, keeping last view: %s", exc)
 

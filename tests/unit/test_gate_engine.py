@@ -429,3 +429,30 @@ def test_unheard_partitions_hold_windows_open_for_a_grace_that_survives_a_restar
     restarted.feed(partial(0, T0 + 6 * HOUR_MS, USD, sent=NOW + UNHEARD_GRACE_MS + 1),
                    offsets=[a.offset])  # the next partials-topic offset
     assert sorted(restarted.agg.windows) == [T0 + 6 * HOUR_MS]  # the older ones closed
+
+
+def test_partials_are_throttled_but_a_closed_window_and_the_commit_get_theirs() -> None:
+    """Partials are cumulative: skipping intermediate ones loses nothing, the final partial
+    of a window is sent at once, and ``take_partials`` (before every commit) sends the rest."""
+    engine = GateEngine(build_config((), GKEY)[0], HaltBook(), partials_interval_ms=250)
+    store: dict[str, Any] = {}
+    batch = _batch()  # partition 0: offsets 0-4 in hour H, 5-7 in hour H+1
+    first = run(engine, store, batch[:2], now=NOW)  # the first batch: the interval has passed
+    assert [(p, part.total, off) for p, part, off in first.partials] == [(0, 3 * USD, 1)]
+    quiet = run(engine, store, batch[2:4], now=NOW + 100)  # within 250 ms: held back
+    assert quiet.partials == []
+    closing = run(engine, store, batch[4:6], now=NOW + 200)  # hour H closes mid-batch
+    assert [(part.window_start, part.total, off) for _, part, off in closing.partials] == [
+        (T0, 15 * USD, 4)]  # hour H's final partial, everything of offsets 0-4
+    assert [(part.window_start, part.total, off) for _, part, off in
+            engine.take_partials(NOW + 210)] == [(T0 + HOUR_MS, 6 * USD, 5)]
+    assert engine.take_partials(NOW + 220) == []  # nothing moved since
+    later = run(engine, store, batch[6:], now=NOW + 500)  # the interval has passed again
+    assert [(part.total, off) for _, part, off in later.partials] == [(21 * USD, 7)]
+
+
+def test_every_batch_sends_its_partials_with_no_interval() -> None:
+    engine = gate()  # partials_interval_ms=0
+    store: dict[str, Any] = {}
+    sent = [len(run(engine, store, [r], now=NOW).partials) for r in _batch()[:4]]
+    assert sent == [1, 1, 1, 1]

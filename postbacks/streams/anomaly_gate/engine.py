@@ -125,22 +125,27 @@ class GateEngine:
     """Per-endpoint and per-partition state (cached from the table) and the decisions."""
 
     def __init__(self, config: GateConfig, halts: HaltBook,
-                 window_ms: int = DEFAULT_WINDOW_MS) -> None:
+                 window_ms: int = DEFAULT_WINDOW_MS, partials_interval_ms: int = 0) -> None:
         self.config = config
         self.halts = halts
         self.window_ms = window_ms
+        self.partials_interval_ms = partials_interval_ms
         self.scopes: dict[str, Tracked] = {}
         self.partials: dict[int, tuple[PartitionPartial, int]] = {}
         self._dirty_eps: dict[str, int] = {}  # endpoint -> partition, changed since written
         self._dirty_parts: set[int] = set()
+        self._unsent_parts: set[int] = set()  # partitions whose partial moved since sent
+        self._partials_sent_ms = 0
         self._delivery = codec_for("Delivery")
         self._outcome = codec_for("Outcome")
         self._dlq = codec_for("DeadLetter")
 
     def forget(self) -> None:
-        """Drop the cache (after a rebalance the table is the truth)."""
+        """Drop the cache (after a rebalance the table is the truth); the caller has taken
+        the writes and the unsent partials first."""
         self.scopes.clear()
         self.partials.clear()
+        self._unsent_parts.clear()
 
     def _scope(self, ep: str, get: Callable[[str], Any]) -> Tracked:
         t = self.scopes.get(ep)
@@ -221,14 +226,32 @@ class GateEngine:
                 out.dispatched += 1
         self._dirty_eps.update(touched)
         self._dirty_parts |= parts
-        for p in parts:
-            part, off = self.partials[p]
-            if part.window_start is not None:
-                out.partials.append((p, part, off))
+        self._unsent_parts |= parts
+        if now_ms - self._partials_sent_ms >= self.partials_interval_ms:
+            out.partials.extend(self.take_partials(now_ms))
         if out.dispatched:
             child(GATE_DECISIONS, "dispatch").inc(out.dispatched)
         if out.held:
             child(GATE_DECISIONS, "held").inc(out.held)
+        return out
+
+    def take_partials(self, now_ms: int) -> list[tuple[int, PartitionPartial, int]]:
+        """The open-window partials that moved since last sent: (partition, partial, offset).
+
+        Partials are cumulative, so the aggregator loses nothing when intermediate ones are
+        skipped: :meth:`process` sends them at most every ``partials_interval_ms`` (a
+        window's final partial always at once), and the runner takes the rest before every
+        commit and rebalance -- a committed delivery's payout is always on its way to the
+        aggregator. At a few deliveries per batch this keeps the aggregator from reading
+        as many partials as the gate reads deliveries.
+        """
+        out = []
+        for p in sorted(self._unsent_parts):
+            got = self.partials.get(p)
+            if got is not None and got[0].window_start is not None:
+                out.append((p, got[0], got[1]))
+        self._unsent_parts.clear()
+        self._partials_sent_ms = now_ms
         return out
 
     def take_writes(self) -> list[tuple[int, str, Value]]:

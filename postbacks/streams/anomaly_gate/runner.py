@@ -42,6 +42,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from faust.serializers import codecs as faust_codecs
 
 from postbacks.codec import codec_for
+from postbacks.core.anomaly import PartitionPartial
 from postbacks.kafka.clients import make_producer
 from postbacks.kafka.watchdog import restart_in_place
 from postbacks.metrics import GATE_BATCH_SECONDS, STAGE_RECORDS, child
@@ -95,7 +96,8 @@ class GateProcess:
         self.halts = HaltBook()
         self.refresher = refresher
         cfg = refresher.apply_initial(self.halts)
-        self.engine = GateEngine(cfg, self.halts)
+        self.engine = GateEngine(
+            cfg, self.halts, partials_interval_ms=int(settings.gate_partials_interval_s * 1000))
         self.aggregator = GlobalAggregator(cfg, self.halts, settings.anomaly_global_key)
         refresher.targets = (self.engine, self.aggregator)
         self.writer = TripWriter(settings, self.halts)
@@ -142,6 +144,7 @@ class GateProcess:
         self._tables = (ep_table, g_table)
 
         def forget(*_a: Any, **_k: Any) -> None:
+            self._send_partials(self.engine.take_partials(int(time.time() * 1000)))
             self._write_states()  # nothing counted is dropped with the cache
             self.engine.forget()
             self.aggregator.forget()
@@ -204,6 +207,7 @@ class GateProcess:
         its records are handed to the producer). Faust picks the offsets to commit before
         it calls this, and the state written here covers every batch processed so far.
         """
+        self._send_partials(self.engine.take_partials(int(time.time() * 1000)))
         self._write_states()
         # Wait for the reports of what was produced *before* this point only: a plain
         # producer.flush() under steady load waits for a moment the queue is empty.
@@ -239,12 +243,7 @@ class GateProcess:
         out: BatchOut = self.engine.process(batch, table.data.get, now_ms)
         for topic, key, value in out.records:
             self._produce(topic, key, value)
-        for partition, part, off in out.partials:
-            rec = PayoutPartialRecord(partition=partition, window_start=part.window_start or 0,
-                                      total_micros=part.total, source_offset=off,
-                                      produced_at=now_ms)
-            self._produce(TOPICS.anomaly_partials.base, str(partition).encode(),
-                          self._partial_codec.encode(rec))
+        self._send_partials(out.partials)
         for trip in out.trips:
             key, state = self.writer.trip(trip, now_ms)
             self._produce(TOPICS.anomaly_control.base, key, self._control_codec.encode(state))
@@ -253,6 +252,15 @@ class GateProcess:
         self.producer.poll(0)  # serve delivery reports
         child(STAGE_RECORDS, "gate").inc(len(batch))
         GATE_BATCH_SECONDS.observe(time.perf_counter() - t0)
+
+    def _send_partials(self, partials: list[tuple[int, PartitionPartial, int]]) -> None:
+        now_ms = int(time.time() * 1000)
+        for partition, part, off in partials:
+            rec = PayoutPartialRecord(partition=partition, window_start=part.window_start or 0,
+                                      total_micros=part.total, source_offset=off,
+                                      produced_at=now_ms)
+            self._produce(TOPICS.anomaly_partials.base, str(partition).encode(),
+                          self._partial_codec.encode(rec))
 
     async def _aggregate_batch(self, events: Any, table: Any) -> None:
         now_ms = int(time.time() * 1000)

@@ -1,0 +1,51 @@
+"""The stages' endpoint cache reloads when, and only when, an endpoint or secret row changed."""
+
+from __future__ import annotations
+
+import time
+
+from postbacks.core.signing import generate_secret
+from postbacks.db.connect import connect
+from postbacks.db.crypto import SecretBox
+from postbacks.db.endpoint_cache import EndpointCache
+from postbacks.db.endpoints import add_secret, upsert_endpoint
+from postbacks.settings import Settings
+
+
+def test_refresh_reloads_only_after_a_change(settings: Settings, namespace: str) -> None:
+    box = SecretBox(settings.secrets_key.reveal())
+    ep, app = f"ep_{namespace}_cache", f"app_{namespace}"
+    with connect(settings.database_url) as conn:
+        upsert_endpoint(conn, endpoint_id=ep, app_id=app, url="https://a.example/")
+        conn.commit()
+    cache = EndpointCache(settings.database_url, box, refresh_s=3600)
+    cache.load()
+    first = cache.get(ep)
+    assert first is not None and first.url == "https://a.example/"
+    assert cache.loads == 1
+
+    cache.load(if_changed=True)  # nothing changed: the digest says so, no full load
+    assert cache.loads == 1 and cache.get(ep) is first
+
+    with connect(settings.database_url) as conn:  # an edit of any column
+        conn.execute("UPDATE endpoints SET url = 'https://b.example/' WHERE endpoint_id = %s",
+                     (ep,))
+        conn.commit()
+    cache.load(if_changed=True)
+    assert cache.loads == 2
+    changed = cache.get(ep)
+    assert changed is not None and changed.url == "https://b.example/"
+
+    with connect(settings.database_url) as conn:  # a secret added (rotation)
+        add_secret(conn, box, ep, generate_secret(), now_ms=int(time.time() * 1000))
+        conn.commit()
+    cache.load(if_changed=True)
+    assert cache.loads == 3
+    rotated = cache.get(ep)
+    assert rotated is not None and len(rotated.secrets) == len(changed.secrets) + 1
+
+    with connect(settings.database_url) as conn:  # disabled: gone from the stages' view
+        conn.execute("UPDATE endpoints SET enabled = false WHERE endpoint_id = %s", (ep,))
+        conn.commit()
+    cache.load(if_changed=True)
+    assert cache.loads == 4 and cache.get(ep) is None and cache.for_app(app) == ()
