@@ -37,7 +37,7 @@ from postbacks.settings import Settings, load_settings
 from postbacks.tools.procs import Stack, free_port, http_json, wait_for
 from postbacks.tools.seed import seed_endpoints
 from postbacks.topics import TOPICS
-from postbacks.topics.admin import create_topics
+from postbacks.topics.admin import create_topics, delete_prefixed_topics
 
 ROOT = Path(__file__).resolve().parents[1]
 BODY = b'{"schema_version":1,"type":"conversion","data":{' + b'"x":"' + b"a" * 540 + b'"}}'
@@ -101,13 +101,26 @@ async def _bare(url: str, n: int, concurrency: int = 64) -> float:
         return n / (time.perf_counter() - start)
 
 
+_CREATED: list[Settings] = []
+
+
 def fresh(base: Settings, name: str) -> Settings:
+    """Settings with a fresh topic prefix, its topics created (deleted by ``cleanup``)."""
     s = load_settings({}, kafka_bootstrap_servers=base.kafka_bootstrap_servers,
                       database_url=base.database_url,
                       topic_prefix=f"bench{int(time.time())}{name}.",
                       instance_id=f"bench-{name}")
     create_topics(s)
+    _CREATED.append(s)
     return s
+
+
+def cleanup() -> None:
+    """Delete the topics ``fresh`` created: a broker keeping hundreds of old benchmark
+    partitions spends CPU on them in every later run."""
+    while _CREATED:
+        s = _CREATED.pop()
+        delete_prefixed_topics(s, s.topic_prefix)
 
 
 def env_for(s: Settings, **extra: str) -> dict[str, str]:
@@ -305,20 +318,8 @@ def run_isolation(base: Settings, with_slow: bool, log_dir: Path) -> float:
         rx.wait(10)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--deliveries", type=int, default=20_000)
-    ap.add_argument("--endpoints", type=int, default=50)
-    ap.add_argument("--parts", default="agent,e2e,relay,isolation",
-                    help="comma-separated subset of: agent, e2e, relay, isolation")
-    ap.add_argument("--isolation-pairs", type=int, default=5,
-                    help="alternating without/with runs of the isolation part (median)")
-    args = ap.parse_args()
-    parts = set(args.parts.split(","))
-    base = load_settings()
-    migrate(base.database_url)
-    log_dir = ROOT / ".local" / "bench-logs" / str(int(time.time()))
-    results: dict[str, float] = {}
+def _run_parts(args: argparse.Namespace, parts: set[str], base: Settings, log_dir: Path,
+               results: dict[str, float]) -> None:
     if "agent" in parts:
         results |= run_agent_alone(base, args.deliveries, args.endpoints, log_dir / "agent")
     if "e2e" in parts:
@@ -342,6 +343,26 @@ def main() -> None:
                     "isolation_ratio": statistics.median(ratios),
                     "isolation_ratio_min": min(ratios), "isolation_ratio_max": max(ratios),
                     "isolation_pairs": float(len(ratios))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--deliveries", type=int, default=20_000)
+    ap.add_argument("--endpoints", type=int, default=50)
+    ap.add_argument("--parts", default="agent,e2e,relay,isolation",
+                    help="comma-separated subset of: agent, e2e, relay, isolation")
+    ap.add_argument("--isolation-pairs", type=int, default=5,
+                    help="alternating without/with runs of the isolation part (median)")
+    args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    base = load_settings()
+    migrate(base.database_url)
+    log_dir = ROOT / ".local" / "bench-logs" / str(int(time.time()))
+    results: dict[str, float] = {}
+    try:
+        _run_parts(args, parts, base, log_dir, results)
+    finally:
+        cleanup()
     out = ROOT / "bench" / "results" / "latest.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
