@@ -10,7 +10,9 @@ import time
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
 
+from postbacks.codec import codec_for
 from postbacks.db.anomaly import publisher_deliveries, set_mode
 from postbacks.db.connect import connect
 from postbacks.emit import ConversionProducer
@@ -21,7 +23,7 @@ from tests.e2e.gate_util import GateFeed, metric
 from tests.e2e.harness import Harness
 from tests.integration.anomaly_helpers import run_cli
 from tests.kafka_util import decode, read_topic
-from tests.unit.factories import make_conversion
+from tests.unit.factories import make_conversion, make_delivery
 
 DAY_MS = 86_400_000
 
@@ -223,3 +225,47 @@ def test_garbage_on_deliveries_is_dead_lettered_by_the_gate_and_the_partition_fl
     assert sorted(d["original_value"] or b"" for d in dead) == [b"", b"\x00not avro"]
     assert {(d["stage"], d["reason"], d["original_key"]) for d in dead} == {
         ("gate", "undecodable", ep.encode())}
+
+
+def test_commits_keep_up_with_transactional_input(settings: Settings, stack: Stack) -> None:
+    """Fan-out writes deliveries.v1 in transactions; each leaves a marker (an offset no
+    record has) per partition. Unpatched faust-streaming committed one transaction further
+    per partition per commit interval: 200 transactions here would have taken ~100 s."""
+    codec = codec_for("Delivery")
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                         "partitioner": "murmur2_random", "linger.ms": 5,
+                         "transactional.id": f"{settings.topic_prefix}test-fanout"})
+    producer.init_transactions(30)
+    feed = GateFeed(settings)
+    start = feed.hour_ago(weeks=0) + 60_000
+    n, per_txn = 4000, 20
+    for i in range(n):
+        if i % per_txn == 0:
+            if i:
+                producer.commit_transaction(30)
+            producer.begin_transaction()
+        ep = f"ep_tx{i % 30}"
+        conv = make_conversion(event_id=f"evt_tx{i}", conversion_id=f"cv_tx{i}",
+                               app_id=f"app_{ep}", occurred_at=start + i,
+                               source_created_at=start, source_completed_at=start - 60_000)
+        d = make_delivery(delivery_id=f"dlv_tx{i}", endpoint_id=ep, conversion=conv,
+                          created_at=start, enqueued_at=None)
+        producer.produce(settings.topic(TOPICS.deliveries.base), codec.encode(d), ep.encode())
+    producer.commit_transaction(30)
+    stack.start("gate", "gate")
+    feed.wait_outputs(n, timeout=120)
+
+    topic = settings.topic(TOPICS.deliveries.base)
+    tps = [TopicPartition(topic, p) for p in range(TOPICS.deliveries.partitions)]
+    c = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                  "group.id": f"{settings.topic_prefix}postbacks-gate"})
+    try:
+        def behind() -> int:  # records not yet covered by a commit (a last marker is 1)
+            done = c.committed(tps, timeout=10)
+            ends = [c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps]
+            return sum(max(0, end - max(0, tp.offset) - 1) for tp, end in zip(done, ends,
+                                                                               strict=True))
+        wait_for(lambda: behind() == 0, 30, interval=0.5,
+                 what=f"gate commits covering every record (behind: {behind()})")
+    finally:
+        c.close()
