@@ -130,6 +130,32 @@ def wait_drained(s: Settings, timeout: float = 120.0) -> float:
     return time.monotonic() - start
 
 
+def gc_pauses(log_path: Path) -> dict[str, float]:
+    """The gate's garbage-collection pauses so far, from its /metrics: per generation the
+    count, total seconds, and how many took over 10 ms."""
+    import re
+    import urllib.request
+
+    m = re.findall(r"metrics on (http://\S+)", log_path.read_text())
+    if not m:
+        return {}
+    with urllib.request.urlopen(m[-1], timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        g = re.match(r'postbacks_gc_pause_seconds_(count|sum)\{generation="(\d)"\} (\S+)', line)
+        if g:
+            out[f"gen{g.group(2)}_{g.group(1)}"] = float(g.group(3))
+        g = re.match(r'postbacks_gc_pause_seconds_bucket\{generation="(\d)",le="0.01"\} (\S+)',
+                     line)
+        if g:
+            out[f"gen{g.group(1)}_upto10ms"] = float(g.group(2))
+    for gen in "012":
+        if f"gen{gen}_count" in out:
+            out[f"gen{gen}_over10ms"] = out[f"gen{gen}_count"] - out.pop(f"gen{gen}_upto10ms", 0.0)
+    return out
+
+
 def partials_written(s: Settings) -> int:
     """Records on anomaly.partials.v1 so far (its end offsets)."""
     from confluent_kafka import TopicPartition
@@ -270,13 +296,18 @@ def main() -> int:
                                   str(int(args.seconds) + 2), "-f", "raw",
                                   "-o", args.profile_latency, "-p", str(gate.pid)])
             partials0 = partials_written(s)
+            gc0 = gc_pauses(gate.log_path)
             cpu0 = cpu_s(gate.pid)
             produce(s, m, endpoints, "l", rate=args.rate, warm=True)
             lat, steady, first_s = added_latency(s, m, "l", args.series)
             cpu_lat = (cpu_s(gate.pid) - cpu0) / m * 1e6
             per_delivery = (partials_written(s) - partials0) / m
+            gc1 = gc_pauses(gate.log_path)
+            pauses = {k: round(gc1.get(k, 0.0) - gc0.get(k, 0.0), 4) for k in gc1}
             say(f"during the latency run: {cpu_lat:.0f} µs CPU per delivery, "
-                f"{per_delivery:.3f} partials written per delivery")
+                f"{per_delivery:.3f} partials written per delivery; GC pauses: "
+                + ", ".join(f"{k} {v}" for k, v in sorted(pauses.items())))
+            results["gc_pauses_during_latency_run"] = pauses
             results.update(latency_run_cpu_us_per_delivery=round(cpu_lat),
                            partials_per_delivery=round(per_delivery, 4))
             p50, p99 = pct(lat, 50), pct(lat, 99)

@@ -6,7 +6,9 @@ Label sets are bounded: ``endpoint`` labels appear only on gauges for open break
 from __future__ import annotations
 
 import functools
+import gc
 import logging
+import time
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
@@ -94,6 +96,10 @@ GATE_BATCH_SECONDS = Histogram(
     "postbacks_gate_batch_seconds", "Gate batch time: decide, produce, acknowledged",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
 )
+GC_PAUSE = Histogram(
+    "postbacks_gc_pause_seconds", "Python garbage-collection pauses, by generation",
+    ["generation"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+)
 HALTED_SCOPES = Gauge("postbacks_anomaly_halted_scopes", "Scopes currently tripped", ["scope"])
 HELD_DEPTH = Gauge("webhook_held_depth", "Deliveries currently held")
 HELD_OLDEST_AGE = Gauge("webhook_held_oldest_age_seconds",
@@ -126,8 +132,25 @@ def observe_backlog(msg: Any, now_ms: int) -> None:
         child(BACKLOG_AGE, msg.topic()).set(max(0.0, (now_ms - ts) / 1000))
 
 
+@functools.cache
+def _watch_gc() -> None:
+    """Time every collection (a full one over a big heap stalls the event loop); once."""
+    started = [0.0]
+    by_gen = [GC_PAUSE.labels(str(g)) for g in range(3)]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            by_gen[info["generation"]].observe(time.perf_counter() - started[0])
+
+    gc.callbacks.append(on_gc)
+
+
 def serve_metrics(port: int) -> int:
-    """Serve /metrics on 127.0.0.1:port (0 = any free port); returns the port."""
+    """Serve /metrics on 127.0.0.1:port (0 = any free port); returns the port. Also starts
+    timing garbage collections (``postbacks_gc_pause_seconds``)."""
+    _watch_gc()
     server, _thread = start_http_server(port, addr="127.0.0.1")
     actual = int(server.server_port)
     log.info("metrics on http://127.0.0.1:%d/metrics", actual)
