@@ -83,6 +83,10 @@ class Settings:
     # A partition's cumulative partial goes to the aggregator at most this often (and at
     # every commit, and whenever its window closes); 0 = after every batch.
     gate_partials_interval_s: float = 0.25
+    # Python's GIL switch interval in the gate (sys.setswitchinterval): Faust's consumer
+    # thread and the agents' thread hand the GIL over at every fetch, and a thread kept
+    # waiting the default 5 ms shows in the gate's latency tail.
+    gate_switch_interval_s: float = 0.001
     # Replay console (postbacks console serve; see postbacks/console).
     console_host: str = "127.0.0.1"
     console_port: int = 8790
@@ -173,6 +177,8 @@ def _validate(s: Settings) -> None:
                  "console_bulk_confirm_above", "console_bulk_max"):
         if getattr(s, name) < 1:
             raise ConfigError(f"{env_name(name)} must be >= 1")
+    if not 0 < s.gate_switch_interval_s <= 0.1:
+        raise ConfigError("POSTBACKS_GATE_SWITCH_INTERVAL_S must be > 0 and <= 0.1")
     if s.gate_partials_interval_s < 0:
         raise ConfigError("POSTBACKS_GATE_PARTIALS_INTERVAL_S must be >= 0")
     if s.console_replay_per_app_hour < 0:

@@ -64,7 +64,10 @@ def test_settings_from_env() -> None:
      ({"POSTBACKS_ENDPOINT_CONCURRENCY": "0"}, "POSTBACKS_ENDPOINT_CONCURRENCY"),
      ({"POSTBACKS_ALLOW_LOOPBACK_TARGETS": "maybe"}, "boolean"),
      ({"POSTBACKS_DATABASE_URL": "mysql://x"}, "postgresql"),
-     ({"POSTBACKS_SECRETS_KEY": ""}, "POSTBACKS_SECRETS_KEY")],
+     ({"POSTBACKS_SECRETS_KEY": ""}, "POSTBACKS_SECRETS_KEY"),
+     ({"POSTBACKS_GATE_SWITCH_INTERVAL_S": "0"}, "POSTBACKS_GATE_SWITCH_INTERVAL_S"),
+     ({"POSTBACKS_GATE_SWITCH_INTERVAL_S": "5"}, "POSTBACKS_GATE_SWITCH_INTERVAL_S"),
+     ({"POSTBACKS_GATE_PARTIALS_INTERVAL_S": "-1"}, "POSTBACKS_GATE_PARTIALS_INTERVAL_S")],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
