@@ -456,3 +456,19 @@ def test_every_batch_sends_its_partials_with_no_interval() -> None:
     store: dict[str, Any] = {}
     sent = [len(run(engine, store, [r], now=NOW).partials) for r in _batch()[:4]]
     assert sent == [1, 1, 1, 1]
+
+
+def test_a_record_handed_over_again_is_not_decided_twice_until_a_rebalance() -> None:
+    engine, store = gate(), dict[str, Any]()
+    batch = _batch()
+    first = run(engine, store, batch[:4])
+    assert len(on(first, "dispatch.v1")) == 4
+    again = run(engine, store, batch[3:6])  # offset 3 again, as Faust does after a pause
+    assert again.redelivered == 1
+    assert [d["delivery_id"] for d in on(again, "dispatch.v1")] == ["dlv_ep_1_4", "dlv_ep_2_5"]
+    before = sample("postbacks_gate_deliveries_total", decision="redelivered_skipped")
+    run(engine, store, batch[5:6])
+    assert sample("postbacks_gate_deliveries_total", decision="redelivered_skipped") == before + 1
+    engine.forget()  # a rebalance: the committed offsets decide what is read again
+    after = run(engine, store, batch[2:4])
+    assert after.redelivered == 0 and len(on(after, "dispatch.v1")) == 2
