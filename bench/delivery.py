@@ -52,16 +52,23 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def metrics_of(log_path: Path) -> str:
-    """The agent's own counters, read from its /metrics (port from its log)."""
+def metrics_text(log_path: Path) -> str | None:
+    """A stage's whole /metrics page (its address read from its log), or None."""
     import re
     import urllib.request
 
     m = re.findall(r"metrics on (http://\S+)", log_path.read_text())
     if not m:
-        return "(no metrics address in log)"
+        return None
     with urllib.request.urlopen(m[-1], timeout=5) as r:
-        text = r.read().decode()
+        return str(r.read().decode())
+
+
+def metrics_of(log_path: Path) -> str:
+    """The agent's own counters, read from its /metrics (port from its log)."""
+    text = metrics_text(log_path)
+    if text is None:
+        return "(no metrics address in log)"
     return "\n".join(line for line in text.splitlines()
                      if line.startswith(("webhook_", "postbacks_")) and "bucket" not in line)
 

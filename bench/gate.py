@@ -33,7 +33,7 @@ from confluent_kafka import Consumer, Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.delivery import ROOT, cpu_s, env_for, fresh, pct, say
+from bench.delivery import ROOT, cpu_s, env_for, fresh, metrics_text, pct, say
 from postbacks.codec import codec_for
 from postbacks.db.anomaly import set_mode
 from postbacks.db.connect import connect
@@ -134,13 +134,10 @@ def gc_pauses(log_path: Path) -> dict[str, float]:
     """The gate's garbage-collection pauses so far, from its /metrics: per generation the
     count, total seconds, and how many took over 10 ms."""
     import re
-    import urllib.request
 
-    m = re.findall(r"metrics on (http://\S+)", log_path.read_text())
-    if not m:
+    text = metrics_text(log_path)
+    if text is None:
         return {}
-    with urllib.request.urlopen(m[-1], timeout=5) as r:
-        text = r.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
         g = re.match(r'postbacks_gc_pause_seconds_(count|sum)\{generation="(\d)"\} (\S+)', line)

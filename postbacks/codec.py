@@ -35,7 +35,7 @@ from typing import Any, cast
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
-from postbacks.avro_compiled import Unsupported, compile_schema
+from postbacks.avro_compiled import compile_schema
 from postbacks.errors import UndecodableRecord
 
 __all__ = [
@@ -140,26 +140,17 @@ class Codec:
         self.writer = versions[-1]
         self._prefix = _HEADER.pack(MAGIC, self.writer.fingerprint)
         self._by_fp = {v.fingerprint: v for v in versions}
-        try:
-            self._enc, self._dec, _ = compile_schema(self.writer.parsed, record)
-        except Unsupported:  # pragma: no cover -- every schema we ship compiles
-            self._enc = self._dec = None  # type: ignore[assignment]
+        # Every schema we ship compiles (tests/unit/test_avro_compiled.py); one that does
+        # not is a programming error, raised (Unsupported) when its codec is first built.
+        self._enc, self._dec, _ = compile_schema(self.writer.parsed, record)
 
     def encode(self, datum: dict[str, Any] | Any) -> bytes:
-        if self._enc is not None:
-            pieces = [self._prefix]
-            try:
-                self._enc(datum, pieces.append)
-            except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                raise ValueError(f"{self.record}: cannot encode: {exc}") from exc
-            return b"".join(pieces)
-        buf = io.BytesIO()
-        buf.write(self._prefix)
+        pieces = [self._prefix]
         try:
-            fastavro.schemaless_writer(buf, self.writer.parsed, datum)
+            self._enc(datum, pieces.append)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"{self.record}: cannot encode: {exc}") from exc
-        return buf.getvalue()
+        return b"".join(pieces)
 
     def decode(self, data: bytes | None) -> dict[str, Any]:
         if data is None:
@@ -177,7 +168,7 @@ class Codec:
                 f"{self.record}: unknown writer schema fingerprint {fp:016x} "
                 "(a newer producer, or another record type)"
             )
-        if writer is self.writer and self._dec is not None:
+        if writer is self.writer:
             try:
                 value, end = self._dec(data, _HEADER.size)
             except (IndexError, ValueError, struct.error) as exc:
@@ -189,11 +180,8 @@ class Codec:
             return cast(dict[str, Any], value)
         buf = io.BytesIO(data)
         buf.seek(_HEADER.size)
-        try:
-            if writer is self.writer:
-                value = fastavro.schemaless_reader(buf, writer.parsed, None)
-            else:
-                value = fastavro.schemaless_reader(buf, writer.parsed, self.writer.parsed)
+        try:  # an older writer version: fastavro resolves it to ours
+            value = fastavro.schemaless_reader(buf, writer.parsed, self.writer.parsed)
         except Exception as exc:  # fastavro raises many types on corrupt input
             raise UndecodableRecord(f"{self.record}: corrupt body: {exc!r}") from exc
         if buf.tell() != len(data):
