@@ -211,7 +211,9 @@ def added_latency(s: Settings, n: int, tag: str,
     first = min((t for _, t in worst), default=0)
     slow = sorted(worst)[-max(1, len(worst) // 100):]
     say("slowest 1% were produced at s " + ", ".join(sorted({f"{(t - first) / 1000:.1f}"
-                                                             for _, t in slow})))
+                                                             for _, t in slow}))
+        + f" (s 0 = {time.strftime('%H:%M:%S', time.gmtime(first / 1000))}"
+          f".{first % 1000:03d} UTC)")
     if series:
         Path(series).write_text(json.dumps(sorted((t - first, x) for x, t in worst)))
     return lat, [x for x, t in worst if t - first >= 1000], [x for x, t in worst

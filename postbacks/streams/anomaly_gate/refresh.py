@@ -5,14 +5,24 @@ does not know its modes would either hold nothing or everything): PostgreSQL mis
 start is a clear error and exit 2. Later failures keep the last good view -- a trip is
 never forgotten because a read failed. The same pass exports the held-cohort gauges
 (depth, and the age of the oldest from ``held_at``).
+
+A pass is one round trip on a connection kept open between passes: PostgreSQL returns a
+digest of every settings row with the held-cohort figures, and the rows are read and the
+config rebuilt only when the digest changed. A full read (a new connection, ~1,000 rows,
+the config rebuilt) cost ~12 ms of the gate's CPU every 2 s, and in the gate's process
+that showed as a 40-80 ms spike in its added latency every pass at 2,000 deliveries/s
+(p99 62 ms against 37 ms with the refresh every 600 s, bench/gate.py ``--series``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any, Protocol
+
+import psycopg
 
 from postbacks.db.connect import connect
 from postbacks.metrics import HELD_DEPTH, HELD_OLDEST_AGE
@@ -30,18 +40,27 @@ class _Target(Protocol):
     config: GateConfig
 
 
-def read_snapshot(settings: Settings) -> Snapshot:
-    """(config, halt states, held depth, oldest held_at epoch s) from PostgreSQL."""
+# Whole rows, so any change (a mode, a parameter, a halt state, a row added or deleted)
+# changes the digest; the held-cohort figures come with it in the same round trip.
+_PROBE = (
+    "SELECT (SELECT md5(coalesce(string_agg(a::text, '|'"
+    " ORDER BY a.scope, a.scope_key, a.detector), '')) FROM payout_anomaly_settings a),"
+    " count(*), extract(epoch FROM min(held_at)) FROM deliveries WHERE status = 'held'"
+)
+
+
+def _probe(conn: psycopg.Connection[Any]) -> tuple[str, int, float | None]:
+    """(settings digest, held depth, oldest held_at epoch s)."""
+    digest, depth, oldest = conn.execute(_PROBE).fetchone() or ("", 0, None)
+    return str(digest), int(depth), None if oldest is None else float(oldest)
+
+
+def _snapshot(settings: Settings, conn: psycopg.Connection[Any], depth: int,
+              oldest: float | None) -> Snapshot:
     from postbacks.db.anomaly import load_rows
 
-    with connect(settings.database_url) as conn:
-        rows = load_rows(conn)
-        depth, oldest = conn.execute(
-            "SELECT count(*), extract(epoch FROM min(held_at)) FROM deliveries"
-            " WHERE status = 'held'"
-        ).fetchone() or (0, None)
-    cfg, states = build_config(rows, settings.anomaly_global_key)
-    return cfg, states, int(depth), None if oldest is None else float(oldest)
+    cfg, states = build_config(load_rows(conn), settings.anomaly_global_key)
+    return cfg, states, depth, oldest
 
 
 class Refresher:
@@ -49,10 +68,17 @@ class Refresher:
         self.settings = settings
         self._first = first
         self.targets: tuple[_Target, ...] = ()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._digest: str | None = None  # of the rows last applied
+        self.loads = 0  # full reads after the first (the digest saved the others)
 
     @classmethod
     def load(cls, settings: Settings) -> Refresher:
-        return cls(settings, read_snapshot(settings))
+        with connect(settings.database_url) as conn:
+            digest, depth, oldest = _probe(conn)
+            refresher = cls(settings, _snapshot(settings, conn, depth, oldest))
+        refresher._digest = digest
+        return refresher
 
     def apply_initial(self, halts: HaltBook) -> GateConfig:
         cfg, states, depth, oldest = self._first
@@ -75,12 +101,36 @@ class Refresher:
                             s.state.value)
         self._gauges(depth, oldest)
 
+    def read_changed(self) -> Snapshot | tuple[int, float | None]:
+        """One pass: the whole snapshot when a settings row changed since the last one
+        applied, else only (held depth, oldest held_at). A failure drops the connection
+        (the next pass opens a new one) and raises."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect(self.settings.database_url, autocommit=True)
+            digest, depth, oldest = _probe(self._conn)
+            if digest == self._digest:
+                return depth, oldest
+            snap = _snapshot(self.settings, self._conn, depth, oldest)
+        except Exception:
+            self.close()
+            raise
+        self._digest = digest
+        self.loads += 1
+        return snap
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # already broken: nothing to release
+                conn.close()
+
     async def run(self, halts: HaltBook) -> Any:
         failing = False
         while True:
             await asyncio.sleep(self.settings.anomaly_refresh_s)
             try:
-                snap = await asyncio.to_thread(read_snapshot, self.settings)
+                got = await asyncio.to_thread(self.read_changed)
             except Exception as exc:
                 if not failing:
                     log.error("reading anomaly settings failed (%s); keeping the last view",
@@ -90,4 +140,7 @@ class Refresher:
             if failing:
                 log.info("anomaly settings readable again")
             failing = False
-            self.apply(snap, halts)
+            if len(got) == 4:
+                self.apply(got, halts)
+            else:
+                self._gauges(*got)
