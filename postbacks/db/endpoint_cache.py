@@ -4,15 +4,21 @@ Stages read ``snapshot()`` on the hot path (no database round trip). A refresh f
 keeps the last good view and is logged; the first load must succeed (fail fast at start).
 A refresh first asks PostgreSQL for a digest of every endpoint and secret row and reloads
 (decrypting every secret) only when it changed: at thousands of endpoints a full load
-costs tens of ms of CPU in every stage, the digest about one.
+costs tens of ms of CPU in every stage, the digest about one. The connection is kept
+between refreshes (a new one costs a PostgreSQL backend start every refresh); a failed
+refresh drops it and the next one reconnects.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
+
+import psycopg
 
 from postbacks.core.endpoint import Endpoint
 from postbacks.db.connect import connect
@@ -44,16 +50,23 @@ class EndpointCache:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._digest: tuple[str, str] | None = None
+        self._conn: psycopg.Connection[Any] | None = None  # kept between refreshes
         self.loads = 0  # full loads so far (the digest saved the others)
 
     def load(self, if_changed: bool = False) -> None:
-        """Load every enabled endpoint; with ``if_changed``, only if a row changed since."""
-        with connect(self._url) as conn:
-            row = conn.execute(_DIGEST).fetchone()
+        """Load every enabled endpoint; with ``if_changed``, only if a row changed since.
+        The connection is kept for the next refresh; a failure drops it and raises."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect(self._url, autocommit=True)
+            row = self._conn.execute(_DIGEST).fetchone()
             digest = None if row is None else (str(row[0]), str(row[1]))
             if if_changed and digest is not None and digest == self._digest:
                 return
-            endpoints = load_endpoints(conn, self._box)
+            endpoints = load_endpoints(self._conn, self._box)
+        except psycopg.Error:
+            self._drop()
+            raise
         self._digest = digest
         self.loads += 1
         by_app: dict[str, list[Endpoint]] = {}
@@ -69,13 +82,22 @@ class EndpointCache:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread is None:
+            self._drop()  # no refresh thread that could be using it
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # already broken: nothing to release
+                conn.close()
 
     def _loop(self) -> None:
         while not self._stop.wait(self._refresh_s):
             try:
                 self.load(if_changed=True)
-            except PostbacksError as exc:
+            except (PostbacksError, psycopg.Error) as exc:  # the next refresh reconnects
                 log.warning("endpoint config refresh failed, keeping last view: %s", exc)
+        self._drop()
 
     def get(self, endpoint_id: str) -> Endpoint | None:
         return self._by_id.get(endpoint_id)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from postbacks.core.signing import generate_secret
 from postbacks.db.connect import connect
 from postbacks.db.crypto import SecretBox
@@ -49,3 +51,27 @@ def test_refresh_reloads_only_after_a_change(settings: Settings, namespace: str)
         conn.commit()
     cache.load(if_changed=True)
     assert cache.loads == 4 and cache.get(ep) is None and cache.for_app(app) == ()
+
+
+def test_a_dropped_connection_is_replaced_on_the_next_refresh(
+        settings: Settings, namespace: str) -> None:
+    box = SecretBox(settings.secrets_key.reveal())
+    ep = f"ep_{namespace}_drop"
+    cache = EndpointCache(settings.database_url, box, refresh_s=3600)
+    cache.load()
+    conn = cache._conn
+    assert conn is not None
+    pid = conn.info.backend_pid
+    with connect(settings.database_url, autocommit=True) as admin:  # the server drops it
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(Exception):  # noqa: B017 - whatever psycopg raises for a dead socket
+        cache.load(if_changed=True)
+    assert cache._conn is None
+    with connect(settings.database_url) as c:
+        upsert_endpoint(c, endpoint_id=ep, app_id=f"app_{namespace}", url="https://c.example/")
+        c.commit()
+    cache.load(if_changed=True)  # a new connection, and the change is seen
+    assert cache.get(ep) is not None
+    assert cache._conn is not None and cache._conn.info.backend_pid != pid
+    cache.stop()
+    assert cache._conn is None
