@@ -44,6 +44,7 @@ class Settings:
     """Every tunable of every stage. Field docs are the settings reference (README)."""
 
     kafka_bootstrap_servers: str = "127.0.0.1:19092"
+    kafka_compression: str = "none"  # the stages' producers: none, lz4, zstd, snappy, gzip
     database_url: str = "postgresql://postbacks@127.0.0.1:15432/postbacks"
     topic_prefix: str = ""
     instance_id: str = field(default_factory=lambda: socket.gethostname())
@@ -155,6 +156,9 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
     return settings
 
 
+_COMPRESSION = ("none", "lz4", "zstd", "snappy", "gzip")
+
+
 def _validate(s: Settings) -> None:
     if s.endpoint_concurrency < 1:
         raise ConfigError("POSTBACKS_ENDPOINT_CONCURRENCY must be >= 1")
@@ -164,6 +168,9 @@ def _validate(s: Settings) -> None:
         raise ConfigError("POSTBACKS_HTTP_TIMEOUT_S must be > 0")
     if not s.kafka_bootstrap_servers:
         raise ConfigError("KAFKA_BOOTSTRAP_SERVERS must not be empty")
+    if s.kafka_compression not in _COMPRESSION:
+        raise ConfigError(f"POSTBACKS_KAFKA_COMPRESSION={s.kafka_compression!r}: expected one of "
+                          f"{', '.join(_COMPRESSION)}")
     if s.retry_ceiling_s > 72 * 3600:
         raise ConfigError("POSTBACKS_RETRY_CEILING_S must be at most 72 h (259200)")
     for name in ("retry_base_s", "retry_max_delay_s", "retry_ceiling_s", "breaker_open_s",

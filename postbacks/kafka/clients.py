@@ -59,7 +59,7 @@ def make_producer(settings: Settings, **extra: Any) -> Producer:
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,
-        "compression.type": "lz4",
+        "compression.type": settings.kafka_compression,
         **extra,
     }
     return Producer(conf)

@@ -67,7 +67,8 @@ def test_settings_from_env() -> None:
      ({"POSTBACKS_SECRETS_KEY": ""}, "POSTBACKS_SECRETS_KEY"),
      ({"POSTBACKS_GATE_SWITCH_INTERVAL_S": "0"}, "POSTBACKS_GATE_SWITCH_INTERVAL_S"),
      ({"POSTBACKS_GATE_SWITCH_INTERVAL_S": "5"}, "POSTBACKS_GATE_SWITCH_INTERVAL_S"),
-     ({"POSTBACKS_GATE_PARTIALS_INTERVAL_S": "-1"}, "POSTBACKS_GATE_PARTIALS_INTERVAL_S")],
+     ({"POSTBACKS_GATE_PARTIALS_INTERVAL_S": "-1"}, "POSTBACKS_GATE_PARTIALS_INTERVAL_S"),
+     ({"POSTBACKS_KAFKA_COMPRESSION": "brotli"}, "POSTBACKS_KAFKA_COMPRESSION.*lz4")],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
