@@ -28,7 +28,7 @@ from confluent_kafka import (
 from postbacks.codec import codec_for
 from postbacks.core.outcomes import make_dead_letter
 from postbacks.errors import DeadLetterError
-from postbacks.kafka.clients import records
+from postbacks.kafka.clients import consume_ready, records
 from postbacks.kafka.watchdog import guard
 from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS, observe_backlog
 from postbacks.records import DeadLetterRecord
@@ -114,7 +114,7 @@ def run_stage(
     processed = STAGE_RECORDS.labels(stage=stage)
     try:
         while not stop.is_set():
-            msgs = consumer.consume(settings.batch_size, timeout=0.5)
+            msgs = consume_ready(consumer, settings.batch_size, 0.5)
             if not msgs:
                 continue
             now_ms = int(clock() * 1000)

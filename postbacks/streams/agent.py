@@ -26,6 +26,7 @@ from postbacks.db.endpoint_cache import EndpointCache
 from postbacks.errors import PostbacksError
 from postbacks.kafka.clients import (
     check_broker,
+    consume_ready,
     make_consumer,
     make_transactional_producer,
     records,
@@ -106,7 +107,7 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                     await loop.run_in_executor(kafka, consumer.resume, consumer.assignment())
                 else:
                     msgs = await loop.run_in_executor(
-                        kafka, consumer.consume, min(settings.batch_size, room), interval
+                        kafka, consume_ready, consumer, min(settings.batch_size, room), interval
                     )
                 if revoked:
                     gone = {(tp.topic, tp.partition) for tp in revoked}

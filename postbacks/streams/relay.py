@@ -24,6 +24,7 @@ from postbacks.core.delay import is_due, wait_s
 from postbacks.errors import DeadLetterError
 from postbacks.kafka.clients import (
     check_broker,
+    consume_ready,
     make_consumer,
     make_transactional_producer,
     records,
@@ -61,9 +62,8 @@ def run_relay(
     try:
         while not stop.is_set():
             heads = [_due(q[0][1]) or 0 for q in held.values() if q]
-            msgs = consumer.consume(
-                settings.batch_size, timeout=wait_s(heads, int(clock() * 1000))
-            )
+            msgs = consume_ready(consumer, settings.batch_size,
+                                 wait_s(heads, int(clock() * 1000)))
             batch = _Batch(int(clock() * 1000), codec, dlq)
             now_ms = batch.now_ms
             release = batch.release
