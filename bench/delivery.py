@@ -240,6 +240,12 @@ def run_end_to_end(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
         with Stack(env_for(s), log_dir) as stack:
             for stage in ("sink", "agent", "gate", "fanout"):
                 stack.start(stage, stage)
+            # CPU from the first to the last delivery, and from before the first conversion: fan-out
+            # runs ahead and is mostly done before the first delivery (the sink's last
+            # rows, written after it, are not counted)
+            pids = {name: p.pid for name, p in stack.procs.items()} | {"receiver": rx.pid}
+            pids |= _service_pids()
+            cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
             producer = ConversionProducer(s)
             for ev in synthetic_conversions(n, apps=50, seed=2, namespace=ns,
                                             now_ms=int(time.time() * 1000)):
@@ -249,9 +255,7 @@ def run_end_to_end(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
                      what="first delivery")
             t0 = time.perf_counter()
             c0 = http_json(f"{url}/_stats")["count"]
-            pids = {name: p.pid for name, p in stack.procs.items()} | {"receiver": rx.pid}
-            pids |= _service_pids()
-            cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
+            cpu1 = {name: tree_cpu(pid) for name, pid in pids.items()}
             try:
                 wait_for(lambda: http_json(f"{url}/_stats")["count"] >= n, 300, interval=0.05,
                          what=f"{n} deliveries end to end")
@@ -261,13 +265,22 @@ def run_end_to_end(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
                 print(metrics_of(stack.procs["agent"].log_path))
                 raise
             rate = (n - c0) / (time.perf_counter() - t0)
-            share = {name: tree_cpu_since(pid, cpu0[name]) / (n - c0) * 1e6
+            share = {name: tree_cpu_since(pid, cpu1[name]) / (n - c0) * 1e6
                      for name, pid in pids.items()}
-            say(f"end to end: {rate:.0f} deliveries/s; CPU µs per delivery by process: "
-                + ", ".join(f"{k} {v:.0f}" for k, v in sorted(share.items(), key=lambda x: -x[1]))
-                + f"; total {sum(share.values()):.0f}")
+            whole = {name: tree_cpu_since(pid, cpu0[name]) / n * 1e6
+                     for name, pid in pids.items()}
+
+            def fmt(d: dict[str, float]) -> str:
+                return ", ".join(f"{k} {v:.0f}" for k, v in sorted(d.items(), key=lambda x: -x[1])
+                                 ) + f"; total {sum(d.values()):.0f}"
+
+            say(f"end to end: {rate:.0f} deliveries/s; CPU µs per delivery by process, from the "
+                f"first to the last delivery: {fmt(share)}")
+            say(f"... and from the first conversion produced (fan-out runs ahead; start-up and "
+                f"idle polling included): {fmt(whole)}")
             return {"end_to_end_per_s": rate,
-                    "end_to_end_cpu_us_per_delivery": sum(share.values())}
+                    "end_to_end_cpu_us_per_delivery": sum(share.values()),
+                    "end_to_end_cpu_us_per_delivery_whole_run": sum(whole.values())}
     finally:
         rx.terminate()
         rx.wait(10)
