@@ -286,6 +286,58 @@ def run_end_to_end(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
         rx.wait(10)
 
 
+def run_pipeline_latency(base: Settings, rate: float, seconds: float,
+                         log_dir: Path) -> dict[str, float]:
+    """Conversion -> postback latency through the whole pipeline at a steady ``rate``: for
+    each delivery, its arrival at the receiver minus the moment its conversion was handed
+    to the producer (one host clock)."""
+    s = fresh(base, "lat")
+    port = free_port()
+    rx = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fast_receiver.py"), str(port)])
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: http_json(f"{url}/_stats"), 20, what="fast receiver")
+        ns = s.instance_id.replace("-", "")
+        seeded = seed_endpoints(s, apps=20, endpoints_per_app=1, receiver_url=url,
+                                namespace=ns, now_ms=int(time.time() * 1000))
+        by_app = {e.app_id: e for e in endpoints_for(s, seeded)}
+        idem = s.idempotency_key.reveal().encode()
+        n = int(rate * seconds)
+        events = list(synthetic_conversions(n + 1, apps=20, seed=4, namespace=ns,
+                                            now_ms=int(time.time() * 1000)))
+        with Stack(env_for(s), log_dir) as stack:
+            for stage in ("sink", "agent", "gate", "fanout"):
+                stack.start(stage, stage)
+            producer = ConversionProducer(s)
+            producer.send(events[0])  # through every stage once before the timed traffic
+            producer.flush()
+            wait_for(lambda: http_json(f"{url}/_stats")["count"] > 0, 90, interval=0.05,
+                     what="the warm-up delivery")
+            sent: dict[str, float] = {}
+            start = time.perf_counter()
+            for i, ev in enumerate(events[1:]):
+                while time.perf_counter() < start + i / rate:
+                    time.sleep(0.0005)
+                keys = [d["idempotency_key"] for d in plan_deliveries(
+                    ev, [by_app[ev["app_id"]]], idem_key=idem, now_ms=int(time.time() * 1000))]
+                t = time.time()
+                producer.send(ev)
+                for k in keys:
+                    sent[k] = t
+            producer.flush()
+            wait_for(lambda: all(k in http_json(f"{url}/_times") for k in sent), 120,
+                     what=f"{len(sent)} deliveries")
+            times = http_json(f"{url}/_times")
+        lat = [(times[k] - t) * 1000 for k, t in sent.items()]
+        say(f"pipeline latency at {rate:.0f} conversions/s over {len(lat)} deliveries: "
+            f"p50 {pct(lat, 50):.0f} ms, p99 {pct(lat, 99):.0f} ms, max {max(lat):.0f} ms")
+        return {"pipeline_latency_rate": rate, "pipeline_latency_p50_ms": pct(lat, 50),
+                "pipeline_latency_p99_ms": pct(lat, 99), "pipeline_latency_max_ms": max(lat)}
+    finally:
+        rx.terminate()
+        rx.wait(10)
+
+
 def run_relay_lateness(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
     s = fresh(base, "relay")
     codec = codec_for("Delivery")
@@ -366,6 +418,8 @@ def _run_parts(args: argparse.Namespace, parts: set[str], base: Settings, log_di
         results |= run_agent_alone(base, args.deliveries, args.endpoints, log_dir / "agent")
     if "e2e" in parts:
         results |= run_end_to_end(base, args.deliveries, log_dir / "e2e")
+    if "latency" in parts:
+        results |= run_pipeline_latency(base, args.latency_rate, 10.0, log_dir / "latency")
     if "relay" in parts:
         results |= run_relay_lateness(base, 2000, log_dir / "relay")
     if "isolation" in parts:
@@ -391,8 +445,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--deliveries", type=int, default=20_000)
     ap.add_argument("--endpoints", type=int, default=50)
-    ap.add_argument("--parts", default="agent,e2e,relay,isolation",
-                    help="comma-separated subset of: agent, e2e, relay, isolation")
+    ap.add_argument("--parts", default="agent,e2e,latency,relay,isolation",
+                    help="comma-separated subset of: agent, e2e, latency, relay, isolation")
+    ap.add_argument("--latency-rate", type=float, default=200,
+                    help="conversions/s for the pipeline latency part (10 s)")
     ap.add_argument("--isolation-pairs", type=int, default=5,
                     help="alternating without/with runs of the isolation part (median)")
     args = ap.parse_args()
