@@ -5,8 +5,8 @@ keeps the last good view and is logged; the first load must succeed (fail fast a
 A refresh first asks PostgreSQL for a digest of every endpoint and secret row and reloads
 (decrypting every secret) only when it changed: at thousands of endpoints a full load
 costs tens of ms of CPU in every stage, the digest about one. The connection is kept
-between refreshes (a new one costs a PostgreSQL backend start every refresh); a failed
-refresh drops it and the next one reconnects.
+between refreshes (a new one costs a PostgreSQL backend start every refresh), with TCP
+keepalives; a query failing on it is retried once on a new connection.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from postbacks.core.endpoint import Endpoint
 from postbacks.db.connect import connect
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoints import load_endpoints
-from postbacks.errors import PostbacksError
+from postbacks.errors import PostbacksError, ServiceUnavailable
 
 __all__ = ["EndpointCache"]
 
@@ -51,22 +51,36 @@ class EndpointCache:
         self._thread: threading.Thread | None = None
         self._digest: tuple[str, str] | None = None
         self._conn: psycopg.Connection[Any] | None = None  # kept between refreshes
+        self._lock = threading.Lock()  # one load at a time on it
         self.loads = 0  # full loads so far (the digest saved the others)
 
     def load(self, if_changed: bool = False) -> None:
         """Load every enabled endpoint; with ``if_changed``, only if a row changed since.
-        The connection is kept for the next refresh; a failure drops it and raises."""
-        try:
-            if self._conn is None or self._conn.closed:
-                self._conn = connect(self._url, autocommit=True)
-            row = self._conn.execute(_DIGEST).fetchone()
-            digest = None if row is None else (str(row[0]), str(row[1]))
-            if if_changed and digest is not None and digest == self._digest:
-                return
-            endpoints = load_endpoints(self._conn, self._box)
-        except psycopg.Error:
-            self._drop()
-            raise
+
+        Called by the refresh thread and by a stage meeting an unknown endpoint (its own
+        thread): one at a time (a lock), on the kept connection. A query failing on it (the
+        server restarted or dropped it) is tried once more on a new connection; a second
+        failure drops it and raises :class:`ServiceUnavailable` (the view is kept)."""
+        with self._lock:
+            try:
+                self._load_locked(if_changed)
+            except psycopg.Error:
+                self._drop()
+                try:
+                    self._load_locked(if_changed)
+                except psycopg.Error as exc:
+                    self._drop()
+                    raise ServiceUnavailable(
+                        f"endpoint config: PostgreSQL query failed: {exc}") from exc
+
+    def _load_locked(self, if_changed: bool) -> None:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self._url, autocommit=True, kept=True)
+        row = self._conn.execute(_DIGEST).fetchone()
+        digest = None if row is None else (str(row[0]), str(row[1]))
+        if if_changed and digest is not None and digest == self._digest:
+            return
+        endpoints = load_endpoints(self._conn, self._box)
         self._digest = digest
         self.loads += 1
         by_app: dict[str, list[Endpoint]] = {}
@@ -83,7 +97,8 @@ class EndpointCache:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is None:
-            self._drop()  # no refresh thread that could be using it
+            with self._lock:
+                self._drop()  # no refresh thread that could be using it
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -95,9 +110,12 @@ class EndpointCache:
         while not self._stop.wait(self._refresh_s):
             try:
                 self.load(if_changed=True)
-            except (PostbacksError, psycopg.Error) as exc:  # the next refresh reconnects
+            except PostbacksError as exc:  # the next refresh reconnects
                 log.warning("endpoint config refresh failed, keeping last view: %s", exc)
-        self._drop()
+            except Exception:  # never end the refresh thread: the view would freeze
+                log.exception("endpoint config refresh failed, keeping last view")
+        with self._lock:
+            self._drop()
 
     def get(self, endpoint_id: str) -> Endpoint | None:
         return self._by_id.get(endpoint_id)

@@ -99,11 +99,17 @@ def consume_ready(consumer: Consumer, n: int, timeout: float) -> list[Message]:
     ``Consumer.consume(n, timeout)`` returns when ``n`` records have arrived *or* the
     timeout has passed, so below ``n`` records per timeout every record waited the whole
     timeout: measured, a lone record took 2.0 s through ``consume(500, 2.0)``. Under load
-    the second call still returns full batches (librdkafka has fetched ahead)."""
+    the second call still returns full batches (librdkafka has fetched ahead).
+
+    A rebalance served inside the second call can revoke the partition a record of the
+    first came from (within one call librdkafka drops such records itself): only records
+    of partitions still assigned are returned, the new owner reads the others."""
     first = consumer.consume(1, timeout)
     if not first or n <= 1:
         return first
-    return first + consumer.consume(n - 1, 0)
+    msgs = first + consumer.consume(n - 1, 0)
+    owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+    return [m for m in msgs if m.error() is not None or (m.topic(), m.partition()) in owned]
 
 
 def records(msgs: list[Message], stage: str) -> Iterator[Message]:

@@ -34,7 +34,8 @@ def seed_endpoints(
 
     Apps are ``app_<ns>_0001`` ... (see :func:`app_id_for`); re-seeding replaces the
     endpoints' URLs and signing secrets: the fresh secret is the only active one (the
-    seeded receivers verify with it). Before, every re-seed added a secret and kept the
+    seeded receivers verify with it; stages already running sign with it from their next
+    config refresh, so seed before starting them). Before, every re-seed added a secret and kept the
     older ones active, so an endpoint seeded by 46 benchmark runs signed each request 46
     times -- 150 us of the agent's CPU per delivery.
     """

@@ -37,6 +37,7 @@ def test_a_lone_record_does_not_wait_for_a_full_batch(settings: Settings) -> Non
         assert p.flush(10) == 0
         time.sleep(1.0)  # fetched ahead by the consumer meanwhile
         got = consume_ready(consumer, 500, 5.0)
+        assert len(got) > 1, "records already fetched did not come in one batch"
         while len(got) < 30:  # whatever was not fetched yet comes in later calls
             more = consume_ready(consumer, 500, 5.0)
             assert more, f"only {len(got)} of 30 records"

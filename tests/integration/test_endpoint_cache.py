@@ -11,6 +11,7 @@ from postbacks.db.connect import connect
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
 from postbacks.db.endpoints import add_secret, upsert_endpoint
+from postbacks.errors import ServiceUnavailable
 from postbacks.settings import Settings
 
 
@@ -53,25 +54,48 @@ def test_refresh_reloads_only_after_a_change(settings: Settings, namespace: str)
     assert cache.loads == 4 and cache.get(ep) is None and cache.for_app(app) == ()
 
 
-def test_a_dropped_connection_is_replaced_on_the_next_refresh(
+def test_a_dropped_connection_is_replaced_and_the_refresh_thread_survives(
         settings: Settings, namespace: str) -> None:
     box = SecretBox(settings.secrets_key.reveal())
     ep = f"ep_{namespace}_drop"
-    cache = EndpointCache(settings.database_url, box, refresh_s=3600)
-    cache.load()
-    conn = cache._conn
-    assert conn is not None
-    pid = conn.info.backend_pid
-    with connect(settings.database_url, autocommit=True) as admin:  # the server drops it
+    cache = EndpointCache(settings.database_url, box, refresh_s=0.05)
+    cache.start()
+    try:
+        conn = cache._conn
+        assert conn is not None
+        pid = conn.info.backend_pid
+        _terminate(settings, pid)  # the server drops the kept connection
+        _add(settings, ep, namespace, "https://c.example/")
+        cache.load(if_changed=True)  # retried on a new connection: the change is seen
+        assert cache.get(ep) is not None
+        assert cache._conn is not None and cache._conn.info.backend_pid != pid
+
+        # the connection dropped and no new one possible: a clear error, the view kept,
+        # and the refresh thread keeps going until PostgreSQL is back
+        _terminate(settings, cache._conn.info.backend_pid)
+        cache._url = "postgresql://postbacks@127.0.0.1:9/postbacks"
+        with pytest.raises(ServiceUnavailable):
+            cache.load(if_changed=True)
+        assert cache.get(ep) is not None
+        time.sleep(0.5)  # several failed refreshes
+        assert cache._thread is not None and cache._thread.is_alive()
+        cache._url = settings.database_url
+        ep2 = f"ep_{namespace}_back"
+        _add(settings, ep2, namespace, "https://d.example/")
+        deadline = time.monotonic() + 10
+        while cache.get(ep2) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cache.get(ep2) is not None, "the refresh thread did not pick up the change"
+    finally:
+        cache.stop()
+
+
+def _terminate(settings: Settings, pid: int) -> None:
+    with connect(settings.database_url, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-    with pytest.raises(Exception):  # noqa: B017 - whatever psycopg raises for a dead socket
-        cache.load(if_changed=True)
-    assert cache._conn is None
+
+
+def _add(settings: Settings, ep: str, namespace: str, url: str) -> None:
     with connect(settings.database_url) as c:
-        upsert_endpoint(c, endpoint_id=ep, app_id=f"app_{namespace}", url="https://c.example/")
+        upsert_endpoint(c, endpoint_id=ep, app_id=f"app_{namespace}", url=url)
         c.commit()
-    cache.load(if_changed=True)  # a new connection, and the change is seen
-    assert cache.get(ep) is not None
-    assert cache._conn is not None and cache._conn.info.backend_pid != pid
-    cache.stop()
-    assert cache._conn is None

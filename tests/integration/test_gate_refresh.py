@@ -1,8 +1,10 @@
 """The gate's settings refresher: one round trip per pass on a kept connection, a full read
-only when a settings row changed, a broken connection replaced on the next pass."""
+only when a settings row changed, a connection the server dropped replaced in the same
+pass."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from postbacks.core.anomaly import Mode
 from postbacks.db.anomaly import set_mode
 from postbacks.db.connect import connect
+from postbacks.errors import ServiceUnavailable
 from postbacks.settings import Settings
 from postbacks.streams.anomaly_gate.config import HaltBook
 from postbacks.streams.anomaly_gate.refresh import Refresher
@@ -46,13 +49,26 @@ def test_reads_rows_only_after_a_change_and_survives_a_dropped_connection(
     conn = refresher._conn
     assert conn is not None
     pid = conn.info.backend_pid
-    with connect(settings.database_url, autocommit=True) as admin:  # the server drops it
-        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-    with pytest.raises(Exception):  # noqa: B017 - whatever psycopg raises for a dead socket
-        refresher.read_changed()
-    assert refresher._conn is None
+    _terminate(settings, pid)  # the server drops the kept connection ...
+    _set(settings, ep, "off")
+    try:  # ... the pass retries on a new one and sees the change
+        assert _mode(refresher.read_changed(), ep) is Mode.OFF and refresher.loads == 2
+        assert refresher._conn is not None and refresher._conn.info.backend_pid != pid
 
-    _set(settings, ep, "off")  # the next pass opens a new connection and sees the change
-    assert _mode(refresher.read_changed(), ep) is Mode.OFF and refresher.loads == 2
-    assert refresher._conn is not None and refresher._conn.info.backend_pid != pid
-    refresher.close()
+        # both the kept connection and a new one failing: the pass raises, nothing kept
+        _terminate(settings, refresher._conn.info.backend_pid)
+        good = refresher.settings
+        refresher.settings = dataclasses.replace(
+            good, database_url="postgresql://postbacks@127.0.0.1:9/postbacks")
+        with pytest.raises(ServiceUnavailable):
+            refresher.read_changed()
+        assert refresher._conn is None
+        refresher.settings = good
+        assert len(refresher.read_changed()) == 2 and refresher.loads == 2
+    finally:
+        refresher.close()
+
+
+def _terminate(settings: Settings, pid: int) -> None:
+    with connect(settings.database_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))

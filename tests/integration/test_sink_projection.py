@@ -32,6 +32,9 @@ class Feed:
     def flush(self) -> None:
         self.sink.flush()
 
+    def close(self) -> None:
+        self.sink.close()
+
 
 def _delivery(ns: str, name: str) -> Any:
     return make_delivery(delivery_id=f"dlv_{ns}_{name}", endpoint_id=f"ep_{ns}",
@@ -120,12 +123,27 @@ def test_projection_follows_the_latest_outcome_in_any_arrival_order(
         reason = conn.execute("SELECT reason FROM postback_suppressions WHERE delivery_id = %s",
                               (supp["delivery_id"],)).fetchone()
     assert reason == ("unknown macro",)  # the first suppression is the one kept
-    assert _row(settings, quiet) == quiet_before  # same row version: not rewritten
+    assert _row(settings, quiet) == quiet_before  # no outcome, no attempt: not rewritten
 
     before = _row(settings, retried)  # a replayed outcome changes nothing: no new version
     f.add(TOPICS.outcomes.base, retried_delivered)
     f.flush()
     assert _row(settings, retried) == before
+
+    with connect(settings.database_url) as conn:  # attempt 2's partition dropped (retention)
+        conn.execute("DELETE FROM delivery_attempts WHERE delivery_id = %s AND attempt_no = 2",
+                     (retried["delivery_id"],))
+        conn.commit()
+    f.add(TOPICS.outcomes.base, retried_delivered)  # touched again
+    f.flush()
+    assert _row(settings, retried)["attempts"] == 2  # the count is never lowered
+
+    with connect(settings.database_url) as conn:  # the timestamps come from the outcomes
+        got = conn.execute(
+            "SELECT extract(epoch FROM status_at) * 1000, extract(epoch FROM held_at) * 1000"
+            " FROM deliveries WHERE delivery_id = %s", (held["delivery_id"],)).fetchone()
+    assert got is not None and (int(got[0]), int(got[1])) == (T0 + 60_000, T0)
+    f.close()
 
 
 def test_a_held_delivery_shows_its_hold(settings: Settings, namespace: str) -> None:
@@ -136,3 +154,4 @@ def test_a_held_delivery_shows_its_hold(settings: Settings, namespace: str) -> N
     f.flush()
     row = _row(settings, d)
     assert (row["status"], row["reason"], row["held"]) == ("held", "value_rate", True)
+    f.close()

@@ -103,18 +103,26 @@ class Refresher:
 
     def read_changed(self) -> Snapshot | tuple[int, float | None]:
         """One pass: the whole snapshot when a settings row changed since the last one
-        applied, else only (held depth, oldest held_at). A failure drops the connection
-        (the next pass opens a new one) and raises."""
+        applied, else only (held depth, oldest held_at). A query failing on the kept
+        connection (the server restarted or dropped it) is tried once more on a new one;
+        a second failure drops it and raises."""
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = connect(self.settings.database_url, autocommit=True)
-            digest, depth, oldest = _probe(self._conn)
-            if digest == self._digest:
-                return depth, oldest
-            snap = _snapshot(self.settings, self._conn, depth, oldest)
+            return self._read_changed()
+        except psycopg.Error:
+            self.close()
+        try:
+            return self._read_changed()
         except Exception:
             self.close()
             raise
+
+    def _read_changed(self) -> Snapshot | tuple[int, float | None]:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self.settings.database_url, autocommit=True, kept=True)
+        digest, depth, oldest = _probe(self._conn)
+        if digest == self._digest:
+            return depth, oldest
+        snap = _snapshot(self.settings, self._conn, depth, oldest)
         self._digest = digest
         self.loads += 1
         return snap
