@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -190,59 +192,62 @@ def endpoints_for(s: Settings, seeded: list[Any]) -> list[Endpoint]:
     return [Endpoint(x.endpoint_id, x.app_id, x.url, frozenset({"*"})) for x in seeded]
 
 
+@contextlib.contextmanager
+def fast_receiver(*args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``bench/fast_receiver.py`` on a free port (extra ``args``: a slow endpoint and its
+    delay), ready; yields its base URL and process, stopped on exit."""
+    port = free_port()
+    rx = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fast_receiver.py"), str(port),
+                           *args])
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: http_json(f"{url}/_stats"), 20, what="fast receiver")
+        yield url, rx
+    finally:
+        rx.terminate()
+        rx.wait(10)
+
+
 def run_agent_alone(base: Settings, n: int, n_endpoints: int, log_dir: Path) -> dict[str, float]:
     s = fresh(base, "agent")
-    port = free_port()
-    with Stack(env_for(s), log_dir) as stack:
-        rx = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fast_receiver.py"),
-                               str(port)])
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_for(lambda: http_json(f"{url}/_stats"), 20, what="fast receiver")
-            say("bare aiohttp client: 20,000 POSTs, 64 concurrent ...")
-            bare = uvloop.run(_bare(f"{url}/hooks/bare", 20_000))
-            http_json(f"{url}/_reset", {})
-            seeded = seed_endpoints(s, apps=n_endpoints, endpoints_per_app=1, receiver_url=url,
-                                    namespace=s.instance_id.replace("-", ""),
-                                    now_ms=int(time.time() * 1000))
-            eps = endpoints_for(s, seeded)
-            say(f"producing {n} dispatch records over {n_endpoints} endpoints ...")
-            produce_dispatch(s, eps, n // n_endpoints)
-            agent = stack.start("agent", "agent")
-            wait_for(lambda: http_json(f"{url}/_stats")["count"] > 0, 60, interval=0.01,
-                     what="first delivery")
-            t0, c0 = time.perf_counter(), cpu_s(agent.pid)
-            count0 = http_json(f"{url}/_stats")["count"]
-            wait_for(lambda: http_json(f"{url}/_stats")["count"] >= n, 300, interval=0.05,
-                     what=f"{n} deliveries")
-            elapsed, cpu = time.perf_counter() - t0, cpu_s(agent.pid) - c0
-            done = n - count0
-            rate = done / elapsed
-            say(f"agent: {rate:.0f} deliveries/s, {cpu / done * 1e6:.0f} µs CPU each; "
-                f"bare client {bare:.0f}/s")
-            return {"bare_client_per_s": bare, "agent_per_s": rate,
-                    "agent_cpu_us_per_delivery": cpu / done * 1e6, "bare_over_agent": bare / rate}
-        finally:
-            rx.terminate()
-            rx.wait(10)
+    with Stack(env_for(s), log_dir) as stack, fast_receiver() as (url, _rx):
+        say("bare aiohttp client: 20,000 POSTs, 64 concurrent ...")
+        bare = uvloop.run(_bare(f"{url}/hooks/bare", 20_000))
+        http_json(f"{url}/_reset", {})
+        seeded = seed_endpoints(s, apps=n_endpoints, endpoints_per_app=1, receiver_url=url,
+                                namespace=s.instance_id.replace("-", ""),
+                                now_ms=int(time.time() * 1000))
+        eps = endpoints_for(s, seeded)
+        say(f"producing {n} dispatch records over {n_endpoints} endpoints ...")
+        produce_dispatch(s, eps, n // n_endpoints)
+        agent = stack.start("agent", "agent")
+        wait_for(lambda: http_json(f"{url}/_stats")["count"] > 0, 60, interval=0.01,
+                 what="first delivery")
+        t0, c0 = time.perf_counter(), cpu_s(agent.pid)
+        count0 = http_json(f"{url}/_stats")["count"]
+        wait_for(lambda: http_json(f"{url}/_stats")["count"] >= n, 300, interval=0.05,
+                 what=f"{n} deliveries")
+        elapsed, cpu = time.perf_counter() - t0, cpu_s(agent.pid) - c0
+        done = n - count0
+        rate = done / elapsed
+        say(f"agent: {rate:.0f} deliveries/s, {cpu / done * 1e6:.0f} µs CPU each; "
+            f"bare client {bare:.0f}/s")
+        return {"bare_client_per_s": bare, "agent_per_s": rate,
+                "agent_cpu_us_per_delivery": cpu / done * 1e6, "bare_over_agent": bare / rate}
 
 
 def run_end_to_end(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
     s = fresh(base, "e2e")
-    port = free_port()
-    rx = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fast_receiver.py"), str(port)])
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: http_json(f"{url}/_stats"), 20, what="fast receiver")
+    with fast_receiver() as (url, rx):
         ns = s.instance_id.replace("-", "")
         seed_endpoints(s, apps=50, endpoints_per_app=1, receiver_url=url, namespace=ns,
                        now_ms=int(time.time() * 1000))
         with Stack(env_for(s), log_dir) as stack:
             for stage in ("sink", "agent", "gate", "fanout"):
                 stack.start(stage, stage)
-            # CPU from the first to the last delivery, and from before the first conversion: fan-out
-            # runs ahead and is mostly done before the first delivery (the sink's last
-            # rows, written after it, are not counted)
+            # CPU from the first to the last delivery, and from before the first
+            # conversion: fan-out runs ahead and is mostly done before the first delivery
+            # (the sink's last rows, written after it, are not counted)
             pids = {name: p.pid for name, p in stack.procs.items()} | {"receiver": rx.pid}
             pids |= _service_pids()
             cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
@@ -281,9 +286,6 @@ def run_end_to_end(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
             return {"end_to_end_per_s": rate,
                     "end_to_end_cpu_us_per_delivery": sum(share.values()),
                     "end_to_end_cpu_us_per_delivery_whole_run": sum(whole.values())}
-    finally:
-        rx.terminate()
-        rx.wait(10)
 
 
 def run_pipeline_latency(base: Settings, rate: float, seconds: float,
@@ -292,11 +294,7 @@ def run_pipeline_latency(base: Settings, rate: float, seconds: float,
     each delivery, its arrival at the receiver minus the moment its conversion was handed
     to the producer (one host clock)."""
     s = fresh(base, "lat")
-    port = free_port()
-    rx = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fast_receiver.py"), str(port)])
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: http_json(f"{url}/_stats"), 20, what="fast receiver")
+    with fast_receiver() as (url, _rx):
         ns = s.instance_id.replace("-", "")
         seeded = seed_endpoints(s, apps=20, endpoints_per_app=1, receiver_url=url,
                                 namespace=ns, now_ms=int(time.time() * 1000))
@@ -333,9 +331,6 @@ def run_pipeline_latency(base: Settings, rate: float, seconds: float,
             f"p50 {pct(lat, 50):.0f} ms, p99 {pct(lat, 99):.0f} ms, max {max(lat):.0f} ms")
         return {"pipeline_latency_rate": rate, "pipeline_latency_p50_ms": pct(lat, 50),
                 "pipeline_latency_p99_ms": pct(lat, 99), "pipeline_latency_max_ms": max(lat)}
-    finally:
-        rx.terminate()
-        rx.wait(10)
 
 
 def run_relay_lateness(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
@@ -378,14 +373,9 @@ def run_relay_lateness(base: Settings, n: int, log_dir: Path) -> dict[str, float
 
 def run_isolation(base: Settings, with_slow: bool, log_dir: Path) -> float:
     s = fresh(base, "iso1" if with_slow else "iso0")
-    port = free_port()
     ns = s.instance_id.replace("-", "")
     slow_id = f"ep_{ns}_0001_1"
-    rx = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fast_receiver.py"), str(port),
-                           slow_id, "15"])
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: http_json(f"{url}/_stats"), 20, what="fast receiver")
+    with fast_receiver(slow_id, "15") as (url, _rx):
         seeded = seed_endpoints(s, apps=21, endpoints_per_app=1, receiver_url=url,
                                 namespace=ns, now_ms=int(time.time() * 1000))
         eps = endpoints_for(s, seeded)
@@ -407,9 +397,6 @@ def run_isolation(base: Settings, with_slow: bool, log_dir: Path) -> float:
         say(f"healthy p99 {'with' if with_slow else 'without'} a 15-s endpoint: {p99:.0f} ms "
             f"(p50 {statistics.median(lat):.0f} ms)")
         return p99
-    finally:
-        rx.terminate()
-        rx.wait(10)
 
 
 def _run_parts(args: argparse.Namespace, parts: set[str], base: Settings, log_dir: Path,

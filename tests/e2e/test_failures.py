@@ -74,8 +74,11 @@ def test_postgres_outage_the_sink_waits_and_catches_up(h: Harness) -> None:
     h.start_stages({"POSTBACKS_CONFIG_REFRESH_S": "1"})
     h.emit("p0", 200)
     h.wait_status(eps[0], "delivered", 200)
-    h.script(eps[1], statuses=[200], delay_ms=20)
-    h.emit("p1", 200)  # delivered while PostgreSQL is away: the sink must wait, then catch up
+    # ~7.5 s of p1 traffic (200 x 150 ms over 4 connections), so deliveries are still
+    # being made, and their attempts sunk, while PostgreSQL is away: the sink must wait,
+    # then catch up (at 20 ms each they could all be done before the restart began)
+    h.script(eps[1], statuses=[200], delay_ms=150)
+    h.emit("p1", 200)
     wait_for(lambda: len(h.received(eps[1])) >= 20, 60, interval=0.05, what="p1 under way")
     _services("restart-postgres", "5")
     _all_delivered(h, eps, 200, timeout=180)
