@@ -5,9 +5,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVICES := bash deploy/local/services.sh
-# Service addresses: the local script's defaults unless already set in the environment.
-export KAFKA_BOOTSTRAP_SERVERS ?= 127.0.0.1:19092
-export POSTBACKS_DATABASE_URL ?= postgresql://postbacks@127.0.0.1:15432/postbacks
+# Service addresses: the local script's (its ports too: POSTBACKS_KAFKA_PORT and
+# POSTBACKS_PG_PORT move both) unless already set in the environment.
+export KAFKA_BOOTSTRAP_SERVERS ?= 127.0.0.1:$(or $(POSTBACKS_KAFKA_PORT),19092)
+export POSTBACKS_DATABASE_URL ?= postgresql://postbacks@127.0.0.1:$(or $(POSTBACKS_PG_PORT),15432)/postbacks
 PYTEST_ARGS ?=
 
 .PHONY: help install check lint typecheck test test-unit test-integration demo services-up \
