@@ -151,6 +151,7 @@ def add_secret(conn: psycopg.Connection[Any], settings: Settings, p: Principal,
     without the secret."""
     from postbacks.db.crypto import SecretBox
     from postbacks.db.endpoints import add_secret as store
+    from postbacks.db.endpoints import end_other_secrets
 
     require(p, "edit_endpoint", "rotate signing secrets")
     if not 0 <= overlap_s <= 30 * 86400:
@@ -161,11 +162,7 @@ def add_secret(conn: psycopg.Connection[Any], settings: Settings, p: Principal,
         secret_id = store(conn, box, endpoint_id, secret.strip(), now_ms=int(time.time() * 1000))
     except (ValueError, ConfigError) as exc:
         raise ActionError(f"secret: {exc}") from exc
-    ended = [r[0] for r in conn.execute(
-        "UPDATE endpoint_secrets SET active_until = now() + make_interval(secs => %s)"
-        " WHERE endpoint_id = %s AND secret_id <> %s AND (active_until IS NULL"
-        " OR active_until > now() + make_interval(secs => %s)) RETURNING secret_id",
-        (overlap_s, endpoint_id, secret_id, overlap_s))]
+    ended = end_other_secrets(conn, endpoint_id, secret_id, overlap_s)
     audit(conn, p, "endpoint.rotate_secret", "endpoint", endpoint_id,
            {"ending": ended}, {"added": secret_id, "overlap_s": overlap_s})
     return secret_id

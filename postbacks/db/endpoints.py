@@ -15,7 +15,7 @@ from postbacks.db.crypto import SecretBox
 from postbacks.errors import ConfigError
 from postbacks.ids import new_id
 
-__all__ = ["add_secret", "load_endpoints", "upsert_endpoint"]
+__all__ = ["add_secret", "end_other_secrets", "load_endpoints", "upsert_endpoint"]
 
 
 def _ms(t: dt.datetime | None) -> int | None:
@@ -89,3 +89,16 @@ def add_secret(
         (secret_id, endpoint_id, box.seal(secret, secret_id), active_from, active_until),
     )
     return secret_id
+
+
+def end_other_secrets(conn: psycopg.Connection[Any], endpoint_id: str, keep_secret_id: str,
+                      overlap_s: float) -> list[str]:
+    """Rotation: every other open secret of the endpoint stays active ``overlap_s`` more
+    (both signatures are sent meanwhile; 0 = ends now). Returns the ids ended. A secret not
+    yet active by then is left alone (ending it before it starts is not a window)."""
+    return [r[0] for r in conn.execute(
+        "UPDATE endpoint_secrets SET active_until = now() + make_interval(secs => %s)"
+        " WHERE endpoint_id = %s AND secret_id <> %s"
+        " AND active_from < now() + make_interval(secs => %s) AND (active_until IS NULL"
+        " OR active_until > now() + make_interval(secs => %s)) RETURNING secret_id",
+        (overlap_s, endpoint_id, keep_secret_id, overlap_s, overlap_s))]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from postbacks.core.signing import generate_secret
 from postbacks.db.connect import connect
 from postbacks.db.crypto import SecretBox
-from postbacks.db.endpoints import add_secret, upsert_endpoint
+from postbacks.db.endpoints import add_secret, end_other_secrets, upsert_endpoint
 from postbacks.settings import Settings
 
 __all__ = ["SeededEndpoint", "app_id_for", "seed_endpoints"]
@@ -35,9 +35,9 @@ def seed_endpoints(
     Apps are ``app_<ns>_0001`` ... (see :func:`app_id_for`); re-seeding replaces the
     endpoints' URLs and signing secrets: the fresh secret is the only active one (the
     seeded receivers verify with it; stages already running sign with it from their next
-    config refresh, so seed before starting them). Before, every re-seed added a secret and kept the
-    older ones active, so an endpoint seeded by 46 benchmark runs signed each request 46
-    times -- 150 us of the agent's CPU per delivery.
+    config refresh, so seed before starting them). Before, every re-seed added a secret and
+    kept the older ones active, so an endpoint seeded by 46 benchmark runs signed each
+    request 46 times -- 150 us of the agent's CPU per delivery.
     """
     box = SecretBox(settings.secrets_key.reveal())
     out: list[SeededEndpoint] = []
@@ -52,11 +52,7 @@ def seed_endpoints(
                 seed = hashlib.sha256(f"{namespace}/{endpoint_id}/{now_ms}".encode()).digest()
                 secret = generate_secret(seed)
                 secret_id = add_secret(conn, box, endpoint_id, secret, now_ms=now_ms)
-                conn.execute(
-                    "UPDATE endpoint_secrets SET active_until = now() WHERE endpoint_id = %s"
-                    " AND secret_id <> %s AND active_from < now()"
-                    " AND (active_until IS NULL OR active_until > now())",
-                    (endpoint_id, secret_id))
+                end_other_secrets(conn, endpoint_id, secret_id, overlap_s=0)
                 out.append(SeededEndpoint(endpoint_id, app_id, url, secret))
         conn.commit()
     return out
