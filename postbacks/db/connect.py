@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import psycopg
 
 from postbacks.errors import ServiceUnavailable
 
-__all__ = ["connect"]
+__all__ = ["KeptConnection", "connect"]
 
 
 # A connection held open between uses (the background refreshers): TCP keepalives and a
@@ -38,3 +40,40 @@ def _redact(url: str) -> str:
     creds, host = rest.rsplit("@", 1)
     user = creds.split(":", 1)[0]
     return f"{scheme}://{user}@{host}"
+
+
+T = TypeVar("T")
+
+
+class KeptConnection:
+    """One autocommit connection kept open between uses by a background refresher (a new
+    one per pass costs a PostgreSQL backend start). ``run(fn)`` calls ``fn(conn)``; when a
+    query fails on the kept connection (the server restarted or dropped it), ``fn`` runs
+    once more on a new one, and a second failure drops it and raises
+    :class:`ServiceUnavailable`. One caller at a time (callers serialize)."""
+
+    def __init__(self, database_url: str) -> None:
+        self._url = database_url
+        self.conn: psycopg.Connection[Any] | None = None
+
+    def run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        for last in (False, True):
+            try:
+                if self.conn is None or self.conn.closed:
+                    self.conn = connect(self._url, autocommit=True, kept=True)
+                return fn(self.conn)
+            except psycopg.Error as exc:
+                self.close()
+                if last:
+                    raise ServiceUnavailable(
+                        f"PostgreSQL query failed at {_redact(self._url)}: {exc}") from exc
+            except ServiceUnavailable:  # no new connection
+                self.close()
+                raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # already broken: nothing to release
+                conn.close()

@@ -11,7 +11,6 @@ keepalives; a query failing on it is retried once on a new connection.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Mapping
@@ -21,10 +20,10 @@ from typing import Any
 import psycopg
 
 from postbacks.core.endpoint import Endpoint
-from postbacks.db.connect import connect
+from postbacks.db.connect import KeptConnection
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoints import load_endpoints
-from postbacks.errors import PostbacksError, ServiceUnavailable
+from postbacks.errors import PostbacksError
 
 __all__ = ["EndpointCache"]
 
@@ -50,37 +49,27 @@ class EndpointCache:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._digest: tuple[str, str] | None = None
-        self._conn: psycopg.Connection[Any] | None = None  # kept between refreshes
+        self._db = KeptConnection(database_url)
         self._lock = threading.Lock()  # one load at a time on it
         self.loads = 0  # full loads so far (the digest saved the others)
+        self.failed_refreshes = 0
 
     def load(self, if_changed: bool = False) -> None:
         """Load every enabled endpoint; with ``if_changed``, only if a row changed since.
 
         Called by the refresh thread and by a stage meeting an unknown endpoint (its own
-        thread): one at a time (a lock), on the kept connection. A query failing on it (the
-        server restarted or dropped it) is tried once more on a new connection; a second
-        failure drops it and raises :class:`ServiceUnavailable` (the view is kept)."""
+        thread): one at a time (a lock), on the kept connection (:class:`KeptConnection`:
+        one retry on a new connection, then :class:`ServiceUnavailable`; the view is
+        kept)."""
         with self._lock:
-            try:
-                self._load_locked(if_changed)
-            except psycopg.Error:
-                self._drop()
-                try:
-                    self._load_locked(if_changed)
-                except psycopg.Error as exc:
-                    self._drop()
-                    raise ServiceUnavailable(
-                        f"endpoint config: PostgreSQL query failed: {exc}") from exc
+            self._db.run(lambda conn: self._load(conn, if_changed))
 
-    def _load_locked(self, if_changed: bool) -> None:
-        if self._conn is None or self._conn.closed:
-            self._conn = connect(self._url, autocommit=True, kept=True)
-        row = self._conn.execute(_DIGEST).fetchone()
+    def _load(self, conn: psycopg.Connection[Any], if_changed: bool) -> None:
+        row = conn.execute(_DIGEST).fetchone()
         digest = None if row is None else (str(row[0]), str(row[1]))
         if if_changed and digest is not None and digest == self._digest:
             return
-        endpoints = load_endpoints(self._conn, self._box)
+        endpoints = load_endpoints(conn, self._box)
         self._digest = digest
         self.loads += 1
         by_app: dict[str, list[Endpoint]] = {}
@@ -98,24 +87,20 @@ class EndpointCache:
         self._stop.set()
         if self._thread is None:
             with self._lock:
-                self._drop()  # no refresh thread that could be using it
-
-    def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):  # already broken: nothing to release
-                conn.close()
+                self._db.close()  # no refresh thread that could be using it
 
     def _loop(self) -> None:
         while not self._stop.wait(self._refresh_s):
             try:
                 self.load(if_changed=True)
             except PostbacksError as exc:  # the next refresh reconnects
+                self.failed_refreshes += 1
                 log.warning("endpoint config refresh failed, keeping last view: %s", exc)
             except Exception:  # never end the refresh thread: the view would freeze
+                self.failed_refreshes += 1
                 log.exception("endpoint config refresh failed, keeping last view")
         with self._lock:
-            self._drop()
+            self._db.close()
 
     def get(self, endpoint_id: str) -> Endpoint | None:
         return self._by_id.get(endpoint_id)

@@ -13,6 +13,7 @@ from postbacks.db.endpoint_cache import EndpointCache
 from postbacks.db.endpoints import add_secret, upsert_endpoint
 from postbacks.errors import ServiceUnavailable
 from postbacks.settings import Settings
+from postbacks.tools.procs import wait_for
 
 
 def test_refresh_reloads_only_after_a_change(settings: Settings, namespace: str) -> None:
@@ -61,31 +62,31 @@ def test_a_dropped_connection_is_replaced_and_the_refresh_thread_survives(
     cache = EndpointCache(settings.database_url, box, refresh_s=0.05)
     cache.start()
     try:
-        conn = cache._conn
+        conn = cache._db.conn
         assert conn is not None
         pid = conn.info.backend_pid
         _terminate(settings, pid)  # the server drops the kept connection
         _add(settings, ep, namespace, "https://c.example/")
         cache.load(if_changed=True)  # retried on a new connection: the change is seen
         assert cache.get(ep) is not None
-        assert cache._conn is not None and cache._conn.info.backend_pid != pid
+        assert cache._db.conn is not None and cache._db.conn.info.backend_pid != pid
 
         # the connection dropped and no new one possible: a clear error, the view kept,
         # and the refresh thread keeps going until PostgreSQL is back
-        _terminate(settings, cache._conn.info.backend_pid)
-        cache._url = "postgresql://postbacks@127.0.0.1:9/postbacks"
+        _terminate(settings, cache._db.conn.info.backend_pid)
+        cache._db._url = "postgresql://postbacks@127.0.0.1:9/postbacks"
         with pytest.raises(ServiceUnavailable):
             cache.load(if_changed=True)
         assert cache.get(ep) is not None
-        time.sleep(0.5)  # several failed refreshes
+        failed = cache.failed_refreshes
+        wait_for(lambda: cache.failed_refreshes >= failed + 3, 30, interval=0.02,
+                 what="three failed refreshes")
         assert cache._thread is not None and cache._thread.is_alive()
-        cache._url = settings.database_url
+        cache._db._url = settings.database_url
         ep2 = f"ep_{namespace}_back"
         _add(settings, ep2, namespace, "https://d.example/")
-        deadline = time.monotonic() + 10
-        while cache.get(ep2) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert cache.get(ep2) is not None, "the refresh thread did not pick up the change"
+        wait_for(lambda: cache.get(ep2) is not None, 10, interval=0.05,
+                 what="the refresh thread picking up the change")
     finally:
         cache.stop()
 

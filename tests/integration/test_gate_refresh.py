@@ -4,7 +4,6 @@ pass."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
@@ -46,24 +45,22 @@ def test_reads_rows_only_after_a_change_and_survives_a_dropped_connection(
     assert _mode(refresher.read_changed(), ep) is Mode.ENFORCE and refresher.loads == 1
     assert len(refresher.read_changed()) == 2 and refresher.loads == 1
 
-    conn = refresher._conn
+    conn = refresher._db.conn
     assert conn is not None
     pid = conn.info.backend_pid
     _terminate(settings, pid)  # the server drops the kept connection ...
     _set(settings, ep, "off")
     try:  # ... the pass retries on a new one and sees the change
         assert _mode(refresher.read_changed(), ep) is Mode.OFF and refresher.loads == 2
-        assert refresher._conn is not None and refresher._conn.info.backend_pid != pid
+        assert refresher._db.conn is not None and refresher._db.conn.info.backend_pid != pid
 
         # both the kept connection and a new one failing: the pass raises, nothing kept
-        _terminate(settings, refresher._conn.info.backend_pid)
-        good = refresher.settings
-        refresher.settings = dataclasses.replace(
-            good, database_url="postgresql://postbacks@127.0.0.1:9/postbacks")
+        _terminate(settings, refresher._db.conn.info.backend_pid)
+        refresher._db._url = "postgresql://postbacks@127.0.0.1:9/postbacks"
         with pytest.raises(ServiceUnavailable):
             refresher.read_changed()
-        assert refresher._conn is None
-        refresher.settings = good
+        assert refresher._db.conn is None
+        refresher._db._url = settings.database_url
         assert len(refresher.read_changed()) == 2 and refresher.loads == 2
     finally:
         refresher.close()

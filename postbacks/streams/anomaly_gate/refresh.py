@@ -17,14 +17,13 @@ that showed as a 40-80 ms spike in its added latency every pass at 2,000 deliver
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any, Protocol
 
 import psycopg
 
-from postbacks.db.connect import connect
+from postbacks.db.connect import KeptConnection, connect
 from postbacks.metrics import HELD_DEPTH, HELD_OLDEST_AGE
 from postbacks.settings import Settings
 from postbacks.streams.anomaly_gate.config import GateConfig, HaltBook, StateChange, build_config
@@ -68,7 +67,7 @@ class Refresher:
         self.settings = settings
         self._first = first
         self.targets: tuple[_Target, ...] = ()
-        self._conn: psycopg.Connection[Any] | None = None
+        self._db = KeptConnection(settings.database_url)
         self._digest: str | None = None  # of the rows last applied
         self.loads = 0  # full reads after the first (the digest saved the others)
 
@@ -103,35 +102,22 @@ class Refresher:
 
     def read_changed(self) -> Snapshot | tuple[int, float | None]:
         """One pass: the whole snapshot when a settings row changed since the last one
-        applied, else only (held depth, oldest held_at). A query failing on the kept
-        connection (the server restarted or dropped it) is tried once more on a new one;
-        a second failure drops it and raises."""
-        try:
-            return self._read_changed()
-        except psycopg.Error:
-            self.close()
-        try:
-            return self._read_changed()
-        except Exception:
-            self.close()
-            raise
+        applied, else only (held depth, oldest held_at). On the kept connection
+        (:class:`KeptConnection`: one retry on a new one, then ServiceUnavailable)."""
+        return self._db.run(self._read_changed)
 
-    def _read_changed(self) -> Snapshot | tuple[int, float | None]:
-        if self._conn is None or self._conn.closed:
-            self._conn = connect(self.settings.database_url, autocommit=True, kept=True)
-        digest, depth, oldest = _probe(self._conn)
+    def _read_changed(self, conn: psycopg.Connection[Any]
+                      ) -> Snapshot | tuple[int, float | None]:
+        digest, depth, oldest = _probe(conn)
         if digest == self._digest:
             return depth, oldest
-        snap = _snapshot(self.settings, self._conn, depth, oldest)
+        snap = _snapshot(self.settings, conn, depth, oldest)
         self._digest = digest
         self.loads += 1
         return snap
 
     def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):  # already broken: nothing to release
-                conn.close()
+        self._db.close()
 
     async def run(self, halts: HaltBook) -> Any:
         failing = False
