@@ -28,3 +28,28 @@ def test_reseeding_leaves_only_the_fresh_secret_active(settings: Settings,
     assert total == (3,)  # the old ones stay on record, ended
     keys = active_keys(ep, int(time.time() * 1000) + 1000)
     assert keys == [decode_secret(seeded[0].secret)]
+
+
+def test_a_secret_scheduled_for_later_is_left_alone(settings: Settings, namespace: str) -> None:
+    """Ending the other secrets never gives one an end before its start (the table's check
+    constraint would refuse the whole rotation)."""
+    import datetime as dt
+
+    from postbacks.core.signing import generate_secret
+    from postbacks.db.endpoints import add_secret
+
+    (first,) = seed_endpoints(settings, apps=1, endpoints_per_app=1,
+                              receiver_url="http://127.0.0.1:9", namespace=namespace,
+                              now_ms=int(time.time() * 1000))
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    with connect(settings.database_url) as conn:
+        box = SecretBox(settings.secrets_key.reveal())
+        scheduled = add_secret(conn, box, first.endpoint_id, generate_secret(),
+                               active_from=later, now_ms=int(time.time() * 1000))
+        conn.commit()
+    seed_endpoints(settings, apps=1, endpoints_per_app=1, receiver_url="http://127.0.0.1:9",
+                   namespace=namespace, now_ms=int(time.time() * 1000) + 1)
+    with connect(settings.database_url) as conn:
+        row = conn.execute("SELECT active_until FROM endpoint_secrets WHERE secret_id = %s",
+                           (scheduled,)).fetchone()
+    assert row == (None,)
