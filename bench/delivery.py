@@ -160,32 +160,61 @@ def env_for(s: Settings, **extra: str) -> dict[str, str]:
             "POSTBACKS_INSTANCE_ID": s.instance_id, **extra}
 
 
-def produce_dispatch(s: Settings, endpoints: list[Endpoint], per_endpoint: int,
-                     partition: int | None = None) -> dict[str, int]:
-    """Delivery records straight onto dispatch.v1; returns idempotency key -> enqueued_at."""
-    codec = codec_for("Delivery")
-    p = Producer({"bootstrap.servers": s.kafka_bootstrap_servers, "linger.ms": 20,
-                  "partitioner": "murmur2_random"})
-    keys: dict[str, int] = {}
-    events = list(synthetic_conversions(per_endpoint * len(endpoints), apps=1, seed=1,
-                                        namespace=s.instance_id, now_ms=int(time.time() * 1000)))
-    for i, ev in enumerate(events):
-        ep = endpoints[i % len(endpoints)]
-        ev["app_id"] = ep.app_id
-        now = int(time.time() * 1000)
-        for d in plan_deliveries(ev, [ep], idem_key=s.idempotency_key.reveal().encode(),
-                                 now_ms=now):
-            keys[d["idempotency_key"]] = now
-            kw: dict[str, Any] = {} if partition is None else {"partition": partition}
-            while True:
-                try:
-                    p.produce(s.topic(TOPICS.dispatch.base), codec.encode(d),
-                              d["endpoint_id"].encode(), **kw)
-                    break
-                except BufferError:
-                    p.poll(0.05)
-    assert p.flush(60) == 0
-    return keys
+class DispatchWriter:
+    """Delivery records straight onto dispatch.v1, through one producer for the whole run.
+
+    ``seed`` picks the conversions: every call that must yield new deliveries needs its own
+    (the same seed gives the same conversion ids, hence the same deliveries and keys)."""
+
+    def __init__(self, s: Settings, linger_ms: int = 20) -> None:
+        self.s = s
+        self.codec = codec_for("Delivery")
+        self.p = Producer({"bootstrap.servers": s.kafka_bootstrap_servers,
+                           "linger.ms": linger_ms, "partitioner": "murmur2_random"})
+
+    def send(self, endpoints: list[Endpoint], per_endpoint: int, *, seed: int = 1,
+             partition: int | None = None, flush: bool = True) -> dict[str, int]:
+        """Returns idempotency key -> the moment its record was handed to the producer."""
+        s = self.s
+        keys: dict[str, int] = {}
+        events = list(synthetic_conversions(per_endpoint * len(endpoints), apps=1, seed=seed,
+                                            namespace=s.instance_id,
+                                            now_ms=int(time.time() * 1000)))
+        kw: dict[str, Any] = {} if partition is None else {"partition": partition}
+        for i, ev in enumerate(events):
+            ep = endpoints[i % len(endpoints)]
+            ev["app_id"] = ep.app_id
+            now = int(time.time() * 1000)
+            for d in plan_deliveries(ev, [ep], idem_key=s.idempotency_key.reveal().encode(),
+                                     now_ms=now):
+                keys[d["idempotency_key"]] = now
+                while True:
+                    try:
+                        self.p.produce(s.topic(TOPICS.dispatch.base), self.codec.encode(d),
+                                       d["endpoint_id"].encode(), **kw)
+                        break
+                    except BufferError:
+                        self.p.poll(0.05)
+        if flush:
+            assert self.p.flush(60) == 0
+        else:
+            self.p.poll(0)
+        return keys
+
+    def close(self) -> None:
+        assert self.p.flush(60) == 0
+
+
+def produce_dispatch(s: Settings, endpoints: list[Endpoint], per_endpoint: int) -> None:
+    writer = DispatchWriter(s)
+    writer.send(endpoints, per_endpoint)
+    writer.close()
+
+
+def arrived(url: str, keys: Any) -> bool:
+    """Whether the receiver has answered every one of ``keys`` (one ``/_times`` read)."""
+    times = http_json(f"{url}/_times")
+    return all(k in times for k in keys)
 
 
 def endpoints_for(s: Settings, seeded: list[Any]) -> list[Endpoint]:
@@ -324,7 +353,7 @@ def run_pipeline_latency(base: Settings, rate: float, seconds: float,
                 for k in keys:
                     sent[k] = t
             producer.flush()
-            wait_for(lambda: all(k in http_json(f"{url}/_times") for k in sent), 120,
+            wait_for(lambda: arrived(url, sent), 120,
                      what=f"{len(sent)} deliveries")
             times = http_json(f"{url}/_times")
         lat = [(times[k] - t) * 1000 for k, t in sent.items()]
@@ -375,7 +404,15 @@ def run_relay_lateness(base: Settings, n: int, log_dir: Path) -> dict[str, float
             "relay_early": float(early)}
 
 
+ISO_WAVE_S = 0.05  # one delivery per healthy endpoint every 50 ms: 400/s
+ISO_WAVES = 200  # 10 s, 4,000 healthy deliveries per run
+ISO_SLOW_EVERY = 10  # with the slow endpoint: one delivery to it every 0.5 s (20 per run)
+
+
 def run_isolation(base: Settings, with_slow: bool, log_dir: Path) -> float:
+    """Healthy-endpoint latency (record handed to the producer -> arrival at the receiver)
+    at a steady 400 deliveries/s over 20 healthy endpoints, all on partition 0, with or
+    without a 21st endpoint on the same partition that answers after 15 s. Returns p99."""
     s = fresh(base, "iso1" if with_slow else "iso0")
     ns = s.instance_id.replace("-", "")
     slow_id = f"ep_{ns}_0001_1"
@@ -384,22 +421,36 @@ def run_isolation(base: Settings, with_slow: bool, log_dir: Path) -> float:
                                 namespace=ns, now_ms=int(time.time() * 1000))
         eps = endpoints_for(s, seeded)
         slow, healthy = eps[0], eps[1:]
+        writer = DispatchWriter(s, linger_ms=2)
         with Stack(env_for(s, POSTBACKS_HTTP_TIMEOUT_S="30"), log_dir) as stack:
             stack.start("agent", "agent")
-            time.sleep(3)  # let the agent join its group before the measured traffic
+            # warm up: the agent has joined its group and delivered once before measuring
+            first = writer.send(healthy[:1], 1, seed=10_000_000, partition=0)
+            wait_for(lambda: arrived(url, first), 60,
+                     interval=0.05, what="warm-up delivery")
             keys: dict[str, int] = {}
-            for _ in range(10):  # 10 waves; the slow endpoint's requests interleave
-                if with_slow:
-                    produce_dispatch(s, [slow], 2, partition=0)
-                keys.update(produce_dispatch(s, healthy, 5, partition=0))
-                time.sleep(0.2)
-            wait_for(lambda: all(k in http_json(f"{url}/_times") for k in keys), 120,
+            t0 = time.monotonic()
+            for i in range(ISO_WAVES):  # on an absolute schedule: no drift
+                if with_slow and i % ISO_SLOW_EVERY == 0:
+                    writer.send([slow], 1, seed=20_000_000 + i, partition=0, flush=False)
+                keys.update(writer.send(healthy, 1, seed=i + 1, partition=0, flush=False))
+                time.sleep(max(0.0, t0 + (i + 1) * ISO_WAVE_S - time.monotonic()))
+            writer.close()
+            wait_for(lambda: arrived(url, keys), 120,
                      what="healthy deliveries")
             times = http_json(f"{url}/_times")
             lat = [(times[k] * 1000 - t) for k, t in keys.items()]
+            # the slow endpoint's requests, each held 15 s (its concurrency cap at a time)
+            stats = http_json(f"{url}/_stats")
+            slow_seen = stats["slow"]
+            extra = stats["count"] - slow_seen - len(keys) - len(first)
+        if with_slow and slow_seen < 1:
+            raise RuntimeError("the slow endpoint received no request: nothing was measured")
         p99 = pct(lat, 99)
         say(f"healthy p99 {'with' if with_slow else 'without'} a 15-s endpoint: {p99:.0f} ms "
-            f"(p50 {statistics.median(lat):.0f} ms)")
+            f"(p50 {statistics.median(lat):.0f} ms, max {max(lat):.0f} ms, "
+            f"{len(lat)} deliveries; requests to the slow endpoint {slow_seen}, healthy "
+            f"re-sends {extra})")
         return p99
 
 

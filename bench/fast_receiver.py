@@ -7,7 +7,7 @@ quarter of the CPU per request of the aiohttp server it replaced, so the end-to-
 benchmark's CPU goes to the pipeline rather than to the stand-in publisher.
 
 Run: python bench/fast_receiver.py PORT [SLOW_ENDPOINT DELAY_S]. Routes:
-POST /hooks/{endpoint_id} -> 200 "ok"; GET /_stats -> {"count": n};
+POST /hooks/{endpoint_id} -> 200 "ok"; GET /_stats -> {"count": n, "slow": requests to the slow endpoint};
 GET /_times -> {webhook-id: arrival epoch s}; POST /_reset.
 """
 
@@ -22,6 +22,7 @@ import orjson
 import uvloop
 
 count = 0
+slow_count = 0  # requests to the slow endpoint (held ``DELAY_S`` before the answer)
 arrivals: dict[str, float] = {}
 SLOW: tuple[bytes, float] | None = None
 
@@ -66,7 +67,7 @@ class Receiver(asyncio.Protocol):
             self.webhook_id = value
 
     def on_message_complete(self) -> None:
-        global count
+        global count, slow_count
         assert self.transport is not None
         url, method = self.url, self.parser.get_method()
         if url.startswith(b"/hooks/") and method == b"POST":
@@ -74,19 +75,21 @@ class Receiver(asyncio.Protocol):
             ep = url[len(b"/hooks/"):].split(b"?", 1)[0]
             keep = self.parser.should_keep_alive()
             if SLOW is not None and ep == SLOW[0]:
+                slow_count += 1
                 asyncio.get_running_loop().call_later(SLOW[1], self._answer, self.webhook_id,
                                                       keep)
             else:
                 self._answer(self.webhook_id, keep)
             return
         elif url == b"/_stats":
-            self.transport.write(response(b"200 OK", orjson.dumps({"count": count}),
+            self.transport.write(response(b"200 OK", orjson.dumps({"count": count,
+                                                                      "slow": slow_count}),
                                           b"application/json"))
         elif url == b"/_times":
             self.transport.write(response(b"200 OK", orjson.dumps(arrivals),
                                           b"application/json"))
         elif url == b"/_reset" and method == b"POST":
-            count = 0
+            count = slow_count = 0
             arrivals.clear()
             self.transport.write(response(b"200 OK", b'{"ok": true}', b"application/json"))
         else:
