@@ -7,7 +7,8 @@ quarter of the CPU per request of the aiohttp server it replaced, so the end-to-
 benchmark's CPU goes to the pipeline rather than to the stand-in publisher.
 
 Run: python bench/fast_receiver.py PORT [SLOW_ENDPOINT DELAY_S]. Routes:
-POST /hooks/{endpoint_id} -> 200 "ok"; GET /_stats -> {"count": n, "slow": requests to the slow endpoint};
+POST /hooks/{endpoint_id} -> 200 "ok";
+GET /_stats -> {"count": n, "slow": requests to the slow endpoint};
 GET /_times -> {webhook-id: arrival epoch s}; POST /_reset.
 """
 

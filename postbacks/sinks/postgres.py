@@ -7,6 +7,15 @@ idempotent on primary keys). Bulk path: COPY into a temp staging table, then
 ``INSERT ... ON CONFLICT DO NOTHING``. While PostgreSQL is down the sink rewinds, waits and
 retries; Kafka holds the backlog. A record the sink cannot decode is stored as a
 dead-letter row (stage ``sink``) with its original bytes.
+
+Deferred delivery rows: a delivery's row waits in memory for its first outcome (at most
+``sink_defer_s``, at most ``sink_defer_max`` rows) and is written in the same
+transaction, its status already projected from that outcome and the attempts read
+meanwhile (:func:`project_row`), so the projection statement finds nothing to change.
+Written at once and updated a moment later, each row went through every index of
+``deliveries`` twice (a status change is never a HOT update). While a row waits, the
+offset stored for its partition stays at the row, so a crash or a rebalance reads it
+again.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -35,7 +45,7 @@ from postbacks.ids import new_id
 from postbacks.kafka.clients import check_broker, make_consumer, records
 from postbacks.metrics import SINK_ROWS, STAGE_RECORDS, observe_backlog
 from postbacks.settings import Settings
-from postbacks.sinks.tables import STAGING_DDL, TABLES, ts_from_ms
+from postbacks.sinks.tables import STAGING_DDL, TABLES, project_row, ts_from_ms
 from postbacks.topics import TOPICS
 
 __all__ = ["PostgresSink", "run_sink"]
@@ -44,19 +54,38 @@ log = logging.getLogger(__name__)
 
 GROUP = "postbacks-sink"
 
+Partition = tuple[str, int]
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """A delivery row waiting for its first outcome, and the attempts read meanwhile."""
+
+    row: tuple[Any, ...]
+    read_at: float  # time.monotonic()
+    at: list[tuple[Partition, int]]  # where it was read (twice if published twice)
+    attempts: list[tuple[Any, ...]] = field(default_factory=list)
+    outcomes: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 class PostgresSink:
     """``add()`` decoded rows, ``flush()`` them with the offsets in one transaction."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, defer_s: float | None = None,
+                 defer_max: int | None = None) -> None:
         self.settings = settings
         self.group = settings.topic(GROUP)
+        self.defer_s = settings.sink_defer_s if defer_s is None else defer_s
+        self.defer_max = settings.sink_defer_max if defer_max is None else defer_max
         self._conn: psycopg.Connection[Any] | None = None
         self._rows: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
         self._touched: set[str] = set()
         self._suppressed: list[str] = []  # this batch's ``suppressed`` outcome ids
-        self._offsets: dict[tuple[str, int], int] = {}
+        self._offsets: dict[Partition, int] = {}  # next offsets to store at the next flush
+        self._waiting: dict[str, _Waiting] = {}  # delivery id -> row, in reading order
+        self._waiting_at: dict[Partition, dict[int, str]] = {}  # offset -> id, in order
+        self._next: dict[Partition, int] = {}  # deliveries partitions: next offset read
+        self._deliveries = settings.topic(TOPICS.deliveries.base)
         self._by_topic = {
             settings.topic(TOPICS.deliveries.base): ("Delivery", TABLES["deliveries"]),
             settings.topic(TOPICS.attempts.base): ("Attempt", TABLES["attempts"]),
@@ -113,7 +142,15 @@ class PostgresSink:
         next flush."""
         _record, table = self._by_topic[topic]
         self._offsets[(topic, partition)] = offset + 1
-        self._rows[table.name].append(table.row(value))
+        if topic == self._deliveries:
+            self._wait(table.row(value), (topic, partition), offset)
+            return
+        row = table.row(value)
+        self._rows[table.name].append(row)
+        if table.name in ("outcomes", "attempts"):
+            waiting = self._waiting.get(value["delivery_id"])
+            if waiting is not None:  # its projection, for when it is written
+                (waiting.outcomes if table.name == "outcomes" else waiting.attempts).append(row)
         if table.touches_delivery:
             self._touched.add(value["delivery_id"])
             if value.get("kind") == "suppressed" and "outcome_id" in value:
@@ -126,12 +163,64 @@ class PostgresSink:
             None, None, ts_from_ms(now_ms),
         )
 
-    def pending(self) -> int:
-        return len(self._offsets)
+    def _wait(self, row: tuple[Any, ...], tp: Partition, offset: int) -> None:
+        self._next[tp] = offset + 1
+        self._waiting_at.setdefault(tp, {})[offset] = row[0]
+        waiting = self._waiting.get(row[0])
+        if waiting is None:
+            self._waiting[row[0]] = _Waiting(row, time.monotonic(), [(tp, offset)])
+        else:
+            waiting.at.append((tp, offset))
 
-    def flush(self) -> dict[str, int]:
-        """Write every added row and the offsets in one transaction; returns rows per table."""
+    def waiting(self) -> int:
+        """Delivery rows waiting for their first outcome."""
+        return len(self._waiting)
+
+    def pending(self) -> bool:
+        """Whether a flush has anything to write."""
+        if self._offsets:
+            return True
+        oldest = next(iter(self._waiting.values()), None)
+        return oldest is not None and (
+            len(self._waiting) > self.defer_max
+            or time.monotonic() - oldest.read_at >= self.defer_s)
+
+    def _release(self, everything: bool) -> None:
+        """Move the waiting delivery rows due now into this flush, their status projected
+        from the outcomes and attempts read meanwhile: those with an outcome (an attempt
+        alone is often followed by its outcome in the next fetch), those waiting
+        ``defer_s``, and the oldest beyond ``defer_max``; their partitions' offsets move
+        on."""
+        if not self._waiting:
+            return
+        due = time.monotonic() - self.defer_s
+        spill = len(self._waiting) - self.defer_max
+        released = [
+            i for n, (i, w) in enumerate(self._waiting.items())
+            if everything or w.outcomes or n < spill or w.read_at <= due
+        ]
+        rows = self._rows["deliveries"]
+        for i in released:
+            w = self._waiting.pop(i)
+            rows.append(project_row(w.row, w.outcomes, w.attempts))
+            self._touched.add(i)
+            for tp, offset in w.at:
+                del self._waiting_at[tp][offset]
+                self._offsets[tp] = self._next[tp]
+
+    def _stored_offsets(self) -> list[tuple[str, str, int, int]]:
+        """Offsets to store: a deliveries partition's stops at its first waiting row."""
+        out = []
+        for (t, p), o in self._offsets.items():
+            first = next(iter(self._waiting_at.get((t, p), {})), None)
+            out.append((self.group, t, p, o if first is None else min(o, first)))
+        return out
+
+    def flush(self, everything: bool = False) -> dict[str, int]:
+        """Write the added rows, the delivery rows due (``everything``: all waiting) and
+        the offsets in one transaction; returns rows per table."""
         written: dict[str, int] = {}
+        self._release(everything)
         conn = self.conn()
         try:
             with conn.transaction():
@@ -147,7 +236,7 @@ class PostgresSink:
                         " next_offset) VALUES (%s, %s, %s, %s) ON CONFLICT (consumer_group,"
                         " topic, kafka_partition) DO UPDATE SET next_offset ="
                         " EXCLUDED.next_offset, updated_at = now()",
-                        [(self.group, t, p, o) for (t, p), o in self._offsets.items()],
+                        self._stored_offsets(),
                     )
         finally:
             self._rows.clear()
@@ -158,11 +247,30 @@ class PostgresSink:
             SINK_ROWS.labels(table=name).inc(n)
         return written
 
+    def forget(self, partitions: list[TopicPartition]) -> None:
+        """Partitions revoked: their waiting rows go (the new owner reads them again from
+        the offsets stored, which stop at them)."""
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            self._offsets.pop(key, None)  # never past rows not written
+            self._next.pop(key, None)
+            for offset, i in self._waiting_at.pop(key, {}).items():
+                w = self._waiting.get(i)
+                if w is not None:
+                    w.at.remove((key, offset))
+                    if not w.at:
+                        del self._waiting[i]
+
     def discard(self) -> None:
+        """Drop everything not written (a failed flush): the consumer rewinds to the stored
+        offsets, which stop at the first waiting row of each partition."""
         self._rows.clear()
         self._touched.clear()
         self._suppressed.clear()
         self._offsets.clear()
+        self._waiting.clear()
+        self._waiting_at.clear()
+        self._next.clear()
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -246,7 +354,11 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
     # what a busy local broker spends its CPU on).
     consumer = make_consumer(settings, GROUP, **{"fetch.min.bytes": 262_144,
                                                   "fetch.wait.max.ms": 200})
-    consumer.subscribe(sink.topics, on_assign=on_assign)
+    def on_revoke(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        sink.forget(partitions)
+
+    consumer.subscribe(sink.topics, on_assign=on_assign, on_revoke=on_revoke,
+                       on_lost=on_revoke)
     processed = STAGE_RECORDS.labels(stage="sink")
     try:
         while not stop.is_set():
@@ -265,6 +377,12 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
                 log.warning("sink: PostgreSQL write failed (%s); rewinding and retrying", exc)
                 sink.discard()
                 _rewind_to_stored(consumer, sink, stop, retry_s)
+        if sink.pending() or sink.waiting():  # stopping: write the rows still waiting
+            try:
+                sink.flush(everything=True)
+            except (psycopg.Error, OSError, ServiceUnavailable) as exc:
+                log.warning("sink: last flush failed (%s); its rows are read again at the"
+                            " next start", exc)
     finally:
         consumer.close()
         sink.close()

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import psycopg
 
-__all__ = ["STAGING_DDL", "TABLES", "Table", "ts_from_ms"]
+__all__ = ["PROJECTED", "STAGING_DDL", "TABLES", "Table", "project_row", "ts_from_ms"]
 
 
 def ts_from_ms(ms: int | None) -> dt.datetime | None:
@@ -48,13 +48,41 @@ class Table:
         return n
 
 
+# The status projection's columns of a delivery row, at the end of it, and their values
+# before any outcome or attempt: (status, status_at, held_at, hold_reason, attempt_count,
+# last_error).
+PROJECTED = 11
+_UNPROJECTED = ("pending", None, None, None, 0, None)
+
+
 def _delivery_row(d: Any) -> tuple[Any, ...]:
     c = d["conversion"]
     return (
         d["delivery_id"], d["endpoint_id"], c["app_id"], c["conversion_id"], c["event_type"],
         c["goal_id"], c["event_id"], d["idempotency_key"], c["payout_usd_micros"], _json(c),
-        ts_from_ms(d["created_at"]),
+        ts_from_ms(d["created_at"]), *_UNPROJECTED,
     )
+
+
+def project_row(row: tuple[Any, ...], outcomes: list[tuple[Any, ...]],
+                attempts: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """A delivery row with the status projection of these outcome and attempt rows (of the
+    same delivery) applied: the rule the sink's SQL projection applies, so a row written
+    this way is not rewritten by it. The latest outcome (``occurred_at``, then
+    ``outcome_id``) gives the status, and ``held_at``/``hold_reason`` when it is ``held``;
+    the highest attempt (``attempt_no``, then ``attempted_at``) the attempt count and last
+    error, never lowered."""
+    status, status_at, held_at, hold_reason, count, last_error = row[PROJECTED:]
+    if outcomes:
+        o = max(outcomes, key=lambda x: (x[9], x[0]))
+        status, status_at = o[4], o[9]
+        if o[4] == "held":
+            held_at, hold_reason = o[9], o[7]
+    if attempts:
+        a = max(attempts, key=lambda x: (x[5], x[1]))
+        if a[5] >= count:
+            count, last_error = a[5], a[9]
+    return (*row[:PROJECTED], status, status_at, held_at, hold_reason, count, last_error)
 
 
 def _attempt_row(a: Any) -> tuple[Any, ...]:
@@ -87,7 +115,8 @@ TABLES: dict[str, Table] = {
     "deliveries": Table(
         "deliveries", "deliveries",
         ("delivery_id", "endpoint_id", "app_id", "conversion_id", "event_type", "goal_id",
-         "event_id", "idempotency_key", "payout_usd_micros", "snapshot", "created_at"),
+         "event_id", "idempotency_key", "payout_usd_micros", "snapshot", "created_at",
+         "status", "status_at", "held_at", "hold_reason", "attempt_count", "last_error"),
         _delivery_row, True,
     ),
     "attempts": Table(

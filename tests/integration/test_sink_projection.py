@@ -1,16 +1,22 @@
 """The sink's status projection on ``deliveries``, against PostgreSQL: the latest outcome
 decides the status whatever order records arrive in, the attempt count never goes down,
 held and suppressed outcomes fill their columns and table, and a touched delivery whose
-projection did not change is not rewritten."""
+projection did not change is not rewritten. Deferred rows: a delivery row waits for its
+first outcome and is then inserted already projected (never updated), or
+written as pending after ``defer_s`` or beyond ``defer_max``; the offsets stored never
+pass a waiting row."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from confluent_kafka import TopicPartition
+
 from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
 from postbacks.sinks.postgres import PostgresSink
+from postbacks.tools.procs import wait_for
 from postbacks.topics import TOPICS
 from tests.unit.factories import make_conversion, make_delivery
 
@@ -20,17 +26,18 @@ T0 = 1_750_000_000_000
 class Feed:
     """Decoded records into a real sink (offsets are irrelevant here), flushed on demand."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.sink = PostgresSink(settings)
+    def __init__(self, settings: Settings, defer_s: float = 0.0, defer_max: int = 1000) -> None:
+        self.sink = PostgresSink(settings, defer_s=defer_s, defer_max=defer_max)
         self.settings = settings
         self.offset = 0
 
-    def add(self, topic_base: str, value: Any) -> None:
+    def add(self, topic_base: str, value: Any, partition: int = 0) -> int:
         self.offset += 1
-        self.sink.add_record(self.settings.topic(topic_base), 0, self.offset, value)
+        self.sink.add_record(self.settings.topic(topic_base), partition, self.offset, value)
+        return self.offset
 
-    def flush(self) -> None:
-        self.sink.flush()
+    def flush(self, everything: bool = False) -> None:
+        self.sink.flush(everything)
 
     def close(self) -> None:
         self.sink.close()
@@ -154,4 +161,124 @@ def test_a_held_delivery_shows_its_hold(settings: Settings, namespace: str) -> N
     f.flush()
     row = _row(settings, d)
     assert (row["status"], row["reason"], row["held"]) == ("held", "value_rate", True)
+    f.close()
+
+
+def _write_counts(f: Feed) -> tuple[int, int]:
+    """Flush inside a transaction of the sink's own connection (``flush`` nests as a
+    savepoint) and return this transaction's (inserts, updates) on ``deliveries``."""
+    # the view also holds earlier transactions' counts not yet reported (a backend
+    # reports them when idle, at most once a second): the difference inside one is exact
+    q = ("SELECT n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables"
+         " WHERE relname = 'deliveries'")
+    conn = f.sink.conn()
+    before = conn.execute(q).fetchone()  # opens the transaction
+    f.flush()
+    after = conn.execute(q).fetchone()
+    conn.commit()
+    assert before is not None and after is not None
+    return int(after[0]) - int(before[0]), int(after[1]) - int(before[1])
+
+
+def _stored(settings: Settings, f: Feed, topic_base: str, partition: int = 0) -> int | None:
+    with connect(settings.database_url) as conn:
+        row = conn.execute(
+            "SELECT next_offset FROM sink_offsets WHERE consumer_group = %s AND topic = %s"
+            " AND kafka_partition = %s",
+            (f.sink.group, settings.topic(topic_base), partition)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _exists(settings: Settings, d: Any) -> bool:
+    with connect(settings.database_url) as conn:
+        return conn.execute("SELECT 1 FROM deliveries WHERE delivery_id = %s",
+                            (d["delivery_id"],)).fetchone() is not None
+
+
+def test_a_waiting_row_is_inserted_projected_with_its_first_outcome_never_updated(
+        settings: Settings, namespace: str) -> None:
+    f = Feed(settings, defer_s=3600)
+    ok, retried, held, tie = (_delivery(namespace, n) for n in ("ok", "retried", "held", "tie"))
+    first_offset = f.add(TOPICS.deliveries.base, ok)
+    for d in (retried, held, tie):
+        f.add(TOPICS.deliveries.base, d)
+    f.add(TOPICS.outcomes.base, make_outcome(_delivery(namespace, "other"), "held", now_ms=T0))
+    assert _write_counts(f) == (0, 0)  # no outcome of theirs yet: all four wait
+    assert not any(_exists(settings, d) for d in (ok, retried, held, tie))
+    assert f.sink.waiting() == 4
+    assert _stored(settings, f, TOPICS.deliveries.base) == first_offset  # not past them
+    assert _stored(settings, f, TOPICS.outcomes.base) == f.offset + 1
+
+    f.add(TOPICS.attempts.base, _attempt(ok, 1, T0, None))
+    f.add(TOPICS.outcomes.base, make_outcome(ok, "delivered", now_ms=T0 + 1))
+    f.add(TOPICS.attempts.base, _attempt(retried, 2, T0 + 5000, None))  # out of order
+    f.add(TOPICS.attempts.base, _attempt(retried, 1, T0, "http_5xx"))
+    f.add(TOPICS.outcomes.base, make_outcome(retried, "delivered", now_ms=T0 + 5001))
+    f.add(TOPICS.outcomes.base, make_outcome(retried, "failing", now_ms=T0 + 1))
+    f.add(TOPICS.outcomes.base, make_outcome(held, "held", now_ms=T0, reason="value_rate"))
+    a = make_outcome(tie, "failing", now_ms=T0)
+    b = make_outcome(tie, "delivered", now_ms=T0)
+    lo, hi = sorted((a, b), key=lambda o: o["outcome_id"])
+    f.add(TOPICS.outcomes.base, {**hi, "occurred_at": lo["occurred_at"]})
+    f.add(TOPICS.outcomes.base, lo)
+    assert _write_counts(f) == (4, 0)  # inserted with their status: nothing rewritten
+    assert f.sink.waiting() == 0
+
+    assert _stored(settings, f, TOPICS.deliveries.base) == f.offset - 9  # past all four
+    assert (_row(settings, ok)["status"], _row(settings, ok)["attempts"]) == ("delivered", 1)
+    r = _row(settings, retried)
+    assert (r["status"], r["attempts"], r["error"]) == ("delivered", 2, None)
+    h = _row(settings, held)
+    assert (h["status"], h["reason"], h["held"]) == ("held", "value_rate", True)
+    assert _row(settings, tie)["status"] == hi["kind"]
+    # an attempt alone (its outcome comes in the next fetch) leaves the row waiting
+    late = _delivery(namespace, "late")
+    f.add(TOPICS.deliveries.base, late)
+    f.add(TOPICS.attempts.base, _attempt(late, 1, T0, "timeout"))
+    assert _write_counts(f) == (0, 0)
+    f.add(TOPICS.outcomes.base, make_outcome(late, "failing", now_ms=T0 + 1))
+    assert _write_counts(f) == (1, 0)
+    r = _row(settings, late)
+    assert (r["status"], r["attempts"], r["error"]) == ("failing", 1, "timeout")
+    f.close()
+
+
+def test_a_row_without_outcome_is_written_pending_after_defer_s_or_beyond_defer_max(
+        settings: Settings, namespace: str) -> None:
+    f = Feed(settings, defer_s=3600, defer_max=2)
+    a, b, c = (_delivery(namespace, n) for n in ("a", "b", "c"))
+    f.add(TOPICS.deliveries.base, a)
+    b_offset = f.add(TOPICS.deliveries.base, b)
+    f.add(TOPICS.deliveries.base, c)
+    assert _write_counts(f) == (1, 0)  # three waiting, two allowed: the oldest goes
+    assert _row(settings, a)["status"] == "pending"
+    assert not _exists(settings, b) and not _exists(settings, c)
+    assert _stored(settings, f, TOPICS.deliveries.base) == b_offset
+    f.close()
+
+    f = Feed(settings, defer_s=0.05)
+    d = _delivery(namespace, "d")
+    f.add(TOPICS.deliveries.base, d)
+    f.sink._offsets.clear()  # as if flushed: only the waiting row is left
+    wait_for(f.sink.pending, 10, interval=0.01, what="the row's wait to end")
+    f.flush()
+    assert _row(settings, d)["status"] == "pending"
+    f.close()
+
+
+def test_a_revoked_partition_forgets_its_waiting_rows_and_stores_no_offset_past_them(
+        settings: Settings, namespace: str) -> None:
+    f = Feed(settings, defer_s=3600)
+    kept, gone = _delivery(namespace, "kept"), _delivery(namespace, "gone")
+    f.add(TOPICS.deliveries.base, kept, partition=0)
+    f.add(TOPICS.deliveries.base, gone, partition=1)
+    f.sink.forget([TopicPartition(settings.topic(TOPICS.deliveries.base), 1)])
+    assert f.sink.waiting() == 1
+    f.add(TOPICS.outcomes.base, make_outcome(gone, "delivered", now_ms=T0))
+    f.flush()
+    assert _stored(settings, f, TOPICS.deliveries.base, partition=1) is None
+    assert not _exists(settings, gone)  # its new owner writes it
+    f.flush(everything=True)  # stopping: whatever waits is written
+    assert _row(settings, kept)["status"] == "pending"
+    assert f.sink.waiting() == 0
     f.close()
