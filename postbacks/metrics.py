@@ -35,6 +35,7 @@ __all__ = [
     "RENDER_ERRORS",
     "RETRODATED",
     "SINK_ROWS",
+    "SINK_WAITING",
     "STAGE_RECORDS",
     "UNFINISHED",
     "VALIDATION_FAILED",
@@ -71,6 +72,8 @@ UNFINISHED = Gauge("postbacks_agent_unfinished", "Consumed deliveries not yet fi
 OUTCOMES_TOTAL = Counter("webhook_outcomes_total", "Outcome events produced", ["kind"])
 STAGE_RECORDS = Counter("postbacks_stage_records_total", "Records consumed by stage", ["stage"])
 SINK_ROWS = Counter("postbacks_sink_rows_total", "Rows written to PostgreSQL", ["table"])
+SINK_WAITING = Gauge("postbacks_sink_waiting_rows",
+                     "Delivery rows the sink holds back for their first outcome")
 
 # The anomaly gate (seed 000 §5.11). Endpoint-labelled gauges are exported only for
 # endpoints whose value-rate detector is armed (a payout_anomaly_settings row), so the

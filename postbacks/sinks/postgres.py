@@ -43,7 +43,7 @@ from postbacks.db.migrate import ensure_attempt_partitions
 from postbacks.errors import DeadLetterError, ServiceUnavailable
 from postbacks.ids import new_id
 from postbacks.kafka.clients import check_broker, make_consumer, records
-from postbacks.metrics import SINK_ROWS, STAGE_RECORDS, observe_backlog
+from postbacks.metrics import SINK_ROWS, SINK_WAITING, STAGE_RECORDS, observe_backlog
 from postbacks.settings import Settings
 from postbacks.sinks.tables import STAGING_DDL, TABLES, project_row, ts_from_ms
 from postbacks.topics import TOPICS
@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 GROUP = "postbacks-sink"
 
 Partition = tuple[str, int]
+OUTCOME_FIRST_KEPT = 100_000
 
 
 @dataclass(slots=True)
@@ -85,6 +86,9 @@ class PostgresSink:
         self._waiting: dict[str, _Waiting] = {}  # delivery id -> row, in reading order
         self._waiting_at: dict[Partition, dict[int, str]] = {}  # offset -> id, in order
         self._next: dict[Partition, int] = {}  # deliveries partitions: next offset read
+        # ids of the latest outcomes read before their delivery row (the topics are read
+        # side by side): such a row is written at once, the projection finds the outcome
+        self._outcome_first: dict[str, None] = {}
         self._deliveries = settings.topic(TOPICS.deliveries.base)
         self._by_topic = {
             settings.topic(TOPICS.deliveries.base): ("Delivery", TABLES["deliveries"]),
@@ -151,6 +155,10 @@ class PostgresSink:
             waiting = self._waiting.get(value["delivery_id"])
             if waiting is not None:  # its projection, for when it is written
                 (waiting.outcomes if table.name == "outcomes" else waiting.attempts).append(row)
+            elif table.name == "outcomes":  # read before its delivery row (other topic)
+                self._outcome_first[value["delivery_id"]] = None
+                if len(self._outcome_first) > OUTCOME_FIRST_KEPT:
+                    del self._outcome_first[next(iter(self._outcome_first))]
         if table.touches_delivery:
             self._touched.add(value["delivery_id"])
             if value.get("kind") == "suppressed" and "outcome_id" in value:
@@ -165,6 +173,10 @@ class PostgresSink:
 
     def _wait(self, row: tuple[Any, ...], tp: Partition, offset: int) -> None:
         self._next[tp] = offset + 1
+        if row[0] in self._outcome_first:  # no outcome to wait for: write it now
+            self._rows["deliveries"].append(row)
+            self._touched.add(row[0])
+            return
         self._waiting_at.setdefault(tp, {})[offset] = row[0]
         waiting = self._waiting.get(row[0])
         if waiting is None:
@@ -271,6 +283,7 @@ class PostgresSink:
         self._waiting.clear()
         self._waiting_at.clear()
         self._next.clear()
+        self._outcome_first.clear()
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -367,6 +380,7 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
             for m in records(msgs, "sink"):
                 observe_backlog(m, now_ms)
                 sink.add(m, now_ms)
+            SINK_WAITING.set(sink.waiting())
             if not sink.pending():
                 continue
             try:

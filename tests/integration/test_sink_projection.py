@@ -240,6 +240,15 @@ def test_a_waiting_row_is_inserted_projected_with_its_first_outcome_never_update
     assert _write_counts(f) == (1, 0)
     r = _row(settings, late)
     assert (r["status"], r["attempts"], r["error"]) == ("failing", 1, "timeout")
+
+    # an outcome read before its delivery row: nothing left to wait for, written at once
+    early = _delivery(namespace, "early")
+    f.add(TOPICS.outcomes.base, make_outcome(early, "delivered", now_ms=T0))
+    f.flush()
+    f.add(TOPICS.deliveries.base, early)
+    f.flush()
+    assert _row(settings, early)["status"] == "delivered"
+    assert f.sink.waiting() == 0
     f.close()
 
 
