@@ -89,6 +89,7 @@ class PostgresSink:
         # ids of the latest outcomes read before their delivery row (the topics are read
         # side by side): such a row is written at once, the projection finds the outcome
         self._outcome_first: dict[str, None] = {}
+        self._answered: set[str] = set()  # waiting ids with an outcome since the last flush
         self._deliveries = settings.topic(TOPICS.deliveries.base)
         self._by_topic = {
             settings.topic(TOPICS.deliveries.base): ("Delivery", TABLES["deliveries"]),
@@ -154,7 +155,11 @@ class PostgresSink:
         if table.name in ("outcomes", "attempts"):
             waiting = self._waiting.get(value["delivery_id"])
             if waiting is not None:  # its projection, for when it is written
-                (waiting.outcomes if table.name == "outcomes" else waiting.attempts).append(row)
+                if table.name == "outcomes":
+                    waiting.outcomes.append(row)
+                    self._answered.add(value["delivery_id"])
+                else:
+                    waiting.attempts.append(row)
             elif table.name == "outcomes":  # read before its delivery row (other topic)
                 self._outcome_first[value["delivery_id"]] = None
                 if len(self._outcome_first) > OUTCOME_FIRST_KEPT:
@@ -205,12 +210,19 @@ class PostgresSink:
         on."""
         if not self._waiting:
             return
-        due = time.monotonic() - self.defer_s
-        spill = len(self._waiting) - self.defer_max
-        released = [
-            i for n, (i, w) in enumerate(self._waiting.items())
-            if everything or w.outcomes or n < spill or w.read_at <= due
-        ]
+        if everything:
+            released = list(self._waiting)
+        else:  # the oldest first (reading order): due ones, then those with an outcome
+            due = time.monotonic() - self.defer_s
+            spill = len(self._waiting) - self.defer_max
+            released = []
+            for n, (i, w) in enumerate(self._waiting.items()):
+                if n >= spill and w.read_at > due:
+                    break
+                released.append(i)
+            released.extend(i for i in self._answered if i in self._waiting)
+            released = list(dict.fromkeys(released))
+        self._answered.clear()
         rows = self._rows["deliveries"]
         for i in released:
             w = self._waiting.pop(i)
@@ -284,6 +296,7 @@ class PostgresSink:
         self._waiting_at.clear()
         self._next.clear()
         self._outcome_first.clear()
+        self._answered.clear()
         if self._conn is not None:
             try:
                 self._conn.close()
