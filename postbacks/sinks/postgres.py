@@ -21,6 +21,7 @@ again.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import threading
 import time
@@ -31,6 +32,7 @@ from typing import Any
 import psycopg
 from confluent_kafka import (
     OFFSET_BEGINNING,
+    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaException,
     Message,
@@ -86,9 +88,11 @@ class PostgresSink:
         self._waiting: dict[str, _Waiting] = {}  # delivery id -> row, in reading order
         self._waiting_at: dict[Partition, dict[int, str]] = {}  # offset -> id, in order
         self._next: dict[Partition, int] = {}  # deliveries partitions: next offset read
-        # ids of the latest outcomes read before their delivery row (the topics are read
-        # side by side): such a row is written at once, the projection finds the outcome
-        self._outcome_first: dict[str, None] = {}
+        # ids of the latest outcomes read with no row waiting for them (mostly rows
+        # written already; sometimes read before their row: the topics are read side by
+        # side): such a row is written at once. Two generations, each < OUTCOME_FIRST_KEPT.
+        self._outcome_first: set[str] = set()
+        self._outcome_first_old: set[str] = set()
         self._answered: set[str] = set()  # waiting ids with an outcome since the last flush
         self._deliveries = settings.topic(TOPICS.deliveries.base)
         self._by_topic = {
@@ -137,7 +141,10 @@ class PostgresSink:
         try:
             value = codec_for(record).decode(msg.value())
         except DeadLetterError as exc:
-            self._offsets[(topic, msg.partition() or 0)] = (msg.offset() or 0) + 1
+            tp, offset = (topic, msg.partition() or 0), msg.offset() or 0
+            self._offsets[tp] = offset + 1
+            if topic == self._deliveries:  # a waiting row released later must not rewind
+                self._next[tp] = offset + 1  # the stored offset behind this dead letter
             self._rows["dead_letters"].append(self._undecodable(msg, exc, now_ms))
             return
         self.add_record(topic, msg.partition() or 0, msg.offset() or 0, value)
@@ -161,24 +168,35 @@ class PostgresSink:
                 else:
                     waiting.attempts.append(row)
             elif table.name == "outcomes":  # read before its delivery row (other topic)
-                self._outcome_first[value["delivery_id"]] = None
-                if len(self._outcome_first) > OUTCOME_FIRST_KEPT:
-                    del self._outcome_first[next(iter(self._outcome_first))]
+                self._outcome_first.add(value["delivery_id"])
+                if len(self._outcome_first) >= OUTCOME_FIRST_KEPT:  # two generations kept
+                    self._outcome_first_old = self._outcome_first
+                    self._outcome_first = set()
         if table.touches_delivery:
             self._touched.add(value["delivery_id"])
             if value.get("kind") == "suppressed" and "outcome_id" in value:
                 self._suppressed.append(value["outcome_id"])
 
     def _undecodable(self, msg: Message, exc: DeadLetterError, now_ms: int) -> tuple[Any, ...]:
+        # The id comes from the record (where it was read, its bytes and timestamp): read
+        # again (behind a waiting delivery row, the stored offset stays before it), it
+        # meets its first copy and is skipped.
+        kind, ts = msg.timestamp()
+        where = f"{msg.topic()}\x00{msg.partition()}\x00{msg.offset()}\x00".encode()
+        rand = hashlib.blake2b(where + (msg.value() or b""), digest_size=8).digest()
         return (
-            new_id("dlq", now_ms), exc.reason, type(exc).__name__, str(exc), "sink",
+            new_id("dlq", ts if kind != TIMESTAMP_NOT_AVAILABLE else now_ms, rand), exc.reason,
+            type(exc).__name__, str(exc), "sink",
             msg.topic() or "", msg.partition() or 0, msg.offset() or 0, msg.key(), msg.value(),
             None, None, ts_from_ms(now_ms),
         )
 
     def _wait(self, row: tuple[Any, ...], tp: Partition, offset: int) -> None:
         self._next[tp] = offset + 1
-        if row[0] in self._outcome_first:  # no outcome to wait for: write it now
+        if offset in self._waiting_at.get(tp, ()):  # already waiting (read twice)
+            return
+        if row[0] in self._outcome_first or row[0] in self._outcome_first_old:
+            # its outcome has passed: write it now (the projection statement finds it)
             self._rows["deliveries"].append(row)
             self._touched.add(row[0])
             return
@@ -273,7 +291,9 @@ class PostgresSink:
 
     def forget(self, partitions: list[TopicPartition]) -> None:
         """Partitions revoked: their waiting rows go (the new owner reads them again from
-        the offsets stored, which stop at them)."""
+        the offsets stored, which stop at them). Called from ``consume``'s rebalance
+        callback; records of a revoked partition fetched before it are purged by
+        librdkafka (>= 1.6), so none of them reaches ``add`` after this."""
         for tp in partitions:
             key = (tp.topic, tp.partition)
             self._offsets.pop(key, None)  # never past rows not written
@@ -296,6 +316,7 @@ class PostgresSink:
         self._waiting_at.clear()
         self._next.clear()
         self._outcome_first.clear()
+        self._outcome_first_old.clear()
         self._answered.clear()
         if self._conn is not None:
             try:

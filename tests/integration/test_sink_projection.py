@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from confluent_kafka import TopicPartition
+import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, Message, TopicPartition
 
+import postbacks.sinks.postgres as sink_module
 from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
@@ -290,4 +292,47 @@ def test_a_revoked_partition_forgets_its_waiting_rows_and_stores_no_offset_past_
     f.flush(everything=True)  # stopping: whatever waits is written
     assert _row(settings, kept)["status"] == "pending"
     assert f.sink.waiting() == 0
+    f.close()
+
+
+def test_a_row_released_behind_a_waiting_one_and_a_dead_letter_keep_the_offset_honest(
+        settings: Settings, namespace: str) -> None:
+    f = Feed(settings, defer_s=3600)
+    topic = settings.topic(TOPICS.deliveries.base)
+    early, later = _delivery(namespace, "early"), _delivery(namespace, "later")
+    early_offset = f.add(TOPICS.deliveries.base, early)
+    f.add(TOPICS.deliveries.base, later)
+    f.add(TOPICS.outcomes.base, make_outcome(later, "delivered", now_ms=T0))
+    f.flush()  # `later` written, `early` still waiting: the stored offset stays at it
+    assert _exists(settings, later) and not _exists(settings, early)
+    assert _stored(settings, f, TOPICS.deliveries.base) == early_offset
+
+    f.offset += 1
+    bad = Message(topic=topic, partition=0, offset=f.offset, key=b"k", value=b"\x00garbage",
+                  timestamp=(TIMESTAMP_CREATE_TIME, T0))
+    f.sink.add(bad, T0)
+    f.flush()  # a dead letter behind the waiting row: read again after a crash ...
+    f.sink.add(bad, T0 + 5)
+    f.flush()  # ... it meets its first copy
+    with connect(settings.database_url) as conn:
+        n = conn.execute("SELECT count(*) FROM dead_letters WHERE origin_topic = %s",
+                         (topic,)).fetchone()
+    assert n == (1,)
+    f.add(TOPICS.outcomes.base, make_outcome(early, "delivered", now_ms=T0))
+    f.flush()  # `early` released: the offset moves past the dead letter, not back onto it
+    assert _stored(settings, f, TOPICS.deliveries.base) == bad.offset() + 1
+    f.close()
+
+
+def test_outcomes_remembered_with_no_row_waiting_stay_bounded(
+        settings: Settings, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sink_module, "OUTCOME_FIRST_KEPT", 3)
+    f = Feed(settings, defer_s=3600)
+    ds = [_delivery(namespace, f"o{i}") for i in range(8)]
+    for d in ds:
+        f.add(TOPICS.outcomes.base, make_outcome(d, "delivered", now_ms=T0))
+    assert len(f.sink._outcome_first) + len(f.sink._outcome_first_old) <= 6
+    f.add(TOPICS.deliveries.base, ds[-1])  # remembered: written at once
+    f.add(TOPICS.deliveries.base, ds[0])  # forgotten: waits
+    assert f.sink.waiting() == 1
     f.close()
