@@ -8,6 +8,7 @@ pass a waiting row."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -336,3 +337,84 @@ def test_outcomes_remembered_with_no_row_waiting_stay_bounded(
     f.add(TOPICS.deliveries.base, ds[0])  # forgotten: waits
     assert f.sink.waiting() == 1
     f.close()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_interleavings_never_store_an_offset_past_an_unwritten_row(
+        settings: Settings, namespace: str, seed: int) -> None:
+    """Deliveries on two partitions and their outcomes, read in a random order with
+    flushes, crashes (discard, then read again from the stored offsets) and revocations
+    (forget, then read again): after every flush, every delivery below a partition's stored
+    offset is in PostgreSQL; at the end every one is, delivered when it had an outcome."""
+    rng = random.Random(seed)
+    f = Feed(settings, defer_s=3600, defer_max=rng.choice([3, 1000]))
+    dtopic, otopic = (settings.topic(t) for t in (TOPICS.deliveries.base,
+                                                  TOPICS.outcomes.base))
+    logs: dict[str, list[Any]] = {f"{dtopic}/0": [], f"{dtopic}/1": [], f"{otopic}/0": []}
+    read: dict[str, int] = dict.fromkeys(logs, 0)  # each partition's consumer position
+
+    revoked: set[str] = set()  # owned by another consumer for now
+
+    def consume(name: str) -> None:
+        topic, partition = name.rsplit("/", 1)
+        while name not in revoked and read[name] < len(logs[name]):
+            f.sink.add_record(topic, int(partition), read[name], logs[name][read[name]])
+            read[name] += 1
+
+    def rewind(name: str) -> None:
+        topic, partition = name.rsplit("/", 1)
+        read[name] = _stored_at(settings, f, topic, int(partition)) or 0
+        consume(name)
+
+    answered: set[str] = set()
+    for step in range(250):
+        action = rng.random()
+        if action < 0.4:
+            name = f"{dtopic}/{rng.randrange(2)}"
+            logs[name].append(_delivery(namespace, f"s{seed}_{step}"))
+            consume(name)
+        elif action < 0.7:
+            seen = [d for n in logs if n.startswith(dtopic) for d in logs[n][:read[n]]]
+            if seen:
+                d = rng.choice(seen)
+                logs[f"{otopic}/0"].append(make_outcome(d, "delivered", now_ms=T0 + step))
+                answered.add(d["delivery_id"])
+                consume(f"{otopic}/0")
+        elif action < 0.85:
+            f.flush()
+            for name in (f"{dtopic}/0", f"{dtopic}/1"):
+                stored = _stored_at(settings, f, dtopic, int(name[-1])) or 0
+                ids = [d["delivery_id"] for d in logs[name][:stored]]
+                with connect(settings.database_url) as conn:
+                    there = {r[0] for r in conn.execute(
+                        "SELECT delivery_id FROM deliveries WHERE delivery_id = ANY(%s)",
+                        (ids,))}
+                missing = [i for i in ids if i not in there]
+                assert not missing, f"step {step}: stored offset {stored} passes {missing}"
+        elif action < 0.91:  # a failed flush: everything not written goes, read again
+            f.sink.discard()
+            for name in logs:
+                rewind(name)
+        elif action < 0.96:  # a partition revoked (flushes go on without it) ...
+            p = rng.randrange(2)
+            f.sink.forget([TopicPartition(dtopic, p)])
+            revoked.add(f"{dtopic}/{p}")
+        elif revoked:  # ... and assigned again
+            name = revoked.pop()
+            rewind(name)
+    while revoked:
+        rewind(revoked.pop())
+    f.flush(everything=True)
+    for name in (f"{dtopic}/0", f"{dtopic}/1"):
+        for d in logs[name]:
+            want = "delivered" if d["delivery_id"] in answered else "pending"
+            assert _row(settings, d)["status"] == want
+    f.close()
+
+
+def _stored_at(settings: Settings, f: Feed, topic: str, partition: int) -> int | None:
+    with connect(settings.database_url) as conn:
+        row = conn.execute(
+            "SELECT next_offset FROM sink_offsets WHERE consumer_group = %s AND topic = %s"
+            " AND kafka_partition = %s", (f.sink.group, topic, partition)).fetchone()
+    return None if row is None else int(row[0])
