@@ -73,8 +73,8 @@ def test_a_dropped_connection_is_replaced_and_the_refresh_thread_survives(
 
         # the connection dropped and no new one possible: a clear error, the view kept,
         # and the refresh thread keeps going until PostgreSQL is back
-        _terminate(settings, cache._db.conn.info.backend_pid)
-        cache._db._url = "postgresql://postbacks@127.0.0.1:9/postbacks"
+        cache._db._url = "postgresql://postbacks@127.0.0.1:9/postbacks"  # before: the
+        _terminate(settings, cache._db.conn.info.backend_pid)  # thread may reconnect first
         with pytest.raises(ServiceUnavailable):
             cache.load(if_changed=True)
         assert cache.get(ep) is not None
@@ -93,7 +93,8 @@ def test_a_dropped_connection_is_replaced_and_the_refresh_thread_survives(
 
 def _terminate(settings: Settings, pid: int) -> None:
     with connect(settings.database_url, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        # with a timeout, it returns once the backend is gone (not just signalled)
+        admin.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
 
 
 def _add(settings: Settings, ep: str, namespace: str, url: str) -> None:
