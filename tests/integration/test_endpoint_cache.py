@@ -28,7 +28,7 @@ def test_refresh_reloads_only_after_a_change(settings: Settings, namespace: str)
     assert first is not None and first.url == "https://a.example/"
     assert cache.loads == 1
 
-    cache.load(if_changed=True)  # nothing changed: the digest says so, no full load
+    cache.load(if_changed=True)  # nothing changed: the counter says so, no full load
     assert cache.loads == 1 and cache.get(ep) is first
 
     with connect(settings.database_url) as conn:  # an edit of any column
