@@ -111,6 +111,11 @@ def test_trips_hold_their_scope_survive_restart_and_rebalance_and_close_only_by_
     settings: Settings, stack: Stack, namespace: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     x, y, z = (f"ep_{namespace}_{s}" for s in "xyz")
+    # After a rebalance, Faust now and then never fetches a partition it kept (upstream
+    # faust-streaming#629; seen here once in ~20 runs of this test): the gate's progress
+    # watchdog restarts it in place. Its default wait (120 s) is longer than this test's
+    # waits, so the gates here use 20 s: a stall heals within them instead of failing.
+    watchdog = {"POSTBACKS_STALL_RESTART_S": "20"}
     mode(settings, "endpoint", x, "value_rate", "enforce", multiple=3.0,
          floor_micros=50_000_000)
     feed = GateFeed(settings)
@@ -120,7 +125,7 @@ def test_trips_hold_their_scope_survive_restart_and_rebalance_and_close_only_by_
         feed.send(x, t0 + hour * 3_600_000, 10_000_000)
         feed.send(y, t0 + hour * 3_600_000, 10_000_000)
     burst = t0 + 3 * 168 * 3_600_000 + 60_000  # the next hour: baseline $10
-    stack.start("gate", "gate")
+    stack.start("gate", "gate", extra_env=watchdog)
     feed.wait_outputs(2 * 3 * 168, timeout=120)
     assert feed.held() == []
 
@@ -137,14 +142,15 @@ def test_trips_hold_their_scope_survive_restart_and_rebalance_and_close_only_by_
 
     # kill -9 and restart: still tripped.
     stack.procs["gate"].kill9()
-    stack.start("gate", "gate")
+    stack.start("gate", "gate", extra_env=watchdog)
     feed.send(x, burst + 100, 1_000_000)
     feed.send(y, burst + 100, 1_000_000)
     feed.wait_outputs(2 * 3 * 168 + 15, timeout=90)
     assert [d["hold_reason"] for d in feed.held()][-1] == "halted_endpoint"
 
     # A second instance joins (rebalance): still tripped wherever x's partition lands.
-    stack.start("gate2", "gate", extra_env={"POSTBACKS_INSTANCE_ID": f"{namespace}-2"})
+    stack.start("gate2", "gate", extra_env={"POSTBACKS_INSTANCE_ID": f"{namespace}-2",
+                                            **watchdog})
     wait_for(lambda: "gate running" in stack.procs["gate2"].tail(200), 60, what="gate2 up")
     for i in range(3):
         feed.send(x, burst + 200 + i, 1_000_000)
