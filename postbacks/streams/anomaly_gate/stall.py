@@ -34,6 +34,7 @@ class ProgressWatch:
     stall_s: float
     _consumer: Consumer | None = None
     _since: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)
+    _said: set[tuple[str, int]] = field(default_factory=set)  # logged as still
 
     def _client(self) -> Consumer:
         if self._consumer is None:
@@ -66,6 +67,14 @@ class ProgressWatch:
                 seen = self._since.get(key)
                 if seen is None or seen[0] != offset:
                     self._since[key] = (offset, now)
+                    self._said.discard(key)
+                elif now - seen[1] < self.stall_s:  # a stall in the making: say so, once
+                    if (key not in self._said and now - seen[1] >= self.stall_s / 2
+                            and self._record_at(tp.topic, tp.partition, offset)):
+                        self._said.add(key)
+                        log.info("%s[%d]: committed offset %d still for %.0f s with records "
+                                 "waiting (high water %d)", tp.topic, tp.partition, offset,
+                                 now - seen[1], high)
                 elif now - seen[1] >= self.stall_s and self._record_at(tp.topic, tp.partition,
                                                                         offset):
                     return (f"{tp.topic}[{tp.partition}] committed offset {offset} has not "
