@@ -65,5 +65,14 @@ def test_a_waiting_record_behind_a_still_offset_is_a_stall_a_marker_is_not(
 
         _commit(settings, group, topic, 1)  # progress again
         assert watch.stalled(now=400.0) is None
+        assert watch.stalled(now=500.0) is None  # a quiet spell: only the marker after it
+
+        p.begin_transaction()  # a record after the quiet spell, not yet processed: no
+        p.produce(topic, b"two", b"k", partition=0)  # stall before the gate had its chance
+        p.commit_transaction(30)
+        assert watch.stalled(now=501.0) is None
+        assert watch.stalled(now=507.0) is None
+        stuck = watch.stalled(now=511.0)  # ... but one 10 s later
+        assert stuck is not None and f"{topic}[0] committed offset 1" in stuck
     finally:
         watch.close()

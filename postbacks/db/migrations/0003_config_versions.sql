@@ -6,9 +6,12 @@
 -- A BEFORE STATEMENT trigger bumps the counter in the writer's transaction: the new value
 -- becomes visible with the change itself, never before it (a sequence would be seen before
 -- the commit, and a reader could record it and miss the rows). Its row lock is taken
--- before the statement touches any row, so config writers queue on it one transaction at
--- a time instead of deadlocking on each other's rows. A statement changing no row bumps it
--- too: one needless reload, never a missed one.
+-- before the statement touches any row, so writers of these tables queue on it, one
+-- transaction at a time, instead of deadlocking on each other's rows by plain writes. (A
+-- transaction that locks a row with SELECT ... FOR UPDATE before its first write can
+-- still meet one holding the counter the other way round: PostgreSQL aborts one of the
+-- two; the gate's trip writer retries.) Readers never wait on it. A statement changing no
+-- row bumps it too: one needless reload, never a missed one.
 
 CREATE TABLE config_versions (
     name        text PRIMARY KEY CHECK (name IN ('endpoints', 'payout_anomaly_settings')),

@@ -52,9 +52,10 @@ _PROBE = (
 
 
 def _probe(conn: psycopg.Connection[Any]) -> tuple[str, int, float | None]:
-    """(settings version, held depth, oldest held_at epoch s)."""
+    """(settings version, "" when its row is missing: read every pass; held depth, oldest
+    held_at epoch s)."""
     version, depth, oldest = conn.execute(_PROBE).fetchone() or ("", 0, None)
-    return str(version), int(depth), None if oldest is None else float(oldest)
+    return str(version or ""), int(depth), None if oldest is None else float(oldest)
 
 
 def _snapshot(settings: Settings, conn: psycopg.Connection[Any], depth: int,
@@ -112,7 +113,7 @@ class Refresher:
     def _read_changed(self, conn: psycopg.Connection[Any]
                       ) -> Snapshot | tuple[int, float | None]:
         version, depth, oldest = _probe(conn)
-        if version == self._version:
+        if version and version == self._version:
             return depth, oldest
         snap = _snapshot(self.settings, conn, depth, oldest)
         self._version = version

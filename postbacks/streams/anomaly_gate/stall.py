@@ -68,18 +68,25 @@ class ProgressWatch:
                 if seen is None or seen[0] != offset:
                     self._since[key] = (offset, now)
                     self._said.discard(key)
-                elif now - seen[1] < self.stall_s:  # a stall in the making: say so, once
-                    if (key not in self._said and now - seen[1] >= self.stall_s / 2
-                            and self._record_at(tp.topic, tp.partition, offset)):
-                        self._said.add(key)
-                        log.info("%s[%d]: committed offset %d still for %.0f s with records "
-                                 "waiting (high water %d)", tp.topic, tp.partition, offset,
-                                 now - seen[1], high)
-                elif now - seen[1] >= self.stall_s and self._record_at(tp.topic, tp.partition,
-                                                                        offset):
+                    continue
+                still = now - seen[1]
+                if still < self.stall_s / 2:
+                    continue
+                if not self._record_at(tp.topic, tp.partition, offset):
+                    # only a commit marker after it: nothing waits, the partition is idle.
+                    # Still is counted from now: a record arriving after a long quiet
+                    # spell is not a stall before the gate had a chance to commit it.
+                    self._since[key] = (offset, now)
+                    continue
+                if still >= self.stall_s:
                     return (f"{tp.topic}[{tp.partition}] committed offset {offset} has not "
-                            f"moved for {now - seen[1]:.0f}s with records waiting "
+                            f"moved for {still:.0f}s with records waiting "
                             f"(high water {high})")
+                if key not in self._said:  # a stall in the making: say so, once
+                    self._said.add(key)
+                    log.info("%s[%d]: committed offset %d still for %.0f s with records "
+                             "waiting (high water %d)", tp.topic, tp.partition, offset,
+                             still, high)
         except KafkaException as exc:  # the broker is away: not the gate's stall
             log.warning("progress check skipped: %s", exc)
             self._since.clear()
