@@ -8,14 +8,8 @@ idempotent on primary keys). Bulk path: COPY into a temp staging table, then
 retries; Kafka holds the backlog. A record the sink cannot decode is stored as a
 dead-letter row (stage ``sink``) with its original bytes.
 
-Deferred delivery rows: a delivery's row waits in memory for its first outcome (at most
-``sink_defer_s``, at most ``sink_defer_max`` rows) and is written in the same
-transaction, its status already projected from that outcome and the attempts read
-meanwhile (:func:`project_row`), so the projection statement finds nothing to change.
-Written at once and updated a moment later, each row went through every index of
-``deliveries`` twice (a status change is never a HOT update). While a row waits, the
-offset stored for its partition stays at the row, so a crash or a rebalance reads it
-again.
+Delivery rows wait for their first outcome before they are written, already projected
+(:mod:`postbacks.sinks.waiting`); the offsets stored never pass a waiting row.
 """
 
 from __future__ import annotations
@@ -26,7 +20,6 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -47,7 +40,8 @@ from postbacks.ids import new_id
 from postbacks.kafka.clients import check_broker, make_consumer, records
 from postbacks.metrics import SINK_ROWS, SINK_WAITING, STAGE_RECORDS, observe_backlog
 from postbacks.settings import Settings
-from postbacks.sinks.tables import STAGING_DDL, TABLES, project_row, ts_from_ms
+from postbacks.sinks.tables import STAGING_DDL, TABLES, ts_from_ms
+from postbacks.sinks.waiting import Partition, WaitingRows
 from postbacks.topics import TOPICS
 
 __all__ = ["PostgresSink", "run_sink"]
@@ -56,21 +50,6 @@ log = logging.getLogger(__name__)
 
 GROUP = "postbacks-sink"
 
-Partition = tuple[str, int]
-OUTCOME_FIRST_KEPT = 100_000
-
-
-@dataclass(slots=True)
-class _Waiting:
-    """A delivery row waiting for its first outcome, and the attempts read meanwhile."""
-
-    row: tuple[Any, ...]
-    read_at: float  # time.monotonic()
-    at: list[tuple[Partition, int]]  # where it was read (twice if published twice)
-    attempts: list[tuple[Any, ...]] = field(default_factory=list)
-    outcomes: list[tuple[Any, ...]] = field(default_factory=list)
-
-
 class PostgresSink:
     """``add()`` decoded rows, ``flush()`` them with the offsets in one transaction."""
 
@@ -78,22 +57,14 @@ class PostgresSink:
                  defer_max: int | None = None) -> None:
         self.settings = settings
         self.group = settings.topic(GROUP)
-        self.defer_s = settings.sink_defer_s if defer_s is None else defer_s
-        self.defer_max = settings.sink_defer_max if defer_max is None else defer_max
         self._conn: psycopg.Connection[Any] | None = None
         self._rows: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
         self._touched: set[str] = set()
         self._suppressed: list[str] = []  # this batch's ``suppressed`` outcome ids
         self._offsets: dict[Partition, int] = {}  # next offsets to store at the next flush
-        self._waiting: dict[str, _Waiting] = {}  # delivery id -> row, in reading order
-        self._waiting_at: dict[Partition, dict[int, str]] = {}  # offset -> id, in order
-        self._next: dict[Partition, int] = {}  # deliveries partitions: next offset read
-        # ids of the latest outcomes read with no row waiting for them (mostly rows
-        # written already; sometimes read before their row: the topics are read side by
-        # side): such a row is written at once. Two generations, each < OUTCOME_FIRST_KEPT.
-        self._outcome_first: set[str] = set()
-        self._outcome_first_old: set[str] = set()
-        self._answered: set[str] = set()  # waiting ids with an outcome since the last flush
+        self._waiting = WaitingRows(
+            settings.sink_defer_s if defer_s is None else defer_s,
+            settings.sink_defer_max if defer_max is None else defer_max)
         self._deliveries = settings.topic(TOPICS.deliveries.base)
         self._by_topic = {
             settings.topic(TOPICS.deliveries.base): ("Delivery", TABLES["deliveries"]),
@@ -143,8 +114,8 @@ class PostgresSink:
         except DeadLetterError as exc:
             tp, offset = (topic, msg.partition() or 0), msg.offset() or 0
             self._offsets[tp] = offset + 1
-            if topic == self._deliveries:  # a waiting row released later must not rewind
-                self._next[tp] = offset + 1  # the stored offset behind this dead letter
+            if topic == self._deliveries:
+                self._waiting.passed(tp, offset)
             self._rows["dead_letters"].append(self._undecodable(msg, exc, now_ms))
             return
         self.add_record(topic, msg.partition() or 0, msg.offset() or 0, value)
@@ -154,24 +125,15 @@ class PostgresSink:
         next flush."""
         _record, table = self._by_topic[topic]
         self._offsets[(topic, partition)] = offset + 1
-        if topic == self._deliveries:
-            self._wait(table.row(value), (topic, partition), offset)
-            return
         row = table.row(value)
+        if topic == self._deliveries:
+            if not self._waiting.read(row, (topic, partition), offset):
+                return
+        elif table.name == "outcomes":
+            self._waiting.outcome(value["delivery_id"], row)
+        elif table.name == "attempts":
+            self._waiting.attempt(value["delivery_id"], row)
         self._rows[table.name].append(row)
-        if table.name in ("outcomes", "attempts"):
-            waiting = self._waiting.get(value["delivery_id"])
-            if waiting is not None:  # its projection, for when it is written
-                if table.name == "outcomes":
-                    waiting.outcomes.append(row)
-                    self._answered.add(value["delivery_id"])
-                else:
-                    waiting.attempts.append(row)
-            elif table.name == "outcomes":  # read before its delivery row (other topic)
-                self._outcome_first.add(value["delivery_id"])
-                if len(self._outcome_first) >= OUTCOME_FIRST_KEPT:  # two generations kept
-                    self._outcome_first_old = self._outcome_first
-                    self._outcome_first = set()
         if table.touches_delivery:
             self._touched.add(value["delivery_id"])
             if value.get("kind") == "suppressed" and "outcome_id" in value:
@@ -191,72 +153,22 @@ class PostgresSink:
             None, None, ts_from_ms(now_ms),
         )
 
-    def _wait(self, row: tuple[Any, ...], tp: Partition, offset: int) -> None:
-        self._next[tp] = offset + 1
-        if offset in self._waiting_at.get(tp, ()):  # already waiting (read twice)
-            return
-        if row[0] in self._outcome_first or row[0] in self._outcome_first_old:
-            # its outcome has passed: write it now (the projection statement finds it)
-            self._rows["deliveries"].append(row)
-            self._touched.add(row[0])
-            return
-        self._waiting_at.setdefault(tp, {})[offset] = row[0]
-        waiting = self._waiting.get(row[0])
-        if waiting is None:
-            self._waiting[row[0]] = _Waiting(row, time.monotonic(), [(tp, offset)])
-        else:
-            waiting.at.append((tp, offset))
-
     def waiting(self) -> int:
         """Delivery rows waiting for their first outcome."""
         return len(self._waiting)
 
     def pending(self) -> bool:
         """Whether a flush has anything to write."""
-        if self._offsets:
-            return True
-        oldest = next(iter(self._waiting.values()), None)
-        return oldest is not None and (
-            len(self._waiting) > self.defer_max
-            or time.monotonic() - oldest.read_at >= self.defer_s)
+        return bool(self._offsets) or self._waiting.due()
 
     def _release(self, everything: bool) -> None:
-        """Move the waiting delivery rows due now into this flush, their status projected
-        from the outcomes and attempts read meanwhile: those with an outcome (an attempt
-        alone is often followed by its outcome in the next fetch), those waiting
-        ``defer_s``, and the oldest beyond ``defer_max``; their partitions' offsets move
-        on."""
-        if not self._waiting:
-            return
-        if everything:
-            released = list(self._waiting)
-        else:  # the oldest first (reading order): due ones, then those with an outcome
-            due = time.monotonic() - self.defer_s
-            spill = len(self._waiting) - self.defer_max
-            released = []
-            for n, (i, w) in enumerate(self._waiting.items()):
-                if n >= spill and w.read_at > due:
-                    break
-                released.append(i)
-            released.extend(i for i in self._answered if i in self._waiting)
-            released = list(dict.fromkeys(released))
-        self._answered.clear()
+        """The waiting rows due now into this flush; their partitions' offsets move on."""
         rows = self._rows["deliveries"]
-        for i in released:
-            w = self._waiting.pop(i)
-            rows.append(project_row(w.row, w.outcomes, w.attempts))
-            self._touched.add(i)
-            for tp, offset in w.at:
-                del self._waiting_at[tp][offset]
-                self._offsets[tp] = self._next[tp]
-
-    def _stored_offsets(self) -> list[tuple[str, str, int, int]]:
-        """Offsets to store: a deliveries partition's stops at its first waiting row."""
-        out = []
-        for (t, p), o in self._offsets.items():
-            first = next(iter(self._waiting_at.get((t, p), {})), None)
-            out.append((self.group, t, p, o if first is None else min(o, first)))
-        return out
+        for row, partitions in self._waiting.release(everything):
+            rows.append(row)
+            self._touched.add(row[0])
+            for tp in partitions:
+                self._offsets[tp] = self._waiting.next_offset(tp)
 
     def flush(self, everything: bool = False) -> dict[str, int]:
         """Write the added rows, the delivery rows due (``everything``: all waiting) and
@@ -278,7 +190,8 @@ class PostgresSink:
                         " next_offset) VALUES (%s, %s, %s, %s) ON CONFLICT (consumer_group,"
                         " topic, kafka_partition) DO UPDATE SET next_offset ="
                         " EXCLUDED.next_offset, updated_at = now()",
-                        self._stored_offsets(),
+                        [(self.group, t, p, self._waiting.stored((t, p), o))
+                         for (t, p), o in self._offsets.items()],
                     )
         finally:
             self._rows.clear()
@@ -297,13 +210,7 @@ class PostgresSink:
         for tp in partitions:
             key = (tp.topic, tp.partition)
             self._offsets.pop(key, None)  # never past rows not written
-            self._next.pop(key, None)
-            for offset, i in self._waiting_at.pop(key, {}).items():
-                w = self._waiting.get(i)
-                if w is not None:
-                    w.at.remove((key, offset))
-                    if not w.at:
-                        del self._waiting[i]
+            self._waiting.forget(key)
 
     def discard(self) -> None:
         """Drop everything not written (a failed flush): the consumer rewinds to the stored
@@ -313,11 +220,6 @@ class PostgresSink:
         self._suppressed.clear()
         self._offsets.clear()
         self._waiting.clear()
-        self._waiting_at.clear()
-        self._next.clear()
-        self._outcome_first.clear()
-        self._outcome_first_old.clear()
-        self._answered.clear()
         if self._conn is not None:
             try:
                 self._conn.close()

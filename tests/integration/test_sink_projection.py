@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message, TopicPartition
 
-import postbacks.sinks.postgres as sink_module
+import postbacks.sinks.waiting as waiting_module
 from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
@@ -268,12 +268,13 @@ def test_a_row_without_outcome_is_written_pending_after_defer_s_or_beyond_defer_
     assert _stored(settings, f, TOPICS.deliveries.base) == b_offset
     f.close()
 
-    f = Feed(settings, defer_s=0.05)
+    f = Feed(settings, defer_s=2.0)
     d = _delivery(namespace, "d")
     f.add(TOPICS.deliveries.base, d)
-    f.sink._offsets.clear()  # as if flushed: only the waiting row is left
+    assert _write_counts(f) == (0, 0)  # waiting: only its offset's place is stored
+    assert f.sink.waiting() == 1 and not f.sink.pending()
     wait_for(f.sink.pending, 10, interval=0.01, what="the row's wait to end")
-    f.flush()
+    assert _write_counts(f) == (1, 0)
     assert _row(settings, d)["status"] == "pending"
     f.close()
 
@@ -327,12 +328,12 @@ def test_a_row_released_behind_a_waiting_one_and_a_dead_letter_keep_the_offset_h
 
 def test_outcomes_remembered_with_no_row_waiting_stay_bounded(
         settings: Settings, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sink_module, "OUTCOME_FIRST_KEPT", 3)
+    monkeypatch.setattr(waiting_module, "OUTCOME_FIRST_KEPT", 3)
     f = Feed(settings, defer_s=3600)
     ds = [_delivery(namespace, f"o{i}") for i in range(8)]
     for d in ds:
         f.add(TOPICS.outcomes.base, make_outcome(d, "delivered", now_ms=T0))
-    assert len(f.sink._outcome_first) + len(f.sink._outcome_first_old) <= 6
+    assert f.sink._waiting.remembered() <= 6
     f.add(TOPICS.deliveries.base, ds[-1])  # remembered: written at once
     f.add(TOPICS.deliveries.base, ds[0])  # forgotten: waits
     assert f.sink.waiting() == 1
