@@ -45,17 +45,18 @@ class _Target(Protocol):
 # held-cohort figures in the same round trip. (It replaced an md5 of every settings row,
 # 6-10 ms of PostgreSQL per refresh at 1,800 rows.)
 _PROBE = (
-    "SELECT (SELECT version::text FROM config_versions"
+    "SELECT (SELECT version FROM config_versions"
     "         WHERE name = 'payout_anomaly_settings'),"
     " count(*), extract(epoch FROM min(held_at)) FROM deliveries WHERE status = 'held'"
 )
 
 
-def _probe(conn: psycopg.Connection[Any]) -> tuple[str, int, float | None]:
-    """(settings version, "" when its row is missing: read every pass; held depth, oldest
-    held_at epoch s)."""
-    version, depth, oldest = conn.execute(_PROBE).fetchone() or ("", 0, None)
-    return str(version or ""), int(depth), None if oldest is None else float(oldest)
+def _probe(conn: psycopg.Connection[Any]) -> tuple[int | None, int, float | None]:
+    """(settings version, None when its row is missing: read every pass; held depth,
+    oldest held_at epoch s)."""
+    version, depth, oldest = conn.execute(_PROBE).fetchone() or (None, 0, None)
+    return (None if version is None else int(version)), int(depth), (
+        None if oldest is None else float(oldest))
 
 
 def _snapshot(settings: Settings, conn: psycopg.Connection[Any], depth: int,
@@ -72,7 +73,7 @@ class Refresher:
         self._first = first
         self.targets: tuple[_Target, ...] = ()
         self._db = KeptConnection(settings.database_url)
-        self._version: str | None = None  # config_versions' value of the rows last applied
+        self._version: int | None = None  # config_versions' value of the rows last applied
         self.loads = 0  # full reads after the first (the counter saved the others)
 
     @classmethod
@@ -113,7 +114,7 @@ class Refresher:
     def _read_changed(self, conn: psycopg.Connection[Any]
                       ) -> Snapshot | tuple[int, float | None]:
         version, depth, oldest = _probe(conn)
-        if version and version == self._version:
+        if version is not None and version == self._version:
             return depth, oldest
         snap = _snapshot(self.settings, conn, depth, oldest)
         self._version = version
