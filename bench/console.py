@@ -52,7 +52,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.delivery import ROOT, cpu_s, env_for, pct, say
+from bench.harness import ROOT, cpu_s, env_for, pct, say
 from postbacks.codec import codec_for
 from postbacks.console import queries as q
 from postbacks.console.auth import Principal, create_token, lookup_token

@@ -33,7 +33,7 @@ from confluent_kafka import Consumer, Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.delivery import ROOT, cpu_s, env_for, fresh, metrics_text, pct, say
+from bench.harness import ROOT, cpu_s, env_for, fresh, metrics_text, pct, say
 from postbacks.codec import codec_for
 from postbacks.db.anomaly import set_mode
 from postbacks.db.connect import connect

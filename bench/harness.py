@@ -1,0 +1,200 @@
+"""What the benchmarks share: fresh topics per run, the stage environment, CPU accounting of
+process trees, percentiles, a dispatch-record writer, and the fast local receiver.
+Traffic to 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+
+from postbacks.codec import codec_for
+from postbacks.core.endpoint import Endpoint
+from postbacks.core.fanout import plan_deliveries
+from postbacks.emit import synthetic_conversions
+from postbacks.settings import Settings, load_settings
+from postbacks.tools.procs import free_port, http_json, wait_for
+from postbacks.topics import TOPICS
+from postbacks.topics.admin import create_topics, delete_prefixed_topics
+
+ROOT = Path(__file__).resolve().parents[1]
+
+def say(msg: str) -> None:
+    print(f"[bench] {msg}", flush=True)
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of ``pid`` and of each of its children (PostgreSQL's work is done in
+    its backends, not in the postmaster)."""
+    out = {pid: cpu_s(pid)}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                out[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / \
+                    os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return out
+
+
+def tree_cpu_since(pid: int, before: dict[int, float]) -> float:
+    """CPU seconds the tree spent since ``before`` (children that started since count from
+    zero; any that ended meanwhile are missed)."""
+    return sum(v - before.get(p, 0.0) for p, v in tree_cpu(pid).items())
+
+
+def metrics_text(log_path: Path) -> str | None:
+    """A stage's whole /metrics page (its address read from its log), or None."""
+    import re
+    import urllib.request
+
+    m = re.findall(r"metrics on (http://\S+)", log_path.read_text())
+    if not m:
+        return None
+    with urllib.request.urlopen(m[-1], timeout=5) as r:
+        return str(r.read().decode())
+
+
+def metrics_of(log_path: Path) -> str:
+    """The agent's own counters, read from its /metrics (port from its log)."""
+    text = metrics_text(log_path)
+    if text is None:
+        return "(no metrics address in log)"
+    return "\n".join(line for line in text.splitlines()
+                     if line.startswith(("webhook_", "postbacks_")) and "bucket" not in line)
+
+
+def service_pids() -> dict[str, int]:
+    """The local broker's and PostgreSQL's PIDs (deploy/local/services.sh), if ours."""
+    out: dict[str, int] = {}
+    kafka = ROOT / ".local" / "run" / "kafka.pid"
+    if kafka.exists():
+        out["kafka"] = int(kafka.read_text().split()[0])
+    pg = ROOT / ".local" / "pgdata" / "postmaster.pid"
+    if pg.exists():
+        out["postgres"] = int(pg.read_text().split()[0])
+    return out
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))] if s else float("nan")
+
+
+_CREATED: list[Settings] = []
+
+
+def fresh(base: Settings, name: str) -> Settings:
+    """Settings with a fresh topic prefix, its topics created (deleted by ``cleanup``)."""
+    s = load_settings({}, kafka_bootstrap_servers=base.kafka_bootstrap_servers,
+                      database_url=base.database_url,
+                      topic_prefix=f"bench{int(time.time())}{name}.",
+                      instance_id=f"bench-{name}")
+    create_topics(s)
+    _CREATED.append(s)
+    return s
+
+
+def cleanup() -> None:
+    """Delete the topics ``fresh`` created: a broker keeping hundreds of old benchmark
+    partitions spends CPU on them in every later run."""
+    while _CREATED:
+        s = _CREATED.pop()
+        delete_prefixed_topics(s, s.topic_prefix)
+
+
+def env_for(s: Settings, **extra: str) -> dict[str, str]:
+    return {"KAFKA_BOOTSTRAP_SERVERS": s.kafka_bootstrap_servers,
+            "POSTBACKS_DATABASE_URL": s.database_url, "POSTBACKS_TOPIC_PREFIX": s.topic_prefix,
+            "POSTBACKS_ALLOW_LOOPBACK_TARGETS": "true", "POSTBACKS_CONFIG_REFRESH_S": "2",
+            "POSTBACKS_INSTANCE_ID": s.instance_id, **extra}
+
+
+class DispatchWriter:
+    """Delivery records straight onto dispatch.v1, through one producer for the whole run.
+
+    ``seed`` picks the conversions: every call that must yield new deliveries needs its own
+    (the same seed gives the same conversion ids, hence the same deliveries and keys)."""
+
+    def __init__(self, s: Settings, linger_ms: int = 20) -> None:
+        self.s = s
+        self.codec = codec_for("Delivery")
+        self.p = Producer({"bootstrap.servers": s.kafka_bootstrap_servers,
+                           "linger.ms": linger_ms, "partitioner": "murmur2_random"})
+
+    def send(self, endpoints: list[Endpoint], per_endpoint: int, *, seed: int = 1,
+             partition: int | None = None, flush: bool = True) -> dict[str, int]:
+        """Returns idempotency key -> the moment its record was handed to the producer."""
+        s = self.s
+        keys: dict[str, int] = {}
+        events = list(synthetic_conversions(per_endpoint * len(endpoints), apps=1, seed=seed,
+                                            namespace=s.instance_id,
+                                            now_ms=int(time.time() * 1000)))
+        kw: dict[str, Any] = {} if partition is None else {"partition": partition}
+        for i, ev in enumerate(events):
+            ep = endpoints[i % len(endpoints)]
+            ev["app_id"] = ep.app_id
+            now = int(time.time() * 1000)
+            for d in plan_deliveries(ev, [ep], idem_key=s.idempotency_key.reveal().encode(),
+                                     now_ms=now):
+                keys[d["idempotency_key"]] = now
+                while True:
+                    try:
+                        self.p.produce(s.topic(TOPICS.dispatch.base), self.codec.encode(d),
+                                       d["endpoint_id"].encode(), **kw)
+                        break
+                    except BufferError:
+                        self.p.poll(0.05)
+        if flush:
+            assert self.p.flush(60) == 0
+        else:
+            self.p.poll(0)
+        return keys
+
+    def close(self) -> None:
+        assert self.p.flush(60) == 0
+
+
+def produce_dispatch(s: Settings, endpoints: list[Endpoint], per_endpoint: int) -> None:
+    writer = DispatchWriter(s)
+    writer.send(endpoints, per_endpoint)
+    writer.close()
+
+
+def arrived(url: str, keys: Any) -> bool:
+    """Whether the receiver has answered every one of ``keys`` (one ``/_times`` read)."""
+    times = http_json(f"{url}/_times")
+    return all(k in times for k in keys)
+
+
+def endpoints_for(s: Settings, seeded: list[Any]) -> list[Endpoint]:
+    return [Endpoint(x.endpoint_id, x.app_id, x.url, frozenset({"*"})) for x in seeded]
+
+
+@contextlib.contextmanager
+def fast_receiver(*args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``bench/fast_receiver.py`` on a free port (extra ``args``: a slow endpoint and its
+    delay), ready; yields its base URL and process, stopped on exit."""
+    port = free_port()
+    rx = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fast_receiver.py"), str(port),
+                           *args])
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: http_json(f"{url}/_stats"), 20, what="fast receiver")
+        yield url, rx
+    finally:
+        rx.terminate()
+        rx.wait(10)
