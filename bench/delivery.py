@@ -3,7 +3,8 @@
 Measures, in one run so ratios are fair on a shared machine:
   1. the bare aiohttp client's POST rate against a fast local receiver;
   2. one agent process's deliveries/s against the same receiver, and its CPU µs/delivery;
-  3. end-to-end deliveries/s through fanout -> gate -> agent -> sink;
+  3. the delivery engine end to end: a backlog of deliveries -> agent -> sink -> PostgreSQL
+     (bench/engine.py), and the whole pipeline: conversions -> fanout -> gate -> agent -> sink;
   4. relay lateness p50/p99 (republish time - due_at);
   5. healthy-endpoint p99 latency with and without a 15-s endpoint on the same partition.
 
@@ -45,6 +46,7 @@ from bench.harness import (
     tree_cpu,
     tree_cpu_since,
 )
+from bench.engine import run_engine
 from postbacks.codec import codec_for
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.fanout import plan_deliveries
@@ -301,6 +303,8 @@ def _run_parts(args: argparse.Namespace, parts: set[str], base: Settings, log_di
                results: dict[str, float]) -> None:
     if "agent" in parts:
         results |= run_agent_alone(base, args.deliveries, args.endpoints, log_dir / "agent")
+    if "engine" in parts:
+        results |= run_engine(base, args.deliveries, args.endpoints, RUN_SEED, log_dir / "engine")
     if "e2e" in parts:
         results |= run_end_to_end(base, args.deliveries, log_dir / "e2e")
     if "latency" in parts:
@@ -330,8 +334,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--deliveries", type=int, default=20_000)
     ap.add_argument("--endpoints", type=int, default=50)
-    ap.add_argument("--parts", default="agent,e2e,latency,relay,isolation",
-                    help="comma-separated subset of: agent, e2e, latency, relay, isolation")
+    ap.add_argument("--parts", default="agent,engine,e2e,latency,relay,isolation",
+                    help="comma-separated subset of: agent, engine, e2e, latency, relay, "
+                         "isolation")
     ap.add_argument("--latency-rate", type=float, default=200,
                     help="conversions/s for the pipeline latency part (10 s)")
     ap.add_argument("--isolation-pairs", type=int, default=5,

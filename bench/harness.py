@@ -136,9 +136,16 @@ class DispatchWriter:
                            "linger.ms": linger_ms, "partitioner": "murmur2_random"})
 
     def send(self, endpoints: list[Endpoint], per_endpoint: int, *, seed: int = 1,
-             partition: int | None = None, flush: bool = True) -> dict[str, int]:
-        """Returns idempotency key -> the moment its record was handed to the producer."""
+             partition: int | None = None, flush: bool = True,
+             also_deliveries: bool = False) -> dict[str, int]:
+        """Returns idempotency key -> the moment its record was handed to the producer.
+
+        ``also_deliveries``: each record goes to deliveries.v1 too, as fan-out writes it
+        (the sink records the delivery from there), before its dispatch.v1 copy."""
         s = self.s
+        topics = [s.topic(TOPICS.dispatch.base)]
+        if also_deliveries:
+            topics.insert(0, s.topic(TOPICS.deliveries.base))
         keys: dict[str, int] = {}
         events = list(synthetic_conversions(per_endpoint * len(endpoints), apps=1, seed=seed,
                                             namespace=s.instance_id,
@@ -151,13 +158,14 @@ class DispatchWriter:
             for d in plan_deliveries(ev, [ep], idem_key=s.idempotency_key.reveal().encode(),
                                      now_ms=now):
                 keys[d["idempotency_key"]] = now
-                while True:
-                    try:
-                        self.p.produce(s.topic(TOPICS.dispatch.base), self.codec.encode(d),
-                                       d["endpoint_id"].encode(), **kw)
-                        break
-                    except BufferError:
-                        self.p.poll(0.05)
+                value, key = self.codec.encode(d), d["endpoint_id"].encode()
+                for topic in topics:
+                    while True:
+                        try:
+                            self.p.produce(topic, value, key, **kw)
+                            break
+                        except BufferError:
+                            self.p.poll(0.05)
         if flush:
             assert self.p.flush(60) == 0
         else:
