@@ -279,45 +279,48 @@ def main() -> int:
             results["cpu_us_per_delivery"] = round(cpu / len(got) * 1e6)
             results["startup_to_first_output_s"] = round(first / 1000 - t_start, 2)
 
-            if not args.back_to_back:
-                drained = wait_drained(s)
-                say(f"gate drained the throughput run {drained:.1f}s after its last dispatch; "
-                    f"idle for {args.idle_s:.0f}s")
-                results.update(drained_after_s=round(drained, 1), idle_s=args.idle_s)
-                time.sleep(args.idle_s)
-            say(f"latency: {args.rate:.0f}/s for {args.seconds:.0f}s through the running gate")
-            m = int(args.rate * args.seconds)
-            if args.profile_latency:
-                import subprocess
+            if args.seconds <= 0:
+                say("no latency run (--seconds 0)")
+            else:
+                if not args.back_to_back:
+                    drained = wait_drained(s)
+                    say(f"gate drained the throughput run {drained:.1f}s after its last dispatch; "
+                        f"idle for {args.idle_s:.0f}s")
+                    results.update(drained_after_s=round(drained, 1), idle_s=args.idle_s)
+                    time.sleep(args.idle_s)
+                say(f"latency: {args.rate:.0f}/s for {args.seconds:.0f}s through the running gate")
+                m = int(args.rate * args.seconds)
+                if args.profile_latency:
+                    import subprocess
 
-                spy = str(Path(sys.executable).parent / "py-spy")
-                subprocess.Popen([spy, "record", "-r", "100", "--idle", "-t", "-d",
-                                  str(int(args.seconds) + 2), "-f", "raw",
-                                  "-o", args.profile_latency, "-p", str(gate.pid)])
-            partials0 = partials_written(s)
-            gc0 = gc_pauses(gate.log_path)
-            cpu0 = cpu_s(gate.pid)
-            produce(s, m, endpoints, "l", rate=args.rate, warm=True)
-            lat, steady, first_s = added_latency(s, m, "l", args.series)
-            cpu_lat = (cpu_s(gate.pid) - cpu0) / m * 1e6
-            per_delivery = (partials_written(s) - partials0) / m
-            gc1 = gc_pauses(gate.log_path)
-            pauses = {k: round(gc1.get(k, 0.0) - gc0.get(k, 0.0), 4) for k in gc1}
-            say(f"during the latency run: {cpu_lat:.0f} µs CPU per delivery, "
-                f"{per_delivery:.3f} partials written per delivery; GC pauses: "
-                + ", ".join(f"{k} {v}" for k, v in sorted(pauses.items())))
-            results["gc_pauses_during_latency_run"] = pauses
-            results.update(latency_run_cpu_us_per_delivery=round(cpu_lat),
-                           partials_per_delivery=round(per_delivery, 4))
-            p50, p99 = pct(lat, 50), pct(lat, 99)
-            say(f"gate added latency over {len(lat):,} deliveries: p50 {p50:.0f} ms, "
-                f"p99 {p99:.0f} ms, max {max(lat):.0f} ms; after the first second: "
-                f"p50 {pct(steady, 50):.0f} ms, p99 {pct(steady, 99):.0f} ms; first second: "
-                f"p99 {pct(first_s, 99):.0f} ms, max {max(first_s):.0f} ms")
-            results.update(latency_p50_ms=p50, latency_p99_ms=p99, latency_n=len(lat),
-                           latency_rate=args.rate, steady_p50_ms=pct(steady, 50),
-                           steady_p99_ms=pct(steady, 99), first_second_p99_ms=pct(first_s, 99),
-                           first_second_max_ms=max(first_s))
+                    spy = str(Path(sys.executable).parent / "py-spy")
+                    subprocess.Popen([spy, "record", "-r", "100", "--idle", "-t", "-d",
+                                      str(int(args.seconds) + 2), "-f", "raw",
+                                      "-o", args.profile_latency, "-p", str(gate.pid)])
+                partials0 = partials_written(s)
+                gc0 = gc_pauses(gate.log_path)
+                cpu0 = cpu_s(gate.pid)
+                produce(s, m, endpoints, "l", rate=args.rate, warm=True)
+                lat, steady, first_s = added_latency(s, m, "l", args.series)
+                cpu_lat = (cpu_s(gate.pid) - cpu0) / m * 1e6
+                per_delivery = (partials_written(s) - partials0) / m
+                gc1 = gc_pauses(gate.log_path)
+                pauses = {k: round(gc1.get(k, 0.0) - gc0.get(k, 0.0), 4) for k in gc1}
+                say(f"during the latency run: {cpu_lat:.0f} µs CPU per delivery, "
+                    f"{per_delivery:.3f} partials written per delivery; GC pauses: "
+                    + ", ".join(f"{k} {v}" for k, v in sorted(pauses.items())))
+                results["gc_pauses_during_latency_run"] = pauses
+                results.update(latency_run_cpu_us_per_delivery=round(cpu_lat),
+                               partials_per_delivery=round(per_delivery, 4))
+                p50, p99 = pct(lat, 50), pct(lat, 99)
+                say(f"gate added latency over {len(lat):,} deliveries: p50 {p50:.0f} ms, "
+                    f"p99 {p99:.0f} ms, max {max(lat):.0f} ms; after the first second: "
+                    f"p50 {pct(steady, 50):.0f} ms, p99 {pct(steady, 99):.0f} ms; first second: "
+                    f"p99 {pct(first_s, 99):.0f} ms, max {max(first_s):.0f} ms")
+                results.update(latency_p50_ms=p50, latency_p99_ms=p99, latency_n=len(lat),
+                               latency_rate=args.rate, steady_p50_ms=pct(steady, 50),
+                               steady_p99_ms=pct(steady, 99), first_second_p99_ms=pct(first_s, 99),
+                               first_second_max_ms=max(first_s))
     finally:
         delete_prefixed_topics(s, s.topic_prefix)
     out = ROOT / "bench" / "results" / "gate-latest.json"
