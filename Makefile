@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: install
-	$(BIN)/ruff check postbacks tests
+	$(BIN)/ruff check postbacks tests bench
 
 typecheck: install
 	$(BIN)/mypy

@@ -28,6 +28,7 @@ from confluent_kafka import Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.engine import run_engine
 from bench.harness import (
     ROOT,
     DispatchWriter,
@@ -46,7 +47,6 @@ from bench.harness import (
     tree_cpu,
     tree_cpu_since,
 )
-from bench.engine import run_engine
 from postbacks.codec import codec_for
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.fanout import plan_deliveries
