@@ -34,6 +34,7 @@ from postbacks.console import actions as act
 from postbacks.console import queries as q
 from postbacks.console import writes as w
 from postbacks.console.auth import check_csrf, lookup_token, may, session_cookie
+from postbacks.console.filters import ID
 from postbacks.console.forms import MAX_BODY, Problem, body_of, filter_from, text
 from postbacks.console.http import (
     COOKIE,
@@ -253,7 +254,7 @@ def _held(c: Console) -> Handler:
 
         flt = {k: request.query.get(k) or None for k in ("endpoint", "reason", "app")}
         for k, v in flt.items():
-            if v is not None and not q._ID.match(v):
+            if v is not None and not ID.match(v):
                 raise Problem(400, f"{k} {v[:60]!r} is not a valid id")
         def read(conn: psycopg.Connection[Any]) -> tuple[list[Any], list[dict[str, Any]]]:
             return (held_deliveries(conn, endpoint_id=flt["endpoint"], reason=flt["reason"],
