@@ -466,9 +466,10 @@ shared_buffers = 256MB
 max_connections = 200
 # The sink writes ~5 KB of WAL per delivery between checkpoints, and every page's first
 # change after one is logged whole: with the defaults (5 min, 1 GB) a sustained 4,000/s
-# forces a checkpoint every few seconds. Measured (bench/delivery.py --parts engine, 60,000
-# deliveries, after a forced checkpoint, 2 alternating pairs): 9.3-9.5 against 11.6-12.1 KB
-# of WAL and 159-165 against 176-187 us of PostgreSQL CPU per delivery.
+# forces a checkpoint every minute or so. Measured (bench/delivery.py --parts engine,
+# 60,000 deliveries, 2 alternating pairs): 9.3-9.5 against 11.6-12.1 KB of WAL per
+# delivery when the run starts at a checkpoint, 4.7-5.2 KB with none in the run. The
+# PostgreSQL CPU per delivery moved less than the host's own swings (6 pairs).
 max_wal_size = 8GB
 checkpoint_timeout = 15min
 EOF
