@@ -167,6 +167,68 @@ def test_a_held_delivery_shows_its_hold(settings: Settings, namespace: str) -> N
     f.close()
 
 
+def _attempt_partitions_read(settings: Settings, ids: list[str]) -> list[str]:
+    """The attempts partitions the projection statement reads for ``ids`` (their bounds
+    read from the stored rows), by EXPLAIN ANALYZE inside a rolled-back transaction."""
+    from postbacks.sinks.postgres import _PROJECT
+
+    with connect(settings.database_url) as conn:
+        (plan,), = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _PROJECT,
+                                {"ids": ids, "from": [None] * len(ids)}).fetchall()
+        conn.rollback()
+    read: list[str] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        rel = node.get("Relation Name", "")
+        if rel.startswith("delivery_attempts") and node.get("Actual Loops", 0) > 0:
+            read.append(rel)
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan[0]["Plan"])
+    return read
+
+
+def test_the_attempt_lookup_reads_only_the_days_a_delivery_can_have_attempts_on(
+        settings: Settings, namespace: str) -> None:
+    """Attempts are partitioned by day and every partition is kept (and a week is made
+    ahead): the projection looks for a delivery's attempts from its creation (less an hour)
+    to a day past now, so its cost does not grow with the days kept."""
+    import time as _time
+
+    now = int(_time.time() * 1000)
+    with connect(settings.database_url) as conn:  # a day long past, and the week ahead
+        conn.execute("SELECT postbacks_ensure_attempt_partitions(current_date - 40, 1)")
+        conn.execute("SELECT postbacks_ensure_attempt_partitions(current_date, 8)")
+        conn.commit()
+        days = [r[0] for r in conn.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = 'delivery_attempts'::regclass").fetchall()]
+    assert len(days) >= 10
+    f = Feed(settings)
+    d = make_delivery(delivery_id=f"dlv_{namespace}_days", endpoint_id=f"ep_{namespace}",
+                      conversion=make_conversion(conversion_id=f"cv_{namespace}_days"),
+                      created_at=now)
+    f.add(TOPICS.deliveries.base, d)
+    f.add(TOPICS.attempts.base, _attempt(d, 1, now + 1000, "http_500"))
+    f.add(TOPICS.outcomes.base, make_outcome(d, "failing", now_ms=now + 1000))
+    f.flush()
+    f.add(TOPICS.attempts.base, _attempt(d, 2, now + 2000, None))  # a retry, row stored
+    f.add(TOPICS.outcomes.base, make_outcome(d, "delivered", now_ms=now + 2000))
+    f.flush()
+    row = _row(settings, d)
+    assert (row["status"], row["attempts"], row["error"]) == ("delivered", 2, None)
+
+    read = _attempt_partitions_read(settings, [d["delivery_id"]])
+    # today's (and yesterday's within an hour of midnight, tomorrow's near the end of the
+    # day in another zone): never the day long past, the days ahead, or the default
+    assert read, "the attempt lookup read no partition"
+    assert len(read) <= 3 and "delivery_attempts_default" not in read, read
+    # a delivery with no row: nothing to update, no partition read
+    assert _attempt_partitions_read(settings, [f"dlv_{namespace}_none"]) == []
+    f.close()
+
+
 def _write_counts(f: Feed) -> tuple[int, int]:
     """Flush inside a transaction of the sink's own connection (``flush`` nests as a
     savepoint) and return this transaction's (inserts, updates) on ``deliveries``."""
