@@ -142,6 +142,7 @@ class GateProcess:
         self.idle = asyncio.Event()
         self.idle.set()
         self.stopping = False
+        self._tick = time.monotonic()  # the event loop's last turn (the progress watch)
         self.app = self._build_app()
 
     # ----------------------------------------------------------------- Faust app
@@ -311,15 +312,12 @@ class GateProcess:
         await self.app.start()
         gc.freeze()  # start-up objects out of the collector's way (see the module docstring)
         log.info("gate running (instance %s)", self.settings.instance_id)
-        watch = ProgressWatch(self.settings, self.app.conf.id, self.settings.stall_restart_s)
-        next_watch = time.monotonic() + 5.0
+        self._tick = time.monotonic()
+        threading.Thread(target=self._watch_progress, args=(stop,), name="gate-progress",
+                         daemon=True).start()
         while not stop.is_set():
             await asyncio.sleep(0.1)
-            if time.monotonic() >= next_watch:
-                next_watch = time.monotonic() + 5.0
-                stuck = await asyncio.to_thread(watch.stalled)
-                if stuck:
-                    restart_in_place(f"gate: no progress: {stuck}", backoff_s=1.0)
+            self._tick = time.monotonic()
             crashed = [svc for svc in (self.app, self.app.consumer,
                                        getattr(self.app, "_fetcher", None))
                        if svc is not None and svc.crashed]
@@ -330,6 +328,22 @@ class GateProcess:
                 if t.done() and not t.cancelled() and t.exception() is not None:
                     restart_in_place(f"gate: background task failed: {t.exception()!r}")
         await self.shutdown()
+
+    def _watch_progress(self, stop: threading.Event) -> None:
+        """On a thread of its own, so that neither a blocked event loop nor a hung check
+        keeps it from firing: a partition whose committed offset stands still with records
+        waiting (:class:`ProgressWatch`), or an event loop that has not turned for
+        ``stall_restart_s``, restarts the process in place -- with every thread's stack in
+        the log, so the stall can be read afterwards."""
+        watch = ProgressWatch(self.settings, self.app.conf.id, self.settings.stall_restart_s)
+        while not stop.wait(5.0):
+            lag = time.monotonic() - self._tick
+            if lag > self.settings.stall_restart_s:
+                restart_in_place(f"gate: the event loop has not turned for {lag:.0f} s",
+                                 dump=True, backoff_s=1.0)
+            stuck = watch.stalled()
+            if stuck and not stop.is_set():
+                restart_in_place(f"gate: no progress: {stuck}", dump=True, backoff_s=1.0)
 
     async def shutdown(self) -> None:
         """Finish the batch in flight, commit what is done, leave (nothing half-acknowledged:
