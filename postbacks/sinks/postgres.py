@@ -46,7 +46,6 @@ from postbacks.topics import TOPICS
 
 __all__ = ["PostgresSink", "run_sink"]
 
-_CREATED_AT = TABLES["deliveries"].columns.index("created_at")
 _CLOCK_SLACK = dt.timedelta(hours=1)
 
 log = logging.getLogger(__name__)
@@ -62,9 +61,7 @@ class PostgresSink:
         self.group = settings.topic(GROUP)
         self._conn: psycopg.Connection[Any] | None = None
         self._rows: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
-        # delivery id -> the earliest its attempts can be stamped, when this batch knows its
-        # row (lets the projection skip the attempt partitions before it)
-        self._touched: dict[str, dt.datetime | None] = {}
+        self._touched: set[str] = set()
         self._suppressed: list[str] = []  # this batch's ``suppressed`` outcome ids
         self._offsets: dict[Partition, int] = {}  # next offsets to store at the next flush
         self._waiting = WaitingRows(
@@ -140,10 +137,7 @@ class PostgresSink:
             self._waiting.attempt(value["delivery_id"], row)
         self._rows[table.name].append(row)
         if table.touches_delivery:
-            if table.name == "deliveries":
-                self._touched[row[0]] = _attempts_from(row)
-            else:
-                self._touched.setdefault(value["delivery_id"], None)
+            self._touched.add(value["delivery_id"])
             if value.get("kind") == "suppressed" and "outcome_id" in value:
                 self._suppressed.append(value["outcome_id"])
 
@@ -174,7 +168,7 @@ class PostgresSink:
         rows = self._rows["deliveries"]
         for row, partitions in self._waiting.release(everything):
             rows.append(row)
-            self._touched[row[0]] = _attempts_from(row)
+            self._touched.add(row[0])
             for tp in partitions:
                 self._offsets[tp] = self._waiting.next_offset(tp)
 
@@ -191,9 +185,7 @@ class PostgresSink:
                     if rows:
                         written[name] = TABLES[name].write(conn, rows)
                 if self._touched:
-                    ids = sorted(self._touched)
-                    _project_status(conn, ids, self._suppressed,
-                                    [self._touched[i] for i in ids])
+                    _project_status(conn, sorted(self._touched), self._suppressed)
                 with conn.cursor() as cur:
                     cur.executemany(
                         "INSERT INTO sink_offsets (consumer_group, topic, kafka_partition,"
@@ -242,8 +234,9 @@ class PostgresSink:
 # attempt through one scan per attempts partition that can hold it, and the row rewritten
 # only when a value changes. Attempts are partitioned by day and every partition is kept,
 # so a lookup without bounds grows with the days kept (and reads the days created ahead):
-# an attempt is looked for from its delivery's creation less an hour (the batch's own row,
-# or the stored one; no row, nothing to update, no partition read) to a day past
+# an attempt is looked for from its delivery's creation less an hour (as stored: this
+# batch's rows are inserted before, and a duplicate's newer creation is not; no row,
+# nothing to update, no partition read) to a day past
 # PostgreSQL's clock, which leaves one to three partitions. An attempt stamped outside
 # that range -- by a clock more than an hour behind fan-out's or a day ahead of
 # PostgreSQL's -- is stored but not counted here. The new values are computed from the
@@ -264,8 +257,8 @@ UPDATE deliveries d
    SET status = {_STATUS}, status_at = {_STATUS_AT}, held_at = {_HELD_AT},
        hold_reason = {_HOLD_REASON}, attempt_count = {_ATTEMPTS}, last_error = {_LAST_ERROR}
   FROM (SELECT ids.delivery_id, o.kind, o.occurred_at, o.reason, a.n, a.err
-          FROM unnest(%(ids)s::text[], %(from)s::timestamptz[]) AS ids(delivery_id, since)
-          CROSS JOIN LATERAL (SELECT coalesce(ids.since, (
+          FROM unnest(%(ids)s::text[]) AS ids(delivery_id)
+          CROSS JOIN LATERAL (SELECT coalesce((
                SELECT d0.created_at - interval '{_CLOCK_SLACK.total_seconds():.0f} s'
                  FROM deliveries d0
                 WHERE d0.delivery_id = ids.delivery_id), 'infinity') AS since) b
@@ -286,25 +279,14 @@ UPDATE deliveries d
 """
 
 
-def _attempts_from(row: tuple[Any, ...]) -> dt.datetime | None:
-    """The earliest an attempt of this delivery row can be stamped: its creation, less an
-    hour for clocks that disagree."""
-    created: dt.datetime | None = row[_CREATED_AT]
-    return None if created is None else created - _CLOCK_SLACK
-
-
 def _project_status(conn: psycopg.Connection[Any], delivery_ids: list[str],
-                    suppressed: list[str] | None = None,
-                    attempts_from: list[dt.datetime | None] | None = None) -> None:
+                    suppressed: list[str] | None = None) -> None:
     """Re-derive the status projection of the touched deliveries from outcomes and attempts:
     status = the latest outcome's kind (by ``occurred_at``, then ``outcome_id``);
     held_at/hold_reason from it when it is ``held``; attempt_count/last_error from the
     highest attempt number, never lowered. ``suppressed``: this batch's ``suppressed``
-    outcome ids (permanent mapping failures), which become postback_suppressions rows.
-    ``attempts_from``: for each id, the earliest its attempts can be stamped (None: read
-    from its row)."""
-    conn.execute(_PROJECT, {"ids": delivery_ids,
-                            "from": attempts_from or [None] * len(delivery_ids)})
+    outcome ids (permanent mapping failures), which become postback_suppressions rows."""
+    conn.execute(_PROJECT, {"ids": delivery_ids})
     if suppressed:
         conn.execute(
             "INSERT INTO postback_suppressions (delivery_id, endpoint_id, reason, created_at)"

@@ -71,7 +71,10 @@ def project_row(row: tuple[Any, ...], outcomes: list[tuple[Any, ...]],
     this way is not rewritten by it. The latest outcome (``occurred_at``, then
     ``outcome_id``) gives the status, and ``held_at``/``hold_reason`` when it is ``held``;
     the highest attempt (``attempt_no``, then ``attempted_at``) the attempt count and last
-    error, never lowered."""
+    error, never lowered. (The SQL looks for attempts only from the delivery's creation
+    less an hour to a day past its clock; this counts every attempt it is given, and the
+    SQL never lowers a count, so the two differ only for an attempt stamped by a clock
+    that far off.)"""
     status, status_at, held_at, hold_reason, count, last_error = row[PROJECTED:]
     if outcomes:
         o = max(outcomes, key=lambda x: (x[9], x[0]))

@@ -168,13 +168,13 @@ def test_a_held_delivery_shows_its_hold(settings: Settings, namespace: str) -> N
 
 
 def _attempt_partitions_read(settings: Settings, ids: list[str]) -> list[str]:
-    """The attempts partitions the projection statement reads for ``ids`` (their bounds
-    read from the stored rows), by EXPLAIN ANALYZE inside a rolled-back transaction."""
+    """The attempts partitions the projection statement reads for ``ids``, by EXPLAIN
+    ANALYZE inside a rolled-back transaction."""
     from postbacks.sinks.postgres import _PROJECT
 
     with connect(settings.database_url) as conn:
         (plan,), = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _PROJECT,
-                                {"ids": ids, "from": [None] * len(ids)}).fetchall()
+                                {"ids": ids}).fetchall()
         conn.rollback()
     read: list[str] = []
 
@@ -197,9 +197,10 @@ def test_the_attempt_lookup_reads_only_the_days_a_delivery_can_have_attempts_on(
     import time as _time
 
     now = int(_time.time() * 1000)
-    with connect(settings.database_url) as conn:  # a day long past, and the week ahead
-        conn.execute("SELECT postbacks_ensure_attempt_partitions(current_date - 40, 1)")
-        conn.execute("SELECT postbacks_ensure_attempt_partitions(current_date, 8)")
+    # The sink makes yesterday's partition and a week ahead (ensure_attempt_partitions);
+    # in a database older than a day, earlier days are there too.
+    with connect(settings.database_url) as conn:
+        conn.execute("SELECT postbacks_ensure_attempt_partitions(current_date - 1, 9)")
         conn.commit()
         days = [r[0] for r in conn.execute(
             "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
@@ -220,12 +221,37 @@ def test_the_attempt_lookup_reads_only_the_days_a_delivery_can_have_attempts_on(
     assert (row["status"], row["attempts"], row["error"]) == ("delivered", 2, None)
 
     read = _attempt_partitions_read(settings, [d["delivery_id"]])
-    # today's (and yesterday's within an hour of midnight, tomorrow's near the end of the
-    # day in another zone): never the day long past, the days ahead, or the default
+    # today's (and yesterday's within an hour after midnight, tomorrow's near the end of
+    # the day in the session's zone): never the days ahead, or the default
     assert read, "the attempt lookup read no partition"
     assert len(read) <= 3 and "delivery_attempts_default" not in read, read
     # a delivery with no row: nothing to update, no partition read
     assert _attempt_partitions_read(settings, [f"dlv_{namespace}_none"]) == []
+    f.close()
+
+
+def test_a_duplicate_delivery_record_does_not_narrow_the_attempt_lookup(
+        settings: Settings, namespace: str) -> None:
+    """A conversion fanned out again gives the same delivery a newer creation time; the
+    stored row keeps the first. An attempt of the first, read in the duplicate's batch, is
+    still counted: the lookup starts from the stored creation."""
+    import time as _time
+
+    now = int(_time.time() * 1000)
+    first = make_delivery(delivery_id=f"dlv_{namespace}_dup", endpoint_id=f"ep_{namespace}",
+                          conversion=make_conversion(conversion_id=f"cv_{namespace}_dup"),
+                          created_at=now - 3 * 3600_000)
+    f = Feed(settings)
+    f.add(TOPICS.deliveries.base, first)
+    f.add(TOPICS.attempts.base, _attempt(first, 1, now - 3 * 3600_000 + 1000, "http_500"))
+    f.add(TOPICS.outcomes.base, make_outcome(first, "failing", now_ms=now - 3 * 3600_000))
+    f.flush()
+    f.add(TOPICS.deliveries.base, {**first, "created_at": now})  # the duplicate
+    f.add(TOPICS.attempts.base, _attempt(first, 3, now - 2 * 3600_000, "timeout"))
+    f.add(TOPICS.outcomes.base, make_outcome(first, "failing", now_ms=now - 2 * 3600_000))
+    f.flush()
+    row = _row(settings, first)
+    assert (row["attempts"], row["error"]) == (3, "timeout")
     f.close()
 
 
