@@ -83,7 +83,7 @@ def make_app(settings: Settings, *, lookup: Lookup | None = None,
         r.add_get(f"{prefix}/endpoints/{{id}}", _endpoint(c))
         r.add_post(f"{prefix}/endpoints/{{id}}", w.endpoint_save(c))
         r.add_post(f"{prefix}/endpoints/{{id}}/secrets", w.rotate(c))
-        r.add_post(f"{prefix}/endpoints/{{id}}/test-send", w.test_send(c))
+        r.add_post(f"{prefix}/endpoints/{{id}}/test-send", w.send_test(c))
         r.add_get(f"{prefix}/held", _held(c))
         r.add_post(f"{prefix}/held/release", w.resolve(c, "released"))
         r.add_post(f"{prefix}/held/reject", w.resolve(c, "rejected"))

@@ -29,7 +29,7 @@ from postbacks.console.forms import (
 from postbacks.console.http import ACTION, Console, Handler, counted, doing, done, me
 
 __all__ = ["endpoint_save", "replay_bulk", "replay_one", "resolve", "resolve_dl",
-           "rotate", "suppress", "test_send"]
+           "rotate", "send_test", "suppress"]
 
 def replay_one(c: Console) -> Handler:
     """Replay one delivery; with url/fields/aliases it is an edit & replay: the first POST
@@ -187,7 +187,7 @@ def rotate(c: Console) -> Handler:
     return h
 
 
-def test_send(c: Console) -> Handler:
+def send_test(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = me(request)
         doing(request, "test_send")
