@@ -114,10 +114,32 @@ def stack(stack_env: dict[str, str], namespace: str, request: pytest.FixtureRequ
     st = Stack(stack_env, log_dir)
     yield st
     failed = getattr(request.node, "rep_call", None)
+    counts = {}
+    if failed is not None and failed.failed:  # which stage stopped: its counters, while up
+        counts = {name: _counters(proc.log_path) for name, proc in st.procs.items()}
     st.stop_all()
     if failed is not None and failed.failed:
         for proc in st.procs.values():
             print(f"\n----- {proc.name} (last lines of {proc.log_path}) -----\n{proc.tail(60)}")
+            print(f"----- {proc.name} counters at the failure -----\n{counts.get(proc.name)}")
+
+
+def _counters(log_path: Path) -> str:
+    """A stage's ``postbacks_*`` counters from its /metrics (address from its log)."""
+    import re
+    import urllib.request
+
+    try:
+        urls = re.findall(r"metrics on (http://\S+)", log_path.read_text(errors="replace"))
+        if not urls:
+            return "(no metrics address in its log)"
+        with urllib.request.urlopen(urls[-1], timeout=3) as r:
+            text = r.read().decode()
+    except OSError as exc:
+        return f"(metrics unreadable: {exc})"
+    return "\n".join(line for line in text.splitlines() if line.startswith("postbacks_")
+                     and not any(x in line for x in ("_bucket", "_created", "gc_pause"))
+                     and not line.endswith(" 0.0"))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
