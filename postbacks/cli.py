@@ -57,6 +57,34 @@ def _migrate(settings: Settings, _args: argparse.Namespace) -> int:
     return 0
 
 
+def _retention(settings: Settings, args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    from postbacks.db.retention import drop_expired
+    from postbacks.tools.cli_output import print_table
+
+    keep = settings.attempt_retention_days if args.keep_days is None else args.keep_days
+    if keep < 2:
+        print("postbacks retention: error: --keep-days must be >= 2", file=sys.stderr)
+        return 2
+    today = dt.datetime.now(dt.UTC).date()
+    done = drop_expired(settings.database_url, keep_days=keep, today=today,
+                        dry_run=args.dry_run)
+    verb = "would drop" if args.dry_run else "dropped"
+    if not done:
+        print(f"no attempt partition older than {keep} days (none before "
+              f"{today - dt.timedelta(days=keep)})")
+        return 0
+    print_table(("PARTITION", "DAY", "ROWS", "RESULT"),
+                [(x.name, x.day, x.rows, verb if x.dropped or args.dry_run else x.error)
+                 for x in done])
+    ok = [x for x in done if not x.error]
+    failed = len(done) - len(ok)
+    print(f"{verb} {len(ok)} partition(s), {sum(x.rows for x in ok):,} attempt row(s)"
+          + (f"; {failed} left for the next run (lock not granted)" if failed else ""))
+    return 1 if failed else 0
+
+
 def _topics(settings: Settings, args: argparse.Namespace) -> int:
     from postbacks.topics.admin import create_topics, verify_topics
 
@@ -147,6 +175,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("migrate", help="apply database migrations", description="Apply "
                         "pending PostgreSQL migrations (idempotent).")
     sp.set_defaults(func=_migrate)
+
+    sp = sub.add_parser(
+        "retention", help="drop attempt-log partitions older than the retention window",
+        description="Drop the daily delivery_attempts partitions whose day is more than "
+        "--keep-days (POSTBACKS_ATTEMPT_RETENTION_DAYS) days before today (UTC), each in its "
+        "own short transaction with an audit row; schedule it daily. Exit 1 when a drop "
+        "could not get its lock in time (left for the next run).")
+    sp.add_argument("--keep-days", type=int, default=None,
+                    help="days of attempts to keep (default: POSTBACKS_ATTEMPT_RETENTION_DAYS)")
+    sp.add_argument("--dry-run", action="store_true", help="list what would be dropped")
+    sp.set_defaults(func=_retention)
 
     sp = sub.add_parser("topics", help="create or verify Kafka topics",
                         description="Create missing topics from the registry, or verify the "

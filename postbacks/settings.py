@@ -80,6 +80,8 @@ class Settings:
     # which saves rewriting it (through every index of deliveries) a moment later.
     sink_defer_s: float = 10.0
     sink_defer_max: int = 20_000  # ... and at most this many rows wait
+    # `postbacks retention` drops the daily attempt partitions older than this
+    attempt_retention_days: int = 90
     # Anomaly gate (modes and thresholds live in payout_anomaly_settings, not here).
     anomaly_refresh_s: float = 2.0  # re-read modes and halts from PostgreSQL this often
     anomaly_global_key: str = "*"  # scope_key of this deployment's global scope rows
@@ -193,6 +195,9 @@ def _validate(s: Settings) -> None:
         raise ConfigError("POSTBACKS_GATE_SWITCH_INTERVAL_S must be > 0 and <= 0.1")
     if s.sink_defer_s < 0:
         raise ConfigError("POSTBACKS_SINK_DEFER_S must be >= 0 (0 = write at once)")
+    if s.attempt_retention_days < 2:
+        raise ConfigError("POSTBACKS_ATTEMPT_RETENTION_DAYS must be >= 2 (yesterday's "
+                          "attempts are still written)")
     if s.sink_defer_max < 0:
         raise ConfigError("POSTBACKS_SINK_DEFER_MAX must be >= 0")
     if s.gate_partials_interval_s < 0:

@@ -232,11 +232,11 @@ class PostgresSink:
 # One statement re-derives the whole projection of the touched deliveries, each looked up
 # by key: the latest outcome of each id through a LIMIT-1 lateral index scan, its highest
 # attempt through one scan per attempts partition that can hold it, and the row rewritten
-# only when a value changes. Attempts are partitioned by day and every partition is kept,
-# so a lookup without bounds grows with the days kept (and reads the days created ahead):
-# an attempt is looked for from its delivery's creation less an hour (as stored: this
-# batch's rows are inserted before, and a duplicate's newer creation is not; no row,
-# nothing to update, no partition read) to a day past
+# only when a value changes. Attempts are partitioned by day and kept for the retention
+# window (90 days by default), so a lookup without bounds grows with the days kept (and
+# reads the week created ahead): an attempt is looked for from its delivery's creation
+# less an hour (as stored: this batch's rows are inserted before, and a duplicate's newer
+# creation is not; no row, nothing to update, no partition read) to a day past
 # PostgreSQL's clock, which leaves one to three partitions. An attempt stamped outside
 # that range -- by a clock more than an hour behind fan-out's or a day ahead of
 # PostgreSQL's -- is stored but not counted here. The new values are computed from the
