@@ -38,6 +38,7 @@ from postbacks.topics import TOPICS
 __all__ = ["Emit", "Output", "commit_batch", "dead_letter_for", "run_stage"]
 
 log = logging.getLogger(__name__)
+_SEND_OFFSETS_S = 30.0
 
 
 @dataclass(slots=True)
@@ -179,9 +180,14 @@ def _commit_batch(
         # Not retried: a retriable failure here usually means the group moved on (a broker
         # restart, a session timeout), and the consumer can only rejoin once we poll again.
         # Aborting and re-reading from the committed offsets is always safe.
-        producer.send_offsets_to_transaction(
-            positions, consumer.consumer_group_metadata(), 30
-        )
+        # librdkafka does not apply this call's timeout to its coordinator lookup
+        # (confluentinc/librdkafka#5456, #5511, open): after a broker restart it has blocked
+        # here for good in most of our restart tests. Past its timeout and a margin it is
+        # that bug, so the watchdog restarts the stage then, not after stall_restart_s.
+        with guard(f"{stage}: send_offsets_to_transaction", limit_s=_SEND_OFFSETS_S + 15):
+            producer.send_offsets_to_transaction(
+                positions, consumer.consumer_group_metadata(), _SEND_OFFSETS_S
+            )
         _retrying(f"{stage}: commit", lambda: producer.commit_transaction(60), deadline)
         return True
     except KafkaException as exc:
