@@ -2,13 +2,14 @@
 
 librdkafka can block inside a transactional call indefinitely -- seen here:
 ``send_offsets_to_transaction`` after a broker restart while the consumer's group session
-had expired (the call's own timeout did not apply: confluentinc/librdkafka#5456, #5511).
-A stage stuck like that holds its partitions forever. The watchdog notices a guarded call
+had expired (the call's own timeout did not apply: confluentinc/librdkafka#5456, #5511). A
+stage stuck like that holds its partitions forever. The watchdog notices a guarded call
 running longer than its limit (its own, or ``stall_s``), dumps every thread's stack to the
-log, and re-executes the process in place (same PID, same arguments). That is safe by construction: nothing was committed, the new process's
-transactional producer fences the old one, and consumption resumes from the committed
-offsets. A fatal client error (the transactional producer is unusable) is handled the same
-way by the stage runner, after a short back-off.
+log, and re-executes the process in place (same PID, same arguments). That is safe by
+construction: nothing was committed, the new process's transactional producer fences the
+old one, and consumption resumes from the committed offsets. A fatal client error (the
+transactional producer is unusable) is handled the same way by the stage runner, after a
+short back-off.
 """
 
 from __future__ import annotations
