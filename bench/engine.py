@@ -20,7 +20,6 @@ from bench.harness import (
     env_for,
     fast_receiver,
     fresh,
-    metrics_text,
     say,
     service_pids,
     tree_cpu,
@@ -28,7 +27,7 @@ from bench.harness import (
 )
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
-from postbacks.tools.procs import Stack, http_json, wait_for
+from postbacks.tools.procs import Stack, http_json, metrics_page, wait_for
 from postbacks.tools.seed import seed_endpoints
 
 __all__ = ["run_engine"]
@@ -39,7 +38,7 @@ _ON_RECORD = ("SELECT count(*) FROM deliveries WHERE endpoint_id = ANY(%s) "
 
 def _sink_rows(log_path: Path) -> dict[str, float]:
     """Rows the sink has written, by table (``postbacks_sink_rows_total``)."""
-    text = metrics_text(log_path) or ""
+    text = metrics_page(log_path) or ""
     out: dict[str, float] = {}
     for m in re.finditer(r'^postbacks_sink_rows_total\{table="(\w+)"\} (\S+)$', text, re.M):
         out[m.group(1)] = float(m.group(2))

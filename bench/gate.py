@@ -33,13 +33,13 @@ from confluent_kafka import Consumer, Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import ROOT, cpu_s, env_for, fresh, metrics_text, pct, say
+from bench.harness import ROOT, cpu_s, env_for, fresh, pct, say, send_record
 from postbacks.codec import codec_for
 from postbacks.db.anomaly import set_mode
 from postbacks.db.connect import connect
 from postbacks.db.migrate import migrate
 from postbacks.settings import Settings, load_settings
-from postbacks.tools.procs import Stack
+from postbacks.tools.procs import Stack, metrics_page
 from postbacks.topics import TOPICS
 from postbacks.topics.admin import delete_prefixed_topics
 from tests.unit.factories import make_conversion, make_delivery
@@ -75,12 +75,7 @@ def produce(s: Settings, n: int, endpoints: list[str], tag: str, rate: float = 0
                                payout_usd_micros=1_000_000 + (i % 7) * 250_000)
         d = make_delivery(delivery_id=f"dlv_{tag}{i}", endpoint_id=ep, conversion=conv,
                           created_at=now, enqueued_at=None)
-        while True:
-            try:
-                p.produce(topic, codec.encode(d), ep.encode())
-                break
-            except BufferError:
-                p.poll(0.05)
+        send_record(p, topic, codec.encode(d), ep.encode())
         if rate > 0:
             ahead = (i + 1) / rate - (time.monotonic() - start)
             if ahead > 0:
@@ -135,7 +130,7 @@ def gc_pauses(log_path: Path) -> dict[str, float]:
     count, total seconds, and how many took over 10 ms."""
     import re
 
-    text = metrics_text(log_path)
+    text = metrics_page(log_path)
     if text is None:
         return {}
     out: dict[str, float] = {}

@@ -20,7 +20,7 @@ from postbacks.core.endpoint import Endpoint
 from postbacks.core.fanout import plan_deliveries
 from postbacks.emit import synthetic_conversions
 from postbacks.settings import Settings, load_settings
-from postbacks.tools.procs import free_port, http_json, wait_for
+from postbacks.tools.procs import free_port, http_json, metrics_page, wait_for
 from postbacks.topics import TOPICS
 from postbacks.topics.admin import create_topics, delete_prefixed_topics
 
@@ -56,21 +56,9 @@ def tree_cpu_since(pid: int, before: dict[int, float]) -> float:
     return sum(v - before.get(p, 0.0) for p, v in tree_cpu(pid).items())
 
 
-def metrics_text(log_path: Path) -> str | None:
-    """A stage's whole /metrics page (its address read from its log), or None."""
-    import re
-    import urllib.request
-
-    m = re.findall(r"metrics on (http://\S+)", log_path.read_text())
-    if not m:
-        return None
-    with urllib.request.urlopen(m[-1], timeout=5) as r:
-        return str(r.read().decode())
-
-
 def metrics_of(log_path: Path) -> str:
     """The agent's own counters, read from its /metrics (port from its log)."""
-    text = metrics_text(log_path)
+    text = metrics_page(log_path)
     if text is None:
         return "(no metrics address in log)"
     return "\n".join(line for line in text.splitlines()
@@ -123,6 +111,16 @@ def env_for(s: Settings, **extra: str) -> dict[str, str]:
             "POSTBACKS_INSTANCE_ID": s.instance_id, **extra}
 
 
+def send_record(p: Producer, topic: str, value: bytes, key: bytes | None, **kw: Any) -> None:
+    """Hand one record to ``p``, serving delivery reports while its queue is full."""
+    while True:
+        try:
+            p.produce(topic, value, key, **kw)
+            return
+        except BufferError:
+            p.poll(0.05)
+
+
 class DispatchWriter:
     """Delivery records straight onto dispatch.v1, through one producer for the whole run.
 
@@ -160,12 +158,7 @@ class DispatchWriter:
                 keys[d["idempotency_key"]] = now
                 value, key = self.codec.encode(d), d["endpoint_id"].encode()
                 for topic in topics:
-                    while True:
-                        try:
-                            self.p.produce(topic, value, key, **kw)
-                            break
-                        except BufferError:
-                            self.p.poll(0.05)
+                    send_record(self.p, topic, value, key, **kw)
         if flush:
             assert self.p.flush(60) == 0
         else:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from postbacks.settings import Settings, load_settings
+from postbacks.tools.procs import Proc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,9 +115,9 @@ def stack(stack_env: dict[str, str], namespace: str, request: pytest.FixtureRequ
     st = Stack(stack_env, log_dir)
     yield st
     failed = getattr(request.node, "rep_call", None)
-    counts = {}
+    counts: dict[str, str] = {}
     if failed is not None and failed.failed:  # which stage stopped: its counters, while up
-        counts = {name: _counters(proc.log_path) for name, proc in st.procs.items()}
+        counts = {name: _counters(proc) for name, proc in st.procs.items()}
     st.stop_all()
     if failed is not None and failed.failed:
         for proc in st.procs.values():
@@ -124,22 +125,18 @@ def stack(stack_env: dict[str, str], namespace: str, request: pytest.FixtureRequ
             print(f"----- {proc.name} counters at the failure -----\n{counts.get(proc.name)}")
 
 
-def _counters(log_path: Path) -> str:
-    """A stage's ``postbacks_*`` counters from its /metrics (address from its log)."""
-    import re
-    import urllib.request
-
+def _counters(proc: Proc) -> str:
+    """A stage's ``postbacks_*`` counters from its /metrics."""
     try:
-        urls = re.findall(r"metrics on (http://\S+)", log_path.read_text(errors="replace"))
-        if not urls:
-            return "(no metrics address in its log)"
-        with urllib.request.urlopen(urls[-1], timeout=3) as r:
-            text = r.read().decode()
+        text = proc.metrics(timeout=3)
     except OSError as exc:
         return f"(metrics unreadable: {exc})"
-    return "\n".join(line for line in text.splitlines() if line.startswith("postbacks_")
-                     and not any(x in line for x in ("_bucket", "_created", "gc_pause"))
-                     and not line.endswith(" 0.0"))
+    if text is None:
+        return "(no metrics address in its log)"
+    lines = [line for line in text.splitlines() if line.startswith("postbacks_")
+             and not any(x in line for x in ("_bucket", "_created", "gc_pause"))
+             and not line.endswith(" 0.0")]
+    return "\n".join(lines) or "(every postbacks_* counter is 0)"
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

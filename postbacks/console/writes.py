@@ -58,8 +58,8 @@ def replay_one(c: Console) -> Handler:
             conn, c.settings, p, delivery_ids=[did], override=override, note=note,
             promote=promote, confirm_token=text(body, "confirm_token"), lookup=c.lookup))
         return done(request, {"job_id": job.job_id, "total": job.total,
-                               "diff": [list(x) for x in job.diff]},
-                     f"/replays/{job.job_id}", status=202)
+                              "diff": [list(x) for x in job.diff]},
+                    f"/replays/{job.job_id}", status=202)
     return h
 
 
@@ -74,8 +74,8 @@ def replay_bulk(c: Console) -> Handler:
             conn, c.settings, p, delivery_ids=ids, flt=flt, note=text(body, "note"),
             confirm=whole(body, "confirm"), lookup=c.lookup))
         return done(request, {"job_id": job.job_id, "total": job.total,
-                               "skipped": job.skipped},
-                     f"/replays/{job.job_id}", status=202)
+                              "skipped": job.skipped},
+                    f"/replays/{job.job_id}", status=202)
     return h
 
 

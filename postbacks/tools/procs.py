@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import orjson
 
-__all__ = ["Proc", "Stack", "free_port", "http_json", "wait_for"]
+__all__ = ["Proc", "Stack", "free_port", "http_json", "metrics_page", "wait_for"]
 
 
 def free_port() -> int:
@@ -83,6 +83,22 @@ class Proc:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+    def metrics(self, timeout: float = 5.0) -> str | None:
+        """The process's whole /metrics page (its address from its log: "metrics on
+        <url>"), or None when the log names none yet. OSError when it does not answer."""
+        return metrics_page(self.log_path, timeout)
+
+
+def metrics_page(log_path: Path, timeout: float = 5.0) -> str | None:
+    """A stage's /metrics page, its address read from its log (see :meth:`Proc.metrics`)."""
+    import re
+
+    urls = re.findall(r"metrics on (http://\S+)", log_path.read_text(errors="replace"))
+    if not urls:
+        return None
+    with urllib.request.urlopen(urls[-1], timeout=timeout) as r:
+        return str(r.read().decode())
 
 
 @dataclass
