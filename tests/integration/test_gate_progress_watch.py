@@ -1,11 +1,13 @@
 """The gate's progress watchdog against the real broker: a committed offset that does not
 move while a record waits is a stall; a transaction's commit marker after the last record
-is not (the gate commits past records, never past markers)."""
+is not (the gate commits past records, never past markers). And the watch, on a thread of
+its own, restarts a gate whose event loop has stopped turning."""
 
 from __future__ import annotations
 
 import uuid
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from postbacks.kafka.clients import make_transactional_producer
@@ -76,3 +78,52 @@ def test_a_waiting_record_behind_a_still_offset_is_a_stall_a_marker_is_not(
         assert stuck is not None and f"{topic}[0] committed offset 1" in stuck
     finally:
         watch.close()
+
+
+class _Restarted(Exception):
+    pass
+
+
+def test_an_event_loop_that_stops_turning_restarts_the_gate_from_the_watch_thread(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watch runs on a thread of its own: an event loop whose last turn is older than
+    ``stall_restart_s`` restarts the gate (stacks dumped) even with no partition stalled;
+    one that turns does not."""
+    import dataclasses
+    import threading
+    import time
+    import types
+
+    from postbacks.streams.anomaly_gate import runner
+
+    calls: list[tuple[str, bool]] = []
+
+    def fake_restart(reason: str, *, dump: bool = False, backoff_s: float = 0.0) -> None:
+        calls.append((reason, dump))
+        raise _Restarted
+
+    monkeypatch.setattr(runner, "restart_in_place", fake_restart)
+    gate = types.SimpleNamespace(
+        settings=dataclasses.replace(settings, stall_restart_s=3.0),
+        app=types.SimpleNamespace(conf=types.SimpleNamespace(id=f"{settings.topic_prefix}g")),
+        _tick=time.monotonic())
+    stop = threading.Event()
+
+    def keep_turning() -> None:  # a loop that turns: no restart while it does
+        while not stop.is_set():
+            gate._tick = time.monotonic()
+            time.sleep(0.1)
+
+    turner = threading.Thread(target=keep_turning, daemon=True)
+    turner.start()
+    threading.Timer(7.0, stop.set).start()
+    runner.GateProcess._watch_progress(gate, stop)  # type: ignore[arg-type]
+    assert calls == []
+    turner.join(5)
+
+    gate._tick = time.monotonic() - 10  # the loop last turned 10 s ago
+    bounded = threading.Event()  # the watch ends by itself if it never restarts
+    threading.Timer(12.0, bounded.set).start()
+    with pytest.raises(_Restarted):
+        runner.GateProcess._watch_progress(gate, bounded)
+    assert len(calls) == 1 and "event loop has not turned" in calls[0][0] and calls[0][1]
