@@ -9,7 +9,11 @@ retries; Kafka holds the backlog. A record the sink cannot decode is stored as a
 dead-letter row (stage ``sink``) with its original bytes.
 
 Delivery rows wait for their first outcome before they are written, already projected
-(:mod:`postbacks.sinks.waiting`); the offsets stored never pass a waiting row.
+(:mod:`postbacks.sinks.waiting`); the offsets stored never pass a waiting row. The
+projection statement re-derives the rows touched by a record not folded into a waiting row
+and the rows released not final; a row released final (delivered, by the highest attempt
+folded in) is skipped unless the batch's insert met a stored row. The statement was about
+a third of PostgreSQL's CPU per delivery.
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ class PostgresSink:
         self.group = settings.topic(GROUP)
         self._conn: psycopg.Connection[Any] | None = None
         self._rows: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
-        self._touched: set[str] = set()
+        self._touched: set[str] = set()  # ids the projection statement re-derives
+        self._settled: set[str] = set()  # rows released final: re-derived only on a conflict
         self._suppressed: list[str] = []  # this batch's ``suppressed`` outcome ids
         self._offsets: dict[Partition, int] = {}  # next offsets to store at the next flush
         self._waiting = WaitingRows(
@@ -128,16 +133,18 @@ class PostgresSink:
         _record, table = self._by_topic[topic]
         self._offsets[(topic, partition)] = offset + 1
         row = table.row(value)
+        folded = False  # into a waiting row, whose release decides its projection
         if topic == self._deliveries:
             if not self._waiting.read(row, (topic, partition), offset):
                 return
         elif table.name == "outcomes":
-            self._waiting.outcome(value["delivery_id"], row)
+            folded = self._waiting.outcome(value["delivery_id"], row)
         elif table.name == "attempts":
-            self._waiting.attempt(value["delivery_id"], row)
+            folded = self._waiting.attempt(value["delivery_id"], row)
         self._rows[table.name].append(row)
         if table.touches_delivery:
-            self._touched.add(value["delivery_id"])
+            if not folded:
+                self._touched.add(value["delivery_id"])
             if value.get("kind") == "suppressed" and "outcome_id" in value:
                 self._suppressed.append(value["outcome_id"])
 
@@ -166,9 +173,9 @@ class PostgresSink:
     def _release(self, everything: bool) -> None:
         """The waiting rows due now into this flush; their partitions' offsets move on."""
         rows = self._rows["deliveries"]
-        for row, partitions in self._waiting.release(everything):
+        for row, partitions, final in self._waiting.release(everything):
             rows.append(row)
-            self._touched.add(row[0])
+            (self._settled if final else self._touched).add(row[0])
             for tp in partitions:
                 self._offsets[tp] = self._waiting.next_offset(tp)
 
@@ -184,7 +191,11 @@ class PostgresSink:
                     rows = self._rows.get(name)
                     if rows:
                         written[name] = TABLES[name].write(conn, rows)
-                if self._touched:
+                if written.get("deliveries", 0) < len(self._rows.get("deliveries", ())):
+                    # a row already stored (read again, or a conversion fanned out again)
+                    # was not replaced by the one projected here: re-derive them all
+                    self._touched |= self._settled
+                if self._touched or self._suppressed:
                     _project_status(conn, sorted(self._touched), self._suppressed)
                 with conn.cursor() as cur:
                     cur.executemany(
@@ -198,6 +209,7 @@ class PostgresSink:
         finally:
             self._rows.clear()
             self._touched.clear()
+            self._settled.clear()
             self._suppressed.clear()
         self._offsets.clear()
         for name, n in written.items():
@@ -219,6 +231,7 @@ class PostgresSink:
         offsets, which stop at the first waiting row of each partition."""
         self._rows.clear()
         self._touched.clear()
+        self._settled.clear()
         self._suppressed.clear()
         self._offsets.clear()
         self._waiting.clear()
@@ -286,7 +299,8 @@ def _project_status(conn: psycopg.Connection[Any], delivery_ids: list[str],
     held_at/hold_reason from it when it is ``held``; attempt_count/last_error from the
     highest attempt number, never lowered. ``suppressed``: this batch's ``suppressed``
     outcome ids (permanent mapping failures), which become postback_suppressions rows."""
-    conn.execute(_PROJECT, {"ids": delivery_ids})
+    if delivery_ids:
+        conn.execute(_PROJECT, {"ids": delivery_ids})
     if suppressed:
         conn.execute(
             "INSERT INTO postback_suppressions (delivery_id, endpoint_id, reason, created_at)"

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import psycopg
 
-__all__ = ["PROJECTED", "STAGING_DDL", "TABLES", "Table", "project_row", "ts_from_ms"]
+__all__ = ["PROJECTED", "STAGING_DDL", "TABLES", "Table", "project_row", "settled", "ts_from_ms"]
 
 
 def ts_from_ms(ms: int | None) -> dt.datetime | None:
@@ -86,6 +86,20 @@ def project_row(row: tuple[Any, ...], outcomes: list[tuple[Any, ...]],
         if a[5] >= count:
             count, last_error = a[5], a[9]
     return (*row[:PROJECTED], status, status_at, held_at, hold_reason, count, last_error)
+
+
+def settled(outcomes: list[tuple[Any, ...]], attempts: list[tuple[Any, ...]]) -> bool:
+    """Whether a row projected from these outcome and attempt rows alone is what the SQL
+    projection would make of it whatever else of the delivery is stored: its latest outcome
+    is ``delivered`` and its highest attempt is the one that outcome reports. Outcomes and
+    attempts read elsewhere (before the row, by another sink, by an earlier run) are older
+    and lower-numbered -- only a replay comes after a delivery, and it is read after it --
+    so they change neither the status nor the count nor the last error."""
+    if not outcomes or not attempts:
+        return False
+    o = max(outcomes, key=lambda x: (x[9], x[0]))
+    a = max(attempts, key=lambda x: (x[5], x[1]))
+    return o[4] == "delivered" and o[5] is not None and a[5] == o[5]
 
 
 def _attempt_row(a: Any) -> tuple[Any, ...]:

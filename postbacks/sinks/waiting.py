@@ -4,7 +4,10 @@ A delivery's row waits in memory for its first outcome (at most ``defer_s``, at 
 ``defer_max`` rows), collecting the attempts read meanwhile, and is then written with its
 status already projected (:func:`project_row`), so the sink's projection statement finds
 nothing to change. Written at once and updated a moment later, each row went through
-every index of ``deliveries`` twice (a status change is never a HOT update).
+every index of ``deliveries`` twice (a status change is never a HOT update). A row
+released with its delivered outcome and the attempt that outcome reports
+(:func:`~postbacks.sinks.tables.settled`) is final: the sink skips the projection
+statement for it unless its insert met a stored row.
 
 The sink stores no offset of a ``deliveries.v1`` partition past a waiting row
 (:meth:`WaitingRows.stored`), so a crash, a failed flush or a rebalance reads it again.
@@ -17,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from postbacks.sinks.tables import project_row
+from postbacks.sinks.tables import project_row, settled
 
 __all__ = ["OUTCOME_FIRST_KEPT", "Partition", "WaitingRows"]
 
@@ -80,21 +83,26 @@ class WaitingRows:
         must not store the partition's offset behind it."""
         self._next[tp] = offset + 1
 
-    def outcome(self, delivery_id: str, row: Row) -> None:
+    def outcome(self, delivery_id: str, row: Row) -> bool:
+        """An outcome read; True when its row is waiting (it goes into the row)."""
         waiting = self._rows.get(delivery_id)
         if waiting is not None:
             waiting.outcomes.append(row)
             self._answered.add(delivery_id)
-            return
+            return True
         self._outcome_first.add(delivery_id)
         if len(self._outcome_first) >= OUTCOME_FIRST_KEPT:
             self._outcome_first_old = self._outcome_first
             self._outcome_first = set()
+        return False
 
-    def attempt(self, delivery_id: str, row: Row) -> None:
+    def attempt(self, delivery_id: str, row: Row) -> bool:
+        """An attempt read; True when its row is waiting (it goes into the row)."""
         waiting = self._rows.get(delivery_id)
-        if waiting is not None:
-            waiting.attempts.append(row)
+        if waiting is None:
+            return False
+        waiting.attempts.append(row)
+        return True
 
     def due(self) -> bool:
         """Whether a row must go out even with no new record: waiting ``defer_s``, or
@@ -103,10 +111,10 @@ class WaitingRows:
         return oldest is not None and (len(self._rows) > self.defer_max
                                        or self._clock() - oldest.read_at >= self.defer_s)
 
-    def release(self, everything: bool = False) -> list[tuple[Row, list[Partition]]]:
+    def release(self, everything: bool = False) -> list[tuple[Row, list[Partition], bool]]:
         """The rows to write now, projected, each with the partitions whose next offset it
-        frees: those with an outcome, those waiting ``defer_s``, the oldest beyond
-        ``defer_max`` (``everything``: all)."""
+        frees and whether its projection is final (:func:`settled`): those with an outcome,
+        those waiting ``defer_s``, the oldest beyond ``defer_max`` (``everything``: all)."""
         if everything:
             ids = list(self._rows)
         else:  # the oldest first (reading order): due ones, then those with an outcome
@@ -125,7 +133,8 @@ class WaitingRows:
             w = self._rows.pop(i)
             for tp, offset in w.at:
                 del self._at[tp][offset]
-            out.append((project_row(w.row, w.outcomes, w.attempts), [tp for tp, _ in w.at]))
+            out.append((project_row(w.row, w.outcomes, w.attempts), [tp for tp, _ in w.at],
+                        settled(w.outcomes, w.attempts)))
         return out
 
     def next_offset(self, tp: Partition) -> int:
