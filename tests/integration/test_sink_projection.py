@@ -353,6 +353,31 @@ def test_rows_written_settled_match_the_projection_in_any_arrival_order(
     f.close()
 
 
+def test_a_batch_meeting_a_stored_row_keeps_the_rest_and_stores_it_once(
+        settings: Settings, namespace: str) -> None:
+    """Rows are copied straight into their table; one already stored fails that copy, and
+    the batch goes in through the staging table, skipping only the stored row."""
+    f = Feed(settings)
+    ds = [_delivery(namespace, f"b{i}") for i in range(3)]
+    outs = [make_outcome(d, "failing", now_ms=T0 + i) for i, d in enumerate(ds)]
+    f.add(TOPICS.outcomes.base, outs[1])
+    f.flush()
+    for o in outs:
+        f.add(TOPICS.outcomes.base, o)
+    conn = f.sink.conn()
+    written = f.sink.flush()
+    assert written == {"outcomes": 2}
+    with connect(settings.database_url) as c:
+        got = c.execute("SELECT outcome_id, count(*) FROM delivery_outcomes"
+                        " WHERE outcome_id = ANY(%s) GROUP BY outcome_id",
+                        ([o["outcome_id"] for o in outs],)).fetchall()
+    assert sorted(got) == sorted((o["outcome_id"], 1) for o in outs)
+    assert conn is f.sink.conn() and not conn.closed  # the savepoint went, not the session
+    f.add(TOPICS.outcomes.base, make_outcome(ds[0], "delivered", now_ms=T0 + 9))
+    assert f.sink.flush() == {"outcomes": 1}  # and the next batch goes straight in
+    f.close()
+
+
 def _write_counts(f: Feed) -> tuple[int, int]:
     """Flush inside a transaction of the sink's own connection (``flush`` nests as a
     savepoint) and return this transaction's (inserts, updates) on ``deliveries``."""
