@@ -6,8 +6,8 @@ stored there, so a crash at any point neither loses nor doubles a row (inserts a
 idempotent on primary keys). Bulk path: COPY straight into each table in a savepoint;
 if a row is already stored, COPY into a temp staging table, then ``INSERT ... ON CONFLICT
 DO NOTHING`` (:meth:`~postbacks.sinks.tables.Table.write`). While PostgreSQL is down
-the sink rewinds, waits and retries; Kafka holds the backlog. A record the sink cannot decode is stored as a
-dead-letter row (stage ``sink``) with its original bytes.
+the sink rewinds, waits and retries; Kafka holds the backlog. A record the sink cannot
+decode is stored as a dead-letter row (stage ``sink``) with its original bytes.
 
 Delivery rows wait for their first outcome before they are written, already projected
 (:mod:`postbacks.sinks.waiting`); the offsets stored never pass a waiting row. The
