@@ -95,7 +95,14 @@ def run_engine(base: Settings, n: int, n_endpoints: int, seed: int,
             if row is None or row[0] < n:
                 raise RuntimeError(f"only {row and row[0]} of {n} deliveries are on record as "
                                    "delivered with their attempt counted")
+            # the figures depend on how much the tables already hold (index depth, cache)
+            size = db.execute("SELECT (SELECT reltuples FROM pg_class"
+                              "  WHERE oid = 'deliveries'::regclass),"
+                              " pg_database_size(current_database())").fetchone()
         rate = (n - c0) / elapsed
+        if size is not None:
+            say(f"engine: the database holds ~{max(0, size[0]):,.0f} delivery rows, "
+                f"{size[1] / 2**30:.1f} GiB")
         cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(share.items(), key=lambda x: -x[1]))
         say(f"engine end to end: {rate:.0f} deliveries/s on record in PostgreSQL "
             f"({(n - c0) / sent_s:.0f}/s sent; the last on record {elapsed - sent_s:.2f} s "
