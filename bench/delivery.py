@@ -304,7 +304,9 @@ def _run_parts(args: argparse.Namespace, parts: set[str], base: Settings, log_di
     if "agent" in parts:
         results |= run_agent_alone(base, args.deliveries, args.endpoints, log_dir / "agent")
     if "engine" in parts:
-        results |= run_engine(base, args.deliveries, args.endpoints, RUN_SEED, log_dir / "engine")
+        results |= run_engine(base, args.deliveries, args.endpoints, RUN_SEED,
+                              log_dir / "engine",
+                              catch_up=args.engine_catch_up)
     if "e2e" in parts:
         results |= run_end_to_end(base, args.deliveries, log_dir / "e2e")
     if "latency" in parts:
@@ -333,6 +335,9 @@ def _run_parts(args: argparse.Namespace, parts: set[str], base: Settings, log_di
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--deliveries", type=int, default=20_000)
+    ap.add_argument("--engine-catch-up", action="store_true",
+                    help="engine part: start the sink after the backlog is produced (a sink "
+                         "catching up) instead of before (steady state)")
     ap.add_argument("--endpoints", type=int, default=50)
     ap.add_argument("--parts", default="agent,engine,e2e,latency,relay,isolation",
                     help="comma-separated subset of: agent, engine, e2e, latency, relay, "

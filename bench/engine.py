@@ -46,7 +46,11 @@ def _sink_rows(log_path: Path) -> dict[str, float]:
 
 
 def run_engine(base: Settings, n: int, n_endpoints: int, seed: int,
-               log_dir: Path) -> dict[str, float]:
+               log_dir: Path, catch_up: bool = False) -> dict[str, float]:
+    """``catch_up``: the sink starts with the agent, after the backlog is on the topics (a
+    sink catching up after a restart; it projects every row it reads, see
+    ``postbacks.sinks.waiting``). Otherwise the sink is running when the backlog is
+    produced, as in steady state; its CPU is counted from before the backlog."""
     s = fresh(base, "engine")
     with fast_receiver() as (url, rx):
         ns = s.instance_id.replace("-", "")
@@ -54,15 +58,21 @@ def run_engine(base: Settings, n: int, n_endpoints: int, seed: int,
                                 namespace=ns, now_ms=int(time.time() * 1000))
         eps = endpoints_for(s, seeded)
         ep_ids = [e.endpoint_id for e in eps]
-        say(f"engine: producing {n} deliveries over {n_endpoints} endpoints to deliveries.v1 "
-            f"and dispatch.v1 ...")
-        writer = DispatchWriter(s)
-        writer.send(eps, n // n_endpoints, seed=seed, also_deliveries=True)
-        writer.close()
-        n = (n // n_endpoints) * n_endpoints
         with Stack(env_for(s), log_dir) as stack, connect(s.database_url,
                                                           autocommit=True) as db:
-            for stage in ("sink", "agent"):
+            sink_cpu0 = None
+            if not catch_up:
+                sink = stack.start("sink", "sink")
+                wait_for(lambda: "sink: assigned" in sink.log_path.read_text(errors="replace"),
+                         60, interval=0.05, what="the sink's partitions")
+                sink_cpu0 = tree_cpu(sink.pid)
+            say(f"engine: producing {n} deliveries over {n_endpoints} endpoints to "
+                f"deliveries.v1 and dispatch.v1{' (sink not running)' if catch_up else ''} ...")
+            writer = DispatchWriter(s)
+            writer.send(eps, n // n_endpoints, seed=seed, also_deliveries=True)
+            writer.close()
+            n = (n // n_endpoints) * n_endpoints
+            for stage in ("sink", "agent") if catch_up else ("agent",):
                 stack.start(stage, stage)
             pids = {name: p.pid for name, p in stack.procs.items()} | {"receiver": rx.pid}
             pids |= service_pids()
@@ -71,6 +81,8 @@ def run_engine(base: Settings, n: int, n_endpoints: int, seed: int,
             t0 = time.perf_counter()
             c0 = http_json(f"{url}/_stats")["count"]
             cpu1 = {name: tree_cpu(pid) for name, pid in pids.items()}
+            if sink_cpu0 is not None:
+                cpu1["sink"] = sink_cpu0
             wait_for(lambda: http_json(f"{url}/_stats")["count"] >= n, 300, interval=0.05,
                      what=f"{n} deliveries sent")
             sent_s = time.perf_counter() - t0
@@ -104,7 +116,8 @@ def run_engine(base: Settings, n: int, n_endpoints: int, seed: int,
             say(f"engine: the database holds ~{max(0, size[0]):,.0f} delivery rows, "
                 f"{size[1] / 2**30:.1f} GiB")
         cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(share.items(), key=lambda x: -x[1]))
-        say(f"engine end to end: {rate:.0f} deliveries/s on record in PostgreSQL "
+        say(f"engine end to end{' (catching up)' if catch_up else ''}: {rate:.0f} "
+            f"deliveries/s on record in PostgreSQL "
             f"({(n - c0) / sent_s:.0f}/s sent; the last on record {elapsed - sent_s:.2f} s "
             f"after the last sent); CPU µs per delivery by process: {cpu}; "
             f"total {sum(share.values()):.0f}")

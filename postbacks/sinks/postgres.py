@@ -13,7 +13,8 @@ Delivery rows wait for their first outcome before they are written, already proj
 (:mod:`postbacks.sinks.waiting`); the offsets stored never pass a waiting row. The
 projection statement re-derives the rows touched by a record not folded into a waiting row
 and the rows released not final; a row released final (delivered, by the highest attempt
-folded in) is skipped unless the batch's insert met a stored row. The statement was about
+folded in; produced after the sink was given its partition, nothing of its delivery read
+before it) is skipped unless the batch's insert met a stored row. The statement was about
 a third of PostgreSQL's CPU per delivery.
 """
 
@@ -162,6 +163,26 @@ class PostgresSink:
             msg.topic() or "", msg.partition() or 0, msg.offset() or 0, msg.key(), msg.value(),
             None, None, ts_from_ms(now_ms),
         )
+
+    def new_rows_from(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Just given (or rewound to) ``partitions``: delivery rows produced from now on may
+        be written final (:class:`~postbacks.sinks.waiting.WaitingRows`). A partition whose
+        end cannot be read now gets no final rows until the next assignment."""
+        for tp in partitions:
+            if tp.topic != self._deliveries:
+                continue
+            try:
+                got = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=5, cached=False)
+            except KafkaException as exc:
+                got, why = None, str(exc)
+            else:
+                why = "timed out"
+            if got is None:
+                log.warning("sink: end of %s [%d] unknown (%s); its rows are all projected",
+                            tp.topic, tp.partition, why)
+                continue
+            self._waiting.final_from((tp.topic, tp.partition), got[1])
 
     def waiting(self) -> int:
         """Delivery rows waiting for their first outcome."""
@@ -321,6 +342,8 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
         while not stop.is_set():
             try:
                 consumer.assign(sink.stored_offsets(partitions))
+                sink.new_rows_from(consumer, partitions)
+                log.info("sink: assigned %d partition(s)", len(partitions))
                 return
             except (psycopg.Error, OSError, ServiceUnavailable) as exc:
                 log.warning("sink: PostgreSQL unavailable during assignment (%s); retrying", exc)
@@ -375,6 +398,7 @@ def _rewind_to_stored(
         try:
             for tp in sink.stored_offsets(consumer.assignment()):
                 consumer.seek(tp)
+            sink.new_rows_from(consumer, consumer.assignment())
             log.info("sink: PostgreSQL is back; resumed from stored offsets")
             return
         except (psycopg.Error, OSError, ServiceUnavailable) as exc:
@@ -383,5 +407,6 @@ def _rewind_to_stored(
         except KafkaException as exc:  # seek on a partition not yet fetching
             log.warning("sink: seek failed (%s); reassigning", exc)
             consumer.assign(sink.stored_offsets(consumer.assignment()))
+            sink.new_rows_from(consumer, consumer.assignment())
             return
 

@@ -51,8 +51,8 @@ class Table:
                 for r in rows:
                     copy.write_row(r)
             return len(rows)
-        except psycopg.errors.UniqueViolation:
-            pass
+        except (psycopg.errors.UniqueViolation, psycopg.errors.ExclusionViolation):
+            pass  # what ON CONFLICT DO NOTHING (no target) would have skipped
         with conn.cursor() as cur:
             with cur.copy(f"COPY {self.staging} ({cols}) FROM STDIN") as copy:
                 for r in rows:

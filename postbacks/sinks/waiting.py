@@ -6,7 +6,8 @@ status already projected (:func:`project_row`), so the sink's projection stateme
 nothing to change. Written at once and updated a moment later, each row went through
 every index of ``deliveries`` twice (a status change is never a HOT update). A row
 released with its delivered outcome and the attempt that outcome reports
-(:func:`~postbacks.sinks.tables.settled`) is final: the sink skips the projection
+(:func:`~postbacks.sinks.tables.settled`), produced after the sink was given its partition
+and with nothing of its delivery read before it, is final: the sink skips the projection
 statement for it unless its insert met a stored row.
 
 The sink stores no offset of a ``deliveries.v1`` partition past a waiting row
@@ -29,6 +30,29 @@ Row = tuple[Any, ...]
 OUTCOME_FIRST_KEPT = 100_000
 
 
+class _Recent:
+    """Ids seen lately: two generations, each of fewer than ``OUTCOME_FIRST_KEPT``."""
+
+    def __init__(self) -> None:
+        self._new: set[str] = set()
+        self._old: set[str] = set()
+
+    def add(self, delivery_id: str) -> None:
+        self._new.add(delivery_id)
+        if len(self._new) >= OUTCOME_FIRST_KEPT:
+            self._old, self._new = self._new, set()
+
+    def __contains__(self, delivery_id: object) -> bool:
+        return delivery_id in self._new or delivery_id in self._old
+
+    def __len__(self) -> int:
+        return len(self._new) + len(self._old)
+
+    def clear(self) -> None:
+        self._new.clear()
+        self._old.clear()
+
+
 @dataclass(slots=True)
 class _Waiting:
     row: Row
@@ -48,18 +72,32 @@ class WaitingRows:
         self._at: dict[Partition, dict[int, str]] = {}  # offset -> id, in reading order
         self._next: dict[Partition, int] = {}  # next offset read of each partition
         # ids of the latest outcomes read with no row waiting for them (mostly rows written
-        # already; sometimes read before their row: the topics are read side by side).
-        # Two generations, each below OUTCOME_FIRST_KEPT.
-        self._outcome_first: set[str] = set()
-        self._outcome_first_old: set[str] = set()
+        # already; sometimes read before their row: the topics are read side by side) ...
+        self._outcome_first = _Recent()
+        # ... and of attempts (a row they came before is never written as final)
+        self._attempt_first = _Recent()
         self._answered: set[str] = set()  # waiting ids with an outcome since release()
+        # Per partition of deliveries.v1, the first offset produced after this sink was
+        # given it (or rewound): a row from there on has had every record of its delivery
+        # read by this sink since (records follow their row; the topics are keyed by
+        # endpoint with equal partition counts, and the range assignor gives one sink the
+        # same partitions of each), so what it folded in, with
+        # the ids read before their rows, is all there is. An older row's delivery may have
+        # records stored by an earlier run or owner, from a second dispatch of it (the gate
+        # deciding again after a crash, a conversion fanned out again) whose attempts are
+        # numbered afresh: it is never written as final. No entry: nothing is final.
+        self._final_from: dict[Partition, int] = {}
 
     def __len__(self) -> int:
         return len(self._rows)
 
     def remembered(self) -> int:
-        """Outcome ids kept to recognise a row read after its outcome (bounded)."""
-        return len(self._outcome_first) + len(self._outcome_first_old)
+        """Outcome and attempt ids kept to recognise a row read after them (bounded)."""
+        return len(self._outcome_first) + len(self._attempt_first)
+
+    def final_from(self, tp: Partition, offset: int) -> None:
+        """Rows of ``tp`` from ``offset`` on may be written final (see ``__init__``)."""
+        self._final_from[tp] = offset
 
     def read(self, row: Row, tp: Partition, offset: int) -> bool:
         """A delivery row read at ``tp``/``offset``; True when it must be written now (its
@@ -68,7 +106,7 @@ class WaitingRows:
         if offset in self._at.get(tp, ()):  # already waiting (read twice)
             return False
         delivery_id = row[0]
-        if delivery_id in self._outcome_first or delivery_id in self._outcome_first_old:
+        if delivery_id in self._outcome_first:
             return True
         self._at.setdefault(tp, {})[offset] = delivery_id
         waiting = self._rows.get(delivery_id)
@@ -91,15 +129,13 @@ class WaitingRows:
             self._answered.add(delivery_id)
             return True
         self._outcome_first.add(delivery_id)
-        if len(self._outcome_first) >= OUTCOME_FIRST_KEPT:
-            self._outcome_first_old = self._outcome_first
-            self._outcome_first = set()
         return False
 
     def attempt(self, delivery_id: str, row: Row) -> bool:
         """An attempt read; True when its row is waiting (it goes into the row)."""
         waiting = self._rows.get(delivery_id)
         if waiting is None:
+            self._attempt_first.add(delivery_id)
             return False
         waiting.attempts.append(row)
         return True
@@ -134,8 +170,14 @@ class WaitingRows:
             for tp, offset in w.at:
                 del self._at[tp][offset]
             out.append((project_row(w.row, w.outcomes, w.attempts), [tp for tp, _ in w.at],
-                        settled(w.outcomes, w.attempts)))
+                        self._final(i, w)))
         return out
+
+    def _final(self, delivery_id: str, w: _Waiting) -> bool:
+        """Whether the row projected from what it folded in is final (see ``__init__``)."""
+        return (settled(w.outcomes, w.attempts)
+                and delivery_id not in self._attempt_first
+                and all(offset >= self._final_from.get(tp, offset + 1) for tp, offset in w.at))
 
     def next_offset(self, tp: Partition) -> int:
         return self._next[tp]
@@ -148,6 +190,7 @@ class WaitingRows:
     def forget(self, tp: Partition) -> None:
         """A revoked partition: its waiting rows go (the new owner reads them again)."""
         self._next.pop(tp, None)
+        self._final_from.pop(tp, None)
         for offset, i in self._at.pop(tp, {}).items():
             w = self._rows.get(i)
             if w is not None:
@@ -160,5 +203,6 @@ class WaitingRows:
         self._at.clear()
         self._next.clear()
         self._outcome_first.clear()
-        self._outcome_first_old.clear()
+        self._attempt_first.clear()
         self._answered.clear()
+        self._final_from.clear()

@@ -30,10 +30,14 @@ T0 = 1_750_000_000_000
 class Feed:
     """Decoded records into a real sink (offsets are irrelevant here), flushed on demand."""
 
-    def __init__(self, settings: Settings, defer_s: float = 0.0, defer_max: int = 1000) -> None:
+    def __init__(self, settings: Settings, defer_s: float = 0.0, defer_max: int = 1000,
+                 final_from: int = 0) -> None:
         self.sink = PostgresSink(settings, defer_s=defer_s, defer_max=defer_max)
         self.settings = settings
         self.offset = 0
+        for p in (0, 1):  # as if given the partitions when their end was ``final_from``
+            self.sink._waiting.final_from((settings.topic(TOPICS.deliveries.base), p),
+                                          final_from)
 
     def add(self, topic_base: str, value: Any, partition: int = 0) -> int:
         self.offset += 1
@@ -301,6 +305,75 @@ def test_a_settled_row_skips_the_projection_unless_a_stored_row_stands_in_its_wa
     r = _row(settings, retried)
     assert (r["status"], r["attempts"], r["error"]) == ("delivered", 2, None)
     f.close()
+
+
+def test_a_row_produced_before_the_sink_was_given_its_partition_is_never_final(
+        settings: Settings, namespace: str) -> None:
+    """A delivery dispatched twice (the gate deciding again after a crash, a conversion
+    fanned out again) numbers its second round of attempts afresh. Its first round may have
+    been stored by an earlier run of the sink, before the row: a row older than the sink's
+    assignment is projected, whatever it folded in."""
+    d = _delivery(namespace, "twice")
+    first = Feed(settings, defer_s=3600)  # the earlier run: the first round, before the row
+    first.add(TOPICS.attempts.base, _attempt(d, 1, T0, "timeout"))
+    first.add(TOPICS.attempts.base, _attempt(d, 2, T0 + 5000, None))
+    first.add(TOPICS.outcomes.base, make_outcome(d, "delivered", now_ms=T0 + 5001,
+                                                 attempt_no=2))
+    first.flush()
+    first.close()
+    again = Feed(settings, defer_s=3600, final_from=100)  # restarted; the row is older
+    again.add(TOPICS.deliveries.base, d)
+    again.add(TOPICS.attempts.base, _attempt(d, 1, T0 + 40_000, None))  # the second round
+    again.add(TOPICS.outcomes.base, make_outcome(d, "delivered", now_ms=T0 + 40_001,
+                                                 attempt_no=1))
+    again.flush()
+    r = _row(settings, d)
+    assert (r["status"], r["attempts"], r["error"]) == ("delivered", 2, None)
+    again.close()
+
+
+def test_a_row_read_after_an_attempt_of_its_delivery_is_never_final(
+        settings: Settings, namespace: str) -> None:
+    """The same, within one run: the first round's attempts were read before the row."""
+    d = _delivery(namespace, "after")
+    f = Feed(settings, defer_s=3600)
+    f.add(TOPICS.attempts.base, _attempt(d, 1, T0, "timeout"))
+    f.add(TOPICS.attempts.base, _attempt(d, 2, T0 + 5000, "timeout"))
+    f.flush()
+    f.add(TOPICS.deliveries.base, d)
+    f.add(TOPICS.attempts.base, _attempt(d, 1, T0 + 40_000, None))
+    f.add(TOPICS.outcomes.base, make_outcome(d, "delivered", now_ms=T0 + 40_001,
+                                             attempt_no=1))
+    f.flush()
+    r = _row(settings, d)
+    assert (r["status"], r["attempts"], r["error"]) == ("delivered", 2, "timeout")
+    f.close()
+
+
+def test_rows_may_be_final_from_the_end_of_the_partition_when_the_sink_was_given_it(
+        settings: Settings, namespace: str) -> None:
+    from confluent_kafka import Producer
+
+    from postbacks.kafka.clients import make_consumer
+
+    topic = settings.topic(TOPICS.deliveries.base)
+    p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    for _ in range(3):
+        p.produce(topic, b"x", b"k", partition=0)
+    assert p.flush(30) == 0
+    sink = PostgresSink(settings)
+    consumer = make_consumer(settings, "final-from-test")
+    try:
+        sink.new_rows_from(consumer, [TopicPartition(topic, 0), TopicPartition(topic, 1),
+                                      TopicPartition(settings.topic(TOPICS.attempts.base), 0)])
+        assert sink._waiting._final_from == {(topic, 0): 3, (topic, 1): 0}
+        sink.new_rows_from(consumer, [TopicPartition(topic, 999)])  # no such partition
+        assert (topic, 999) not in sink._waiting._final_from
+        sink.forget([TopicPartition(topic, 0)])
+        assert sink._waiting._final_from == {(topic, 1): 0}
+    finally:
+        consumer.close()
+        sink.close()
 
 
 @pytest.mark.parametrize(("seed", "defer_max"), [(1, 1000), (2, 1000), (3, 1000), (4, 3)])
