@@ -69,6 +69,7 @@ class PostgresSink:
         self._rows: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
         self._touched: set[str] = set()  # ids the projection statement re-derives
         self._settled: set[str] = set()  # rows released final: re-derived only on a conflict
+        self._via_staging: set[str] = set()  # tables whose last batch met a stored row
         self._suppressed: list[str] = []  # this batch's ``suppressed`` outcome ids
         self._offsets: dict[Partition, int] = {}  # next offsets to store at the next flush
         self._waiting = WaitingRows(
@@ -212,7 +213,12 @@ class PostgresSink:
                 for name in ("deliveries", "attempts", "outcomes", "dead_letters"):
                     rows = self._rows.get(name)
                     if rows:
-                        written[name] = TABLES[name].write(conn, rows)
+                        written[name], met = TABLES[name].write(
+                            conn, rows, direct=name not in self._via_staging)
+                        if met:
+                            self._via_staging.add(name)
+                        else:
+                            self._via_staging.discard(name)
                 if written.get("deliveries", 0) < len(self._rows.get("deliveries", ())):
                     # a row already stored (read again, or a conversion fanned out again)
                     # was not replaced by the one projected here: re-derive them all

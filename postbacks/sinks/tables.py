@@ -33,26 +33,31 @@ class Table:
     def staging(self) -> str:
         return f"stg_{self.target}"
 
-    def write(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> int:
+    def write(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]], *,
+              direct: bool = True) -> tuple[int, bool]:
         """Insert ``rows`` (inside the caller's transaction), skipping any already stored;
-        returns the rows inserted.
+        returns the rows inserted, and whether a stored row was met.
 
-        First COPY straight into the table, in a savepoint. A row already there (a record
-        read again, a duplicate upstream) fails it, and the savepoint goes; then COPY into
-        the session's staging table and ``INSERT ... ON CONFLICT DO NOTHING`` from it. The
-        direct COPY skips the staging table's write and read, and the speculative insertion
-        ``ON CONFLICT`` makes into every unique index: 40-60 against 55-85 µs of
-        PostgreSQL's CPU per delivery for its three rows into a fresh database, 75-110
-        against 95-140 µs into one of 13 GB (400-row batches, 4 alternating pairs each)."""
+        ``direct``: first COPY straight into the table, in a savepoint. A row already there
+        (a record read again, a duplicate upstream) fails it, and the savepoint goes; then
+        (and at once when not ``direct``) COPY into the session's staging table and
+        ``INSERT ... ON CONFLICT DO NOTHING`` from it. The direct COPY skips the staging
+        table's write and read, and the speculative insertion ``ON CONFLICT`` makes into
+        every unique index: 40-60 against 55-85 µs of PostgreSQL's CPU per delivery for its
+        three rows into a fresh database, 75-110 against 95-140 µs into one of 13 GB
+        (400-row batches, 4 alternating pairs each). A failed COPY leaves the rows it
+        wrote as dead tuples, so after meeting a stored row the sink sends the next batch
+        of the table through staging (rows read again come in runs)."""
         cols = ", ".join(self.columns)
-        try:
-            with (conn.transaction(), conn.cursor() as cur,
-                  cur.copy(f"COPY {self.target} ({cols}) FROM STDIN") as copy):
-                for r in rows:
-                    copy.write_row(r)
-            return len(rows)
-        except (psycopg.errors.UniqueViolation, psycopg.errors.ExclusionViolation):
-            pass  # what ON CONFLICT DO NOTHING (no target) would have skipped
+        if direct:
+            try:
+                with (conn.transaction(), conn.cursor() as cur,
+                      cur.copy(f"COPY {self.target} ({cols}) FROM STDIN") as copy):
+                    for r in rows:
+                        copy.write_row(r)
+                return len(rows), False
+            except (psycopg.errors.UniqueViolation, psycopg.errors.ExclusionViolation):
+                pass  # what ON CONFLICT DO NOTHING (no target) would have skipped
         with conn.cursor() as cur:
             with cur.copy(f"COPY {self.staging} ({cols}) FROM STDIN") as copy:
                 for r in rows:
@@ -63,7 +68,7 @@ class Table:
             )
             n = cur.rowcount
             cur.execute(f"TRUNCATE {self.staging}")
-        return n
+        return n, n < len(rows)
 
 
 # The status projection's columns of a delivery row, at the end of it, and their values

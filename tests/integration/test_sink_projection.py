@@ -446,8 +446,14 @@ def test_a_batch_meeting_a_stored_row_keeps_the_rest_and_stores_it_once(
                         ([o["outcome_id"] for o in outs],)).fetchall()
     assert sorted(got) == sorted((o["outcome_id"], 1) for o in outs)
     assert conn is f.sink.conn() and not conn.closed  # the savepoint went, not the session
+    # the next batch goes through staging (rows read again come in runs) ...
+    assert f.sink._via_staging == {"outcomes"}
     f.add(TOPICS.outcomes.base, make_outcome(ds[0], "delivered", now_ms=T0 + 9))
-    assert f.sink.flush() == {"outcomes": 1}  # and the next batch goes straight in
+    assert f.sink.flush() == {"outcomes": 1}
+    # ... and, having met nothing stored, the one after it straight in again
+    assert f.sink._via_staging == set()
+    f.add(TOPICS.outcomes.base, make_outcome(ds[1], "delivered", now_ms=T0 + 9))
+    assert f.sink.flush() == {"outcomes": 1}
     f.close()
 
 
