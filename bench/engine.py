@@ -45,12 +45,28 @@ def _sink_rows(log_path: Path) -> dict[str, float]:
     return out
 
 
+def _assigned(s: Settings, group: str) -> bool:
+    """Whether ``group`` is stable with partitions assigned to its members."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap_servers})
+    try:
+        desc = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
+    except Exception:  # not there yet
+        return False
+    return bool(desc.state == ConsumerGroupState.STABLE
+                and any(m.assignment.topic_partitions for m in desc.members))
+
+
 def run_engine(base: Settings, n: int, n_endpoints: int, seed: int,
                log_dir: Path, catch_up: bool = False) -> dict[str, float]:
-    """``catch_up``: the sink starts with the agent, after the backlog is on the topics (a
-    sink catching up after a restart; it projects every row it reads, see
-    ``postbacks.sinks.waiting``). Otherwise the sink is running when the backlog is
-    produced, as in steady state; its CPU is counted from before the backlog."""
+    """Steady state (default): the sink and the agent are running when the backlog is
+    produced, as behind fan-out and the gate; every process's CPU is counted from before
+    the backlog, per delivery. ``catch_up``: both start after the backlog is on the topics
+    (a sink catching up after a restart projects every row it reads, see
+    ``postbacks.sinks.waiting``); CPU from the first postback. The rate is always from the
+    first postback to the last row on record."""
     s = fresh(base, "engine")
     with fast_receiver() as (url, rx):
         ns = s.instance_id.replace("-", "")
@@ -60,29 +76,40 @@ def run_engine(base: Settings, n: int, n_endpoints: int, seed: int,
         ep_ids = [e.endpoint_id for e in eps]
         with Stack(env_for(s), log_dir) as stack, connect(s.database_url,
                                                           autocommit=True) as db:
-            sink_cpu0 = None
+
+            def start() -> dict[str, int]:
+                for stage in ("sink", "agent"):
+                    stack.start(stage, stage)
+                for stage in ("sink", "agent"):  # both started up and given partitions
+                    group = s.topic(f"postbacks-{stage}")
+                    wait_for(lambda g=group: _assigned(s, g), 60, interval=0.2,
+                             what=f"the {stage}'s partitions")
+                sink_log = stack.procs["sink"].log_path  # ... and the sink has read their ends
+                wait_for(lambda: "sink: assigned" in sink_log.read_text(errors="replace"), 30,
+                         interval=0.05, what="the sink's assignment")
+                return ({name: p.pid for name, p in stack.procs.items()}
+                        | {"receiver": rx.pid} | service_pids())
+
+            cpu0: dict[str, float] = {}
             if not catch_up:
-                sink = stack.start("sink", "sink")
-                wait_for(lambda: "sink: assigned" in sink.log_path.read_text(errors="replace"),
-                         60, interval=0.05, what="the sink's partitions")
-                sink_cpu0 = tree_cpu(sink.pid)
+                pids = start()
+                cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
             say(f"engine: producing {n} deliveries over {n_endpoints} endpoints to "
-                f"deliveries.v1 and dispatch.v1{' (sink not running)' if catch_up else ''} ...")
+                f"deliveries.v1 and dispatch.v1"
+                f"{' (sink and agent not running)' if catch_up else ''} ...")
             writer = DispatchWriter(s)
             writer.send(eps, n // n_endpoints, seed=seed, also_deliveries=True)
             writer.close()
             n = (n // n_endpoints) * n_endpoints
-            for stage in ("sink", "agent") if catch_up else ("agent",):
-                stack.start(stage, stage)
-            pids = {name: p.pid for name, p in stack.procs.items()} | {"receiver": rx.pid}
-            pids |= service_pids()
+            if catch_up:
+                pids = start()
             wait_for(lambda: http_json(f"{url}/_stats")["count"] > 0, 60, interval=0.01,
                      what="first delivery")
             t0 = time.perf_counter()
             c0 = http_json(f"{url}/_stats")["count"]
-            cpu1 = {name: tree_cpu(pid) for name, pid in pids.items()}
-            if sink_cpu0 is not None:
-                cpu1["sink"] = sink_cpu0
+            if catch_up:
+                cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
+            counted = n - c0 if catch_up else n
             wait_for(lambda: http_json(f"{url}/_stats")["count"] >= n, 300, interval=0.05,
                      what=f"{n} deliveries sent")
             sent_s = time.perf_counter() - t0
@@ -99,7 +126,7 @@ def run_engine(base: Settings, n: int, n_endpoints: int, seed: int,
 
             wait_for(on_record, 300, interval=0.2, what=f"{n} deliveries on record")
             elapsed = time.perf_counter() - t0
-            share = {name: tree_cpu_since(pid, cpu1[name]) / (n - c0) * 1e6
+            share = {name: tree_cpu_since(pid, cpu0[name]) / counted * 1e6
                      for name, pid in pids.items()}
             # ... and checked once, untimed: every one is delivered, its attempt counted
             db.execute("SET jit = off")

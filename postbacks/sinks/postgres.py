@@ -33,6 +33,7 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
+    KafkaError,
     KafkaException,
     Message,
     TopicPartition,
@@ -57,6 +58,9 @@ _CLOCK_SLACK = dt.timedelta(hours=1)
 log = logging.getLogger(__name__)
 
 GROUP = "postbacks-sink"
+# what a partition created a moment ago answers until its leader is known to this client
+_NO_LEADER_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                  KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 class PostgresSink:
     """``add()`` decoded rows, ``flush()`` them with the offsets in one transaction."""
@@ -166,24 +170,40 @@ class PostgresSink:
         )
 
     def new_rows_from(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Just given (or rewound to) ``partitions``: delivery rows produced from now on may
-        be written final (:class:`~postbacks.sinks.waiting.WaitingRows`). A partition whose
-        end cannot be read now gets no final rows until the next assignment."""
+        """Just given (or rewound to) ``partitions`` (the whole assignment): delivery rows
+        produced from now on may be written final (:class:`~postbacks.sinks.waiting.
+        WaitingRows`) -- in a partition whose attempts and outcomes partitions this sink
+        was given too, and whose end can be read now (the last stable offset: this
+        consumer reads committed records, and so does every stage that derives records
+        from a row). Others get no final rows until the next assignment."""
+        self._waiting.ends_wanted = False
+        given = {(tp.topic, tp.partition) for tp in partitions}
         for tp in partitions:
             if tp.topic != self._deliveries:
                 continue
-            try:
-                got = consumer.get_watermark_offsets(
-                    TopicPartition(tp.topic, tp.partition), timeout=5, cached=False)
-            except KafkaException as exc:
-                got, why = None, str(exc)
-            else:
-                why = "timed out"
-            if got is None:
-                log.warning("sink: end of %s [%d] unknown (%s); its rows are all projected",
-                            tp.topic, tp.partition, why)
+            if not all((self.settings.topic(t.base), tp.partition) in given
+                       for t in (TOPICS.attempts, TOPICS.outcomes)):
                 continue
-            self._waiting.final_from((tp.topic, tp.partition), got[1])
+            for attempt in range(5):  # a partition just created may have no leader yet
+                try:
+                    got = consumer.get_watermark_offsets(
+                        TopicPartition(tp.topic, tp.partition), timeout=5, cached=False)
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args else None
+                    if isinstance(err, KafkaError) and attempt < 4 and (
+                            err.retriable() or err.code() in _NO_LEADER_YET):
+                        time.sleep(0.5)
+                        continue
+                    log.warning("sink: end of %s [%d] unknown (%s); its rows are all "
+                                "projected", tp.topic, tp.partition, exc)
+                    break
+                if got is not None:
+                    self._waiting.final_from((tp.topic, tp.partition), got[1])
+                break
+
+    def ends_wanted(self) -> bool:
+        """Whether the partitions' ends must be read again (ids were forgotten)."""
+        return self._waiting.ends_wanted
 
     def waiting(self) -> int:
         """Delivery rows waiting for their first outcome."""
@@ -359,8 +379,12 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
     # Rows may land a fraction of a second later; in exchange the broker answers a few
     # large fetches a second instead of one per produce batch (fetches, not bytes, are
     # what a busy local broker spends its CPU on).
+    # Eager range assignment gives one sink the same partitions of every topic (keyed by
+    # endpoint, equal counts), which rows written final depend on (WaitingRows), and hands
+    # on_assign the whole assignment, which it assigns.
     consumer = make_consumer(settings, GROUP, **{"fetch.min.bytes": 262_144,
-                                                  "fetch.wait.max.ms": 200})
+                                                  "fetch.wait.max.ms": 200,
+                                                  "partition.assignment.strategy": "range"})
     def on_revoke(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
         sink.forget(partitions)
 
@@ -375,6 +399,8 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
                 observe_backlog(m, now_ms)
                 sink.add(m, now_ms)
             SINK_WAITING.set(sink.waiting())
+            if sink.ends_wanted():
+                sink.new_rows_from(consumer, consumer.assignment())
             if not sink.pending():
                 continue
             try:

@@ -112,12 +112,13 @@ def project_row(row: tuple[Any, ...], outcomes: list[tuple[Any, ...]],
 
 
 def settled(outcomes: list[tuple[Any, ...]], attempts: list[tuple[Any, ...]]) -> bool:
-    """Whether a row projected from these outcome and attempt rows alone is what the SQL
-    projection would make of it whatever else of the delivery is stored: its latest outcome
-    is ``delivered`` and its highest attempt is the one that outcome reports. Outcomes and
-    attempts read elsewhere (before the row, by another sink, by an earlier run) are older
-    and lower-numbered -- only a replay comes after a delivery, and it is read after it --
-    so they change neither the status nor the count nor the last error."""
+    """Whether a row projected from these outcome and attempt rows alone is final as far as
+    they go: its latest outcome is ``delivered`` and its highest attempt is the one that
+    outcome reports. Records of one round of dispatch read elsewhere are older and
+    lower-numbered (only a replay comes after a delivery, and it is read after it). A
+    delivery dispatched twice numbers its second round afresh, so the sink also requires
+    that nothing of the delivery was read, or stored, before the row
+    (:class:`~postbacks.sinks.waiting.WaitingRows`)."""
     if not outcomes or not attempts:
         return False
     o = max(outcomes, key=lambda x: (x[9], x[0]))

@@ -37,10 +37,13 @@ class _Recent:
         self._new: set[str] = set()
         self._old: set[str] = set()
 
-    def add(self, delivery_id: str) -> None:
+    def add(self, delivery_id: str) -> bool:
+        """Remember ``delivery_id``; True when the oldest generation was forgotten."""
         self._new.add(delivery_id)
         if len(self._new) >= OUTCOME_FIRST_KEPT:
             self._old, self._new = self._new, set()
+            return True
+        return False
 
     def __contains__(self, delivery_id: object) -> bool:
         return delivery_id in self._new or delivery_id in self._old
@@ -87,6 +90,10 @@ class WaitingRows:
         # deciding again after a crash, a conversion fanned out again) whose attempts are
         # numbered afresh: it is never written as final. No entry: nothing is final.
         self._final_from: dict[Partition, int] = {}
+        # Ids forgotten (the sets above are bounded): a row read after one of them could be
+        # taken for final, so no row is until the partitions' ends are read again (a row
+        # below them was produced before the forgotten records were read).
+        self.ends_wanted = False
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -98,6 +105,10 @@ class WaitingRows:
     def final_from(self, tp: Partition, offset: int) -> None:
         """Rows of ``tp`` from ``offset`` on may be written final (see ``__init__``)."""
         self._final_from[tp] = offset
+
+    def _forgot(self) -> None:
+        self._final_from.clear()
+        self.ends_wanted = True
 
     def read(self, row: Row, tp: Partition, offset: int) -> bool:
         """A delivery row read at ``tp``/``offset``; True when it must be written now (its
@@ -128,14 +139,16 @@ class WaitingRows:
             waiting.outcomes.append(row)
             self._answered.add(delivery_id)
             return True
-        self._outcome_first.add(delivery_id)
+        if self._outcome_first.add(delivery_id):
+            self._forgot()
         return False
 
     def attempt(self, delivery_id: str, row: Row) -> bool:
         """An attempt read; True when its row is waiting (it goes into the row)."""
         waiting = self._rows.get(delivery_id)
         if waiting is None:
-            self._attempt_first.add(delivery_id)
+            if self._attempt_first.add(delivery_id):
+                self._forgot()
             return False
         waiting.attempts.append(row)
         return True

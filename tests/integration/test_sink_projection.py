@@ -361,13 +361,16 @@ def test_rows_may_be_final_from_the_end_of_the_partition_when_the_sink_was_given
     for _ in range(3):
         p.produce(topic, b"x", b"k", partition=0)
     assert p.flush(30) == 0
+    attempts, outcomes = (settings.topic(t.base) for t in (TOPICS.attempts, TOPICS.outcomes))
     sink = PostgresSink(settings)
     consumer = make_consumer(settings, "final-from-test")
     try:
-        sink.new_rows_from(consumer, [TopicPartition(topic, 0), TopicPartition(topic, 1),
-                                      TopicPartition(settings.topic(TOPICS.attempts.base), 0)])
+        given = [TopicPartition(t, p) for t in (topic, attempts, outcomes) for p in (0, 1, 2)]
+        # partition 2's outcomes went to another sink: none of its rows is final here
+        sink.new_rows_from(consumer, given[:-1])
         assert sink._waiting._final_from == {(topic, 0): 3, (topic, 1): 0}
-        sink.new_rows_from(consumer, [TopicPartition(topic, 999)])  # no such partition
+        sink.new_rows_from(consumer, [TopicPartition(t, 999)  # no such partition
+                                      for t in (topic, attempts, outcomes)])
         assert (topic, 999) not in sink._waiting._final_from
         sink.forget([TopicPartition(topic, 0)])
         assert sink._waiting._final_from == {(topic, 1): 0}
@@ -627,6 +630,41 @@ def test_outcomes_remembered_with_no_row_waiting_stay_bounded(
     f.add(TOPICS.deliveries.base, ds[-1])  # remembered: written at once
     f.add(TOPICS.deliveries.base, ds[0])  # forgotten: waits
     assert f.sink.waiting() == 1
+    f.close()
+
+
+def test_once_an_attempt_read_before_its_row_is_forgotten_no_row_is_final_until_the_ends_are_read(
+        settings: Settings, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ids of attempts read with no row waiting are kept in a bounded set; a row read
+    after its attempt's id was forgotten could be taken for final, so none is until the
+    sink reads its partitions' ends again (rows below them came before the forgetting)."""
+    monkeypatch.setattr(waiting_module, "OUTCOME_FIRST_KEPT", 3)
+    calls = _projected(monkeypatch)
+    f = Feed(settings, defer_s=3600)
+    early = [_delivery(namespace, f"a{i}") for i in range(7)]
+    for d in early:
+        f.add(TOPICS.attempts.base, _attempt(d, 1, T0, "timeout"))
+    assert f.sink.ends_wanted()
+    assert early[0]["delivery_id"] not in f.sink._waiting._attempt_first  # forgotten
+
+    def deliver(d: Any) -> None:
+        f.add(TOPICS.deliveries.base, d)
+        f.add(TOPICS.attempts.base, _attempt(d, 1, T0 + 40_000, None))
+        f.add(TOPICS.outcomes.base, make_outcome(d, "delivered", now_ms=T0 + 40_001,
+                                                 attempt_no=1))
+        calls.clear()
+        f.flush()
+
+    deliver(early[0])  # its first attempt is forgotten: projected, counted right
+    assert early[0]["delivery_id"] in [i for c in calls for i in c]
+    r = _row(settings, early[0])
+    assert (r["status"], r["attempts"]) == ("delivered", 1)
+    for p in (0, 1):  # the ends read again (what run_sink does when ends_wanted)
+        f.sink._waiting.final_from((settings.topic(TOPICS.deliveries.base), p), 0)
+        f.sink._waiting.ends_wanted = False
+    later = _delivery(namespace, "later")
+    deliver(later)
+    assert later["delivery_id"] not in [i for c in calls for i in c]  # final again
     f.close()
 
 

@@ -26,6 +26,9 @@ ms. A full (generation 2) garbage collection over Faust's and the libraries' sta
 objects took up to 90 ms; they are frozen after start-up (``gc.freeze``), so a full
 collection only walks what the gate allocated since.
 
+Transactional input is read committed (:func:`patch_faust_read_committed`: Faust reads
+uncommitted records unless it runs its own exactly_once).
+
 Offset commits over transactional input (faust-streaming 0.15 bug, patched here): a
 transaction marker leaves a gap in the offsets the gate reads (fan-out writes
 ``deliveries.v1`` in transactions). Faust records the gap after read offset ``r`` up to
@@ -88,7 +91,32 @@ def patch_faust_gaps() -> None:
     FaustConsumer._add_gap = add_gap  # type: ignore[method-assign]
 
 
+def patch_faust_read_committed() -> None:
+    """Make Faust's stream consumer read committed records only.
+
+    faust-streaming 0.15 reads ``read_uncommitted`` unless the app runs its own (broken)
+    exactly_once; fan-out writes deliveries.v1 in transactions, so the gate dispatched --
+    and counted into its baselines -- deliveries of transactions that were later aborted
+    (a fan-out crash mid-batch: the conversion is fanned out again, so the postback went
+    twice and its payout was counted twice; a conversion never committed was paid for).
+    aiokafka's fetcher takes the level from the consumer when it starts."""
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    original = AIOKafkaConsumerThread._create_worker_consumer
+    if getattr(original, "postbacks_patched", False):
+        return
+
+    def create(self: Any, transport: Any) -> Any:
+        consumer = original(self, transport)
+        consumer._isolation_level = "read_committed"
+        return consumer
+
+    create.postbacks_patched = True  # type: ignore[attr-defined]
+    AIOKafkaConsumerThread._create_worker_consumer = create  # type: ignore[method-assign]
+
+
 patch_faust_gaps()
+patch_faust_read_committed()
 # The tables' changelog serializer (Faust's "json" codec for keys and values): records
 # produced with it are read back by Faust's table recovery exactly like its own.
 _CHANGELOG_CODEC = faust_codecs.get_codec("json")
