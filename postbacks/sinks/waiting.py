@@ -80,12 +80,13 @@ class WaitingRows:
         # ... and of attempts (a row they came before is never written as final)
         self._attempt_first = _Recent()
         self._answered: set[str] = set()  # waiting ids with an outcome since release()
-        # Per partition of deliveries.v1, the first offset produced after this sink was
-        # given it (or rewound): a row from there on has had every record of its delivery
-        # read by this sink since (records follow their row; the topics are keyed by
-        # endpoint with equal partition counts, and the range assignor gives one sink the
-        # same partitions of each), so what it folded in, with
-        # the ids read before their rows, is all there is. An older row's delivery may have
+        # Per partition of deliveries.v1, its last stable offset when this sink was given
+        # it (or rewound): a row from there on was committed after that, so every record
+        # of its delivery has been read by this sink since (records follow a committed
+        # row: every stage reads committed; the topics are keyed by endpoint with equal
+        # partition counts, and range assignment gives one sink the same partitions of
+        # each), and what it folded in, with the ids read before their rows, is all there
+        # is. An older row's delivery may have
         # records stored by an earlier run or owner, from a second dispatch of it (the gate
         # deciding again after a crash, a conversion fanned out again) whose attempts are
         # numbered afresh: it is never written as final. No entry: nothing is final.
