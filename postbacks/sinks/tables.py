@@ -21,6 +21,12 @@ def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+def _copy(cur: psycopg.Cursor[Any], table: str, cols: str, rows: list[tuple[Any, ...]]) -> None:
+    with cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+        for r in rows:
+            copy.write_row(r)
+
+
 @dataclass(frozen=True, slots=True)
 class Table:
     name: str
@@ -51,17 +57,13 @@ class Table:
         cols = ", ".join(self.columns)
         if direct:
             try:
-                with (conn.transaction(), conn.cursor() as cur,
-                      cur.copy(f"COPY {self.target} ({cols}) FROM STDIN") as copy):
-                    for r in rows:
-                        copy.write_row(r)
+                with conn.transaction(), conn.cursor() as cur:
+                    _copy(cur, self.target, cols, rows)
                 return len(rows), False
             except (psycopg.errors.UniqueViolation, psycopg.errors.ExclusionViolation):
                 pass  # what ON CONFLICT DO NOTHING (no target) would have skipped
         with conn.cursor() as cur:
-            with cur.copy(f"COPY {self.staging} ({cols}) FROM STDIN") as copy:
-                for r in rows:
-                    copy.write_row(r)
+            _copy(cur, self.staging, cols, rows)
             cur.execute(
                 f"INSERT INTO {self.target} ({cols}) SELECT {cols} FROM {self.staging}"
                 " ON CONFLICT DO NOTHING"

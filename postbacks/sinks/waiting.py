@@ -86,10 +86,10 @@ class WaitingRows:
         # row: every stage reads committed; the topics are keyed by endpoint with equal
         # partition counts, and range assignment gives one sink the same partitions of
         # each), and what it folded in, with the ids read before their rows, is all there
-        # is. An older row's delivery may have
-        # records stored by an earlier run or owner, from a second dispatch of it (the gate
-        # deciding again after a crash, a conversion fanned out again) whose attempts are
-        # numbered afresh: it is never written as final. No entry: nothing is final.
+        # is. An older row's delivery may have records stored by an earlier run or owner,
+        # from a second dispatch of it (the gate deciding again after a crash, a conversion
+        # fanned out again) whose attempts are numbered afresh: it is never written as
+        # final. No entry: nothing is final.
         self._final_from: dict[Partition, int] = {}
         # Ids forgotten (the sets above are bounded): a row read after one of them could be
         # taken for final, so no row is until the partitions' ends are read again (a row

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message, TopicPartition
 
-import postbacks.sinks.postgres as postgres_module
+import postbacks.sinks.projection as projection_module
 import postbacks.sinks.waiting as waiting_module
 from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.db.connect import connect
@@ -175,10 +175,10 @@ def test_a_held_delivery_shows_its_hold(settings: Settings, namespace: str) -> N
 def _attempt_partitions_read(settings: Settings, ids: list[str]) -> list[str]:
     """The attempts partitions the projection statement reads for ``ids``, by EXPLAIN
     ANALYZE inside a rolled-back transaction."""
-    from postbacks.sinks.postgres import _PROJECT
+    from postbacks.sinks.projection import PROJECT
 
     with connect(settings.database_url) as conn:
-        (plan,), = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _PROJECT,
+        (plan,), = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + PROJECT,
                                 {"ids": ids}).fetchall()
         conn.rollback()
     read: list[str] = []
@@ -263,13 +263,13 @@ def test_a_duplicate_delivery_record_does_not_narrow_the_attempt_lookup(
 def _projected(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The ids of each projection statement the sink runs from now on."""
     calls: list[list[str]] = []
-    real = postgres_module._project_status
+    real = projection_module.project_status
 
     def spy(conn: Any, ids: list[str], suppressed: list[str] | None = None) -> None:
         calls.append(list(ids))
         real(conn, ids, suppressed)
 
-    monkeypatch.setattr(postgres_module, "_project_status", spy)
+    monkeypatch.setattr(projection_module, "project_status", spy)
     return calls
 
 
@@ -416,10 +416,10 @@ def test_rows_written_settled_match_the_projection_in_any_arrival_order(
         if rng.random() < 0.05:
             f.flush()
     f.flush(everything=True)
-    from postbacks.sinks.postgres import _PROJECT
+    from postbacks.sinks.projection import PROJECT
 
     with connect(settings.database_url) as conn:
-        changed = conn.execute(_PROJECT, {"ids": list(want)}).rowcount
+        changed = conn.execute(PROJECT, {"ids": list(want)}).rowcount
         conn.rollback()
         got = {r[0]: (r[1], r[2]) for r in conn.execute(
             "SELECT delivery_id, status, attempt_count FROM deliveries"
