@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 GROUP = "postbacks-sink"
 # what a partition created a moment ago answers until its leader is known to this client
 _NO_LEADER_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                  KafkaError.UNKNOWN_TOPIC_OR_PART)
+                  KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION)
 
 class PostgresSink:
     """``add()`` decoded rows, ``flush()`` them with the offsets in one transaction."""
@@ -192,6 +192,7 @@ class PostgresSink:
                     if isinstance(err, KafkaError) and attempt < 4 and (
                             err.retriable() or err.code() in _NO_LEADER_YET):
                         time.sleep(0.5)
+                        consumer.list_topics(tp.topic, timeout=5)  # its metadata, again
                         continue
                     log.warning("sink: end of %s [%d] unknown (%s); its rows are all "
                                 "projected", tp.topic, tp.partition, exc)
