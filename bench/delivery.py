@@ -214,7 +214,8 @@ def run_pipeline_latency(base: Settings, rate: float, seconds: float,
 def run_relay_lateness(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
     s = fresh(base, "relay")
     codec = codec_for("Delivery")
-    p = Producer({"bootstrap.servers": s.kafka_bootstrap_servers, "linger.ms": 5})
+    p = Producer({"bootstrap.servers": s.kafka_bootstrap_servers, "linger.ms": 5,
+                  "enable.idempotence": True})  # in order, even across a retried batch
     ep = Endpoint("ep_bench_relay", "app_bench", "http://127.0.0.1:9/", frozenset({"*"}))
     events = list(synthetic_conversions(n, apps=1, seed=3, namespace="relay",
                                         now_ms=int(time.time() * 1000)))

@@ -39,7 +39,7 @@ class Stream(threading.Thread):
     def _run(self) -> None:
         codec = codec_for("Delivery")
         p = Producer({"bootstrap.servers": self.s.kafka_bootstrap_servers, "linger.ms": 2,
-                      "acks": "all"})
+                      "acks": "all", "enable.idempotence": True})
         topic = self.s.topic(TOPICS.dispatch.base)
         p.list_topics(topic, timeout=10)
         start = time.monotonic()

@@ -61,7 +61,8 @@ def produce(s: Settings, n: int, endpoints: list[str], tag: str, rate: float = 0
             warm: bool = False) -> None:
     codec = codec_for("Delivery")
     p = Producer({"bootstrap.servers": s.kafka_bootstrap_servers, "linger.ms": 5,
-                  "partitioner": "murmur2_random", "compression.type": "lz4"})
+                  "partitioner": "murmur2_random", "compression.type": "lz4",
+                  "enable.idempotence": True})  # in order, even across a retried batch
     topic = s.topic(TOPICS.deliveries.base)
     if warm:  # connected, with the topic's metadata, before the first timed record
         p.list_topics(topic, timeout=10)

@@ -131,7 +131,8 @@ class DispatchWriter:
         self.s = s
         self.codec = codec_for("Delivery")
         self.p = Producer({"bootstrap.servers": s.kafka_bootstrap_servers,
-                           "linger.ms": linger_ms, "partitioner": "murmur2_random"})
+                           "linger.ms": linger_ms, "partitioner": "murmur2_random",
+                           "enable.idempotence": True})  # in order across retries
 
     def send(self, endpoints: list[Endpoint], per_endpoint: int, *, seed: int = 1,
              partition: int | None = None, flush: bool = True,

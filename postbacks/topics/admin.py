@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
@@ -59,7 +60,38 @@ def create_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> l
             if exc.args and getattr(exc.args[0], "name", lambda: "")() == "TOPIC_ALREADY_EXISTS":
                 continue
             raise ServiceUnavailable(f"cannot create topic {name}: {exc}") from exc
+    _wait_led(admin, {settings.topic(s.base): s.partitions for s in wanted})
     return created
+
+
+def _wait_led(admin: AdminClient, wanted: dict[str, int], timeout: float = 30.0) -> None:
+    """Return once the broker's metadata shows every partition of ``wanted`` with a leader.
+
+    CreateTopics succeeds when the controller has committed the topics; the broker may serve
+    metadata without them (or without leaders) a moment longer, longest on a broker just
+    started. A stage started in that moment refuses to run (missing topics), and a
+    producer's first batch to a leaderless partition fails, is retried, and -- without
+    idempotence -- lands after the batches sent behind it (out of order).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            topics = admin.list_topics(timeout=5).topics
+        except KafkaException:
+            topics = {}
+        waiting = sorted(
+            name for name, n in wanted.items()
+            if name not in topics or topics[name].error is not None
+            or len(topics[name].partitions) < n
+            or any(p.leader < 0 or p.error is not None
+                   for p in topics[name].partitions.values()))
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise ServiceUnavailable(
+                f"topics created but without a leader after {timeout:.0f} s: "
+                f"{', '.join(waiting[:5])}{' ...' if len(waiting) > 5 else ''}")
+        time.sleep(0.1)
 
 
 def verify_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> list[Drift]:

@@ -38,7 +38,10 @@ class GateFeed:
     def __init__(self, settings: Settings) -> None:
         self.s = settings
         self.producer = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                                  "partitioner": "murmur2_random", "linger.ms": 5})
+                                  "partitioner": "murmur2_random", "linger.ms": 5,
+                                  # in order: a retried batch (a topic just created)
+                                  # must not land after the ones sent behind it
+                                  "enable.idempotence": True})
         self.consumer = Consumer({
             "bootstrap.servers": settings.kafka_bootstrap_servers,
             "group.id": f"test-feed-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest",

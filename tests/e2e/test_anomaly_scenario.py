@@ -67,7 +67,8 @@ def test_broad_but_shallow_cohort_through_the_real_gate(
 
     codec = codec_for("Delivery")
     p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers, "linger.ms": 5,
-                  "partitioner": "murmur2_random", "compression.type": "lz4"})
+                  "partitioner": "murmur2_random", "compression.type": "lz4",
+                  "enable.idempotence": True})  # in order, even across a retried batch
     topic = settings.topic(TOPICS.deliveries.base)
     sent = 0
     cohort_start: int | None = None

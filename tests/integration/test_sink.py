@@ -15,7 +15,8 @@ from tests.unit.factories import make_conversion, make_delivery
 
 def _produce(settings: Settings, n: int, namespace: str) -> int:
     """n deliveries, each with one attempt and one outcome; plus duplicates and garbage."""
-    p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers, "linger.ms": 20})
+    p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers, "linger.ms": 20,
+                  "enable.idempotence": True})  # in order, even across a retried batch
     dc, ac, oc = codec_for("Delivery"), codec_for("Attempt"), codec_for("Outcome")
     sent = 0
     for i in range(n):
