@@ -307,6 +307,53 @@ def test_a_settled_row_skips_the_projection_unless_a_stored_row_stands_in_its_wa
     f.close()
 
 
+def test_a_row_whose_delivered_outcome_comes_before_its_attempt_waits_for_it_and_is_final(
+        settings: Settings, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent writes an attempt and its outcome in one transaction to two topics, which
+    the sink reads side by side: a ``delivered`` outcome read first keeps the row waiting
+    for the attempt it reports, and the row then goes out final. A row that cannot be
+    final does not wait; one whose attempt never comes goes out after ``defer_s``."""
+    calls = _projected(monkeypatch)
+    f = Feed(settings, defer_s=3600)
+    ok, first, failing = (_delivery(namespace, n) for n in ("ok", "first", "failing"))
+    f.add(TOPICS.deliveries.base, ok)
+    f.add(TOPICS.outcomes.base, make_outcome(ok, "delivered", now_ms=T0 + 1))
+    assert _write_counts(f) == (0, 0)  # waiting for attempt 1
+    assert f.sink.waiting() == 1
+    f.add(TOPICS.attempts.base, _attempt(ok, 1, T0, None))
+    assert _write_counts(f) == (1, 0)
+    assert calls == []  # final: no projection
+    r = _row(settings, ok)
+    assert (r["status"], r["attempts"], r["error"]) == ("delivered", 1, None)
+
+    # an attempt of the delivery read before its row: never final, so no wait
+    f.add(TOPICS.attempts.base, _attempt(first, 1, T0, None))
+    f.add(TOPICS.deliveries.base, first)
+    f.add(TOPICS.outcomes.base, make_outcome(first, "delivered", now_ms=T0 + 1))
+    assert _write_counts(f)[0] == 1  # at once (and projected: the attempt count moves)
+    assert [i for c in calls for i in c] == [first["delivery_id"]]
+    r = _row(settings, first)
+    assert (r["status"], r["attempts"]) == ("delivered", 1)
+    # an outcome that reports no new attempt (failing: its attempt failed) is not waited on
+    calls.clear()
+    f.add(TOPICS.deliveries.base, failing)
+    f.add(TOPICS.outcomes.base, make_outcome(failing, "failing", now_ms=T0 + 1))
+    assert _write_counts(f) == (1, 0)
+    assert _row(settings, failing)["status"] == "failing"
+    f.close()
+
+    f = Feed(settings, defer_s=1.0)  # the attempt never comes (read by another sink, say)
+    lost = _delivery(namespace, "lost")
+    f.add(TOPICS.deliveries.base, lost)
+    f.add(TOPICS.outcomes.base, make_outcome(lost, "delivered", now_ms=T0 + 1))
+    assert _write_counts(f) == (0, 0)
+    wait_for(f.sink.pending, 10, interval=0.01, what="the row's wait to end")
+    f.flush()
+    r = _row(settings, lost)
+    assert (r["status"], r["attempts"]) == ("delivered", 0)
+    f.close()
+
+
 def test_a_row_produced_before_the_sink_was_given_its_partition_is_never_final(
         settings: Settings, namespace: str) -> None:
     """A delivery dispatched twice (the gate deciding again after a crash, a conversion
@@ -515,12 +562,14 @@ def test_a_waiting_row_is_inserted_projected_with_its_first_outcome_never_update
     a = make_outcome(tie, "failing", now_ms=T0)
     b = make_outcome(tie, "delivered", now_ms=T0)
     lo, hi = sorted((a, b), key=lambda o: o["outcome_id"])
+    # (with its attempt: a row whose latest outcome is `delivered` waits for that attempt)
+    f.add(TOPICS.attempts.base, _attempt(tie, 1, T0, None))
     f.add(TOPICS.outcomes.base, {**hi, "occurred_at": lo["occurred_at"]})
     f.add(TOPICS.outcomes.base, lo)
     assert _write_counts(f) == (4, 0)  # inserted with their status: nothing rewritten
     assert f.sink.waiting() == 0
 
-    assert _stored(settings, f, TOPICS.deliveries.base) == f.offset - 9  # past all four
+    assert _stored(settings, f, TOPICS.deliveries.base) == f.offset - 10  # past all four
     assert (_row(settings, ok)["status"], _row(settings, ok)["attempts"]) == ("delivered", 1)
     r = _row(settings, retried)
     assert (r["status"], r["attempts"], r["error"]) == ("delivered", 2, None)
@@ -597,7 +646,7 @@ def test_a_row_released_behind_a_waiting_one_and_a_dead_letter_keep_the_offset_h
     early, later = _delivery(namespace, "early"), _delivery(namespace, "later")
     early_offset = f.add(TOPICS.deliveries.base, early)
     f.add(TOPICS.deliveries.base, later)
-    f.add(TOPICS.outcomes.base, make_outcome(later, "delivered", now_ms=T0))
+    f.add(TOPICS.outcomes.base, make_outcome(later, "held", now_ms=T0))
     f.flush()  # `later` written, `early` still waiting: the stored offset stays at it
     assert _exists(settings, later) and not _exists(settings, early)
     assert _stored(settings, f, TOPICS.deliveries.base) == early_offset
@@ -613,7 +662,7 @@ def test_a_row_released_behind_a_waiting_one_and_a_dead_letter_keep_the_offset_h
         n = conn.execute("SELECT count(*) FROM dead_letters WHERE origin_topic = %s",
                          (topic,)).fetchone()
     assert n == (1,)
-    f.add(TOPICS.outcomes.base, make_outcome(early, "delivered", now_ms=T0))
+    f.add(TOPICS.outcomes.base, make_outcome(early, "held", now_ms=T0))
     f.flush()  # `early` released: the offset moves past the dead letter, not back onto it
     assert _stored(settings, f, TOPICS.deliveries.base) == bad.offset() + 1
     f.close()
