@@ -9,6 +9,7 @@ import functools
 import gc
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
@@ -128,11 +129,18 @@ def child(metric: Any, value: str) -> Any:
     return metric.labels(value)
 
 
-def observe_backlog(msg: Any, now_ms: int) -> None:
-    """Record how old the record being consumed is (broker timestamp to now)."""
-    ts_type, ts = msg.timestamp()
-    if ts_type and ts > 0:
-        child(BACKLOG_AGE, msg.topic()).set(max(0.0, (now_ms - ts) / 1000))
+def observe_backlog(msgs: Iterable[Any], now_ms: int) -> None:
+    """Record how old the last record of each topic in a consumed batch is (its broker
+    timestamp to now), once per topic and batch: per record, the labelled child and the
+    gauge's lock were 7-9 % of the sink's main thread (py-spy, bench/delivery.py)."""
+    last: dict[str, Any] = {}
+    for m in msgs:
+        if m.error() is None:
+            last[m.topic()] = m
+    for topic, m in last.items():
+        ts_type, ts = m.timestamp()
+        if ts_type and ts > 0:
+            child(BACKLOG_AGE, topic).set(max(0.0, (now_ms - ts) / 1000))
 
 
 @functools.cache

@@ -121,9 +121,9 @@ def run_stage(
             now_ms = int(clock() * 1000)
             out = Output()
             offsets: dict[tuple[str, int], int] = {}
+            observe_backlog(msgs, now_ms)
             for m in records(msgs, stage):
                 offsets[(m.topic() or "", m.partition() or 0)] = (m.offset() or 0) + 1
-                observe_backlog(m, now_ms)
                 try:
                     handle(m, out, now_ms)
                 except DeadLetterError as exc:

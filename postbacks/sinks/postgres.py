@@ -327,8 +327,8 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
         while not stop.is_set():
             msgs = consumer.consume(settings.batch_size * 4, timeout=0.5)
             now_ms = int(time.time() * 1000)
+            observe_backlog(msgs, now_ms)
             for m in records(msgs, "sink"):
-                observe_backlog(m, now_ms)
                 sink.add(m, now_ms)
             SINK_WAITING.set(sink.waiting())
             if sink.ends_wanted():

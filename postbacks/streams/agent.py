@@ -117,8 +117,8 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                         skip.pop((topic, partition), None)
                     lanes.drop_partitions(gone)
                 now_ms = int(time.time() * 1000)
+                observe_backlog(msgs, now_ms)
                 for m in records(msgs, "agent"):
-                    observe_backlog(m, now_ms)
                     topic, partition, offset = m.topic() or "", m.partition() or 0, m.offset() or 0
                     slot = tracker.track(topic, partition, offset)
                     done = skip.get((topic, partition))

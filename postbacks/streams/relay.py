@@ -73,9 +73,9 @@ def run_relay(
                 if not queue:
                     del held[key]
                     consumer.resume([TopicPartition(*key)])
+            observe_backlog(msgs, now_ms)
             for m in records(msgs, "relay"):
                 key = (m.topic() or "", m.partition() or 0)
-                observe_backlog(m, now_ms)
                 d: DeliveryRecord | DeadLetterError
                 try:
                     d = codec.decode(m.value())  # type: ignore[assignment]
