@@ -247,6 +247,11 @@ def _endpoint(c: Console) -> Handler:
     return h
 
 
+# The held page lists at most this many cohorts and deliveries, the oldest holds first,
+# and says so when it leaves some out (filters narrow it).
+HELD_PAGE_LIMIT = 500
+
+
 def _held(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         staff(request, "held deliveries are")
@@ -256,19 +261,23 @@ def _held(c: Console) -> Handler:
         for k, v in flt.items():
             if v is not None and not ID.match(v):
                 raise Problem(400, f"{k} {v[:60]!r} is not a valid id")
+        n = HELD_PAGE_LIMIT
+
         def read(conn: psycopg.Connection[Any]) -> tuple[list[Any], list[dict[str, Any]]]:
+            # one more than shown of each: whether the page leaves some out
             return (held_deliveries(conn, endpoint_id=flt["endpoint"], reason=flt["reason"],
-                                    app_id=flt["app"], limit=500),
+                                    app_id=flt["app"], limit=n + 1),
                     held_cohorts(conn, endpoint_id=flt["endpoint"], reason=flt["reason"],
-                                 app_id=flt["app"]))
+                                 app_id=flt["app"], limit=n + 1))
         held, cohorts = await c.pool.run(read)
         rows = [{"delivery_id": x.delivery_id, "endpoint_id": x.endpoint_id,
                  "app_id": x.app_id, "hold_reason": x.hold_reason, "held_at_ms": x.held_at_ms,
                  "payout_usd_micros": x.payout_usd_micros, "idempotency_key": x.idempotency_key}
-                for x in held]
-        data = {"held": rows, "cohorts": cohorts}
-        return c.reply(request, data, "held.html", rows=rows, cohorts=cohorts,
-                       f={k: v for k, v in flt.items() if v})
+                for x in held[:n]]
+        more = {"held": len(held) > n, "cohorts": len(cohorts) > n}
+        data = {"held": rows, "cohorts": cohorts[:n], "more": more}
+        return c.reply(request, data, "held.html", rows=rows, cohorts=cohorts[:n], more=more,
+                       limit=n, f={k: v for k, v in flt.items() if v})
     return h
 
 

@@ -595,6 +595,33 @@ def test_json_booleans_promote_and_release_all(settings: Settings, namespace: st
     assert [a for _x, a in _audit(settings, w["ep_a"])] == ["endpoint.update"]
 
 
+def test_the_held_page_says_when_it_leaves_cohorts_and_holds_out(
+        settings: Settings, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The held page shows the oldest holds first, at most HELD_PAGE_LIMIT cohorts and
+    deliveries; past that it says more are held and how to see them (a newer cohort left
+    off the page without a word looks resolved)."""
+    import postbacks.console.web as web_module
+
+    w = _world(settings, namespace)  # app a: one held delivery (d3), "retrodated"
+    more = held_delivery(namespace, 9, endpoint=w["ep_a"], app=w["a"])
+    insert_deliveries(settings, [more], reason="payout_rate_endpoint")
+    monkeypatch.setattr(web_module, "HELD_PAGE_LIMIT", 1)
+    with console_server(settings) as port:
+        rev = Client(port, bearer=token(settings, f"rev-{namespace}", "reviewer"))
+        body = rev.get(f"/api/v1/held?app={w['a']}").json()
+        assert body["more"] == {"held": True, "cohorts": True}
+        assert len(body["cohorts"]) == 1 and len(body["held"]) == 1
+        page = rev.get(f"/held?app={w['a']}").text
+        assert 'id="cohorts-more"' in page and 'id="held-more"' in page
+        monkeypatch.setattr(web_module, "HELD_PAGE_LIMIT", 2)  # exactly all: no notice
+        body = rev.get(f"/api/v1/held?app={w['a']}").json()
+        assert body["more"] == {"held": False, "cohorts": False}
+        assert {c["hold_reason"] for c in body["cohorts"]} == {"retrodated",
+                                                               "payout_rate_endpoint"}
+        page = rev.get(f"/held?app={w['a']}").text
+        assert "cohorts-more" not in page and "held-more" not in page
+
+
 def test_more_bad_input_is_a_400_not_a_500(settings: Settings, namespace: str) -> None:
     w = _world(settings, namespace)
     ns = namespace
