@@ -21,9 +21,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-__all__ = ["guard", "restart_in_place", "start"]
+__all__ = ["guard", "orphaned", "restart_in_place", "start", "watch_membership"]
 
 log = logging.getLogger(__name__)
 
@@ -81,3 +82,54 @@ def start(stall_s: float, stop: threading.Event) -> None:
                 _restart(*stuck[0])
 
     threading.Thread(target=loop, name="kafka-watchdog", daemon=True).start()
+
+
+def orphaned(unassigned_s: float | None, members: int | None, stall_s: float) -> bool:
+    """Whether a consumer has fallen out of its group for good: it has held no partition
+    for longer than ``stall_s`` and the broker shows its group with no member at all. An
+    idle extra instance is a member (with no partition); ``members`` None (the broker could
+    not be asked) is no evidence."""
+    return unassigned_s is not None and unassigned_s > stall_s and members == 0
+
+
+def _restart_orphaned(reason: str) -> None:
+    restart_in_place(reason, dump=True)
+
+
+def watch_membership(bootstrap: str, group: str, assigned: Callable[[], bool],
+                     stall_s: float, stop: threading.Event,
+                     on_orphaned: Callable[[str], None] = _restart_orphaned) -> None:
+    """Restart the process in place when its consumer is :func:`orphaned`.
+
+    Seen after a broker restart: the sink's consumer timed out of its group session,
+    revoked its partitions, and never joined again -- no JoinGroup reached the broker for
+    5 minutes, the group stood empty, and nothing was written meanwhile. ``assigned`` is
+    read from this thread: give it a flag the consumer's rebalance callbacks set.
+    ``on_orphaned`` (tests) replaces the restart."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    def members() -> int | None:
+        try:
+            fut = admin.describe_consumer_groups([group], request_timeout=5)[group]
+            desc: Any = fut.result(timeout=10)  # a ConsumerGroupDescription (stubs say dict)
+            return len(desc.members)
+        except Exception as exc:  # the broker down or restarting: ask again later
+            log.debug("group %s: not described (%s)", group, exc)
+            return None
+
+    def loop() -> None:
+        since: float | None = None
+        while not stop.wait(min(5.0, stall_s / 4)):
+            if assigned():
+                since = None
+                continue
+            now = time.monotonic()
+            since = now if since is None else since
+            if now - since > stall_s and orphaned(now - since, members(), stall_s):
+                on_orphaned(f"{group}: no partition for {now - since:.0f} s and the group "
+                            "has no member (the consumer never rejoined)")
+                since = None
+
+    threading.Thread(target=loop, name="group-watch", daemon=True).start()

@@ -9,13 +9,13 @@ DO NOTHING`` (:meth:`~postbacks.sinks.tables.Table.write`). While PostgreSQL is 
 the sink rewinds, waits and retries; Kafka holds the backlog. A record the sink cannot
 decode is stored as a dead-letter row (stage ``sink``) with its original bytes.
 
-Delivery rows wait for their first outcome before they are written, already projected
-(:mod:`postbacks.sinks.waiting`); the offsets stored never pass a waiting row. The
-projection statement re-derives the rows touched by a record not folded into a waiting row
-and the rows released not final; a row released final (delivered, by the highest attempt
-folded in; produced after the sink was given its partition, nothing of its delivery read
-before it) is skipped unless the batch's insert met a stored row. The statement was about
-a third of PostgreSQL's CPU per delivery.
+Delivery rows wait for their first outcome (and a ``delivered`` one for the attempt it
+reports) before they are written, already projected (:mod:`postbacks.sinks.waiting`); the
+offsets stored never pass a waiting row. The projection statement re-derives the rows
+touched by a record not folded into a waiting row and the rows released not final; a row
+released final (delivered, by the highest attempt folded in; produced after the sink was
+given its partition, nothing of its delivery read before it) is skipped unless the batch's
+insert met a stored row. The statement was about a third of PostgreSQL's CPU per delivery.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from postbacks.db.migrate import ensure_attempt_partitions
 from postbacks.errors import DeadLetterError, ServiceUnavailable
 from postbacks.ids import new_id
 from postbacks.kafka.clients import check_broker, make_consumer, records
+from postbacks.kafka.watchdog import watch_membership
 from postbacks.metrics import SINK_ROWS, SINK_WAITING, STAGE_RECORDS, observe_backlog
 from postbacks.settings import Settings
 from postbacks.sinks import projection
@@ -206,7 +207,7 @@ class PostgresSink:
         return self._waiting.ends_wanted
 
     def waiting(self) -> int:
-        """Delivery rows waiting for their first outcome."""
+        """Delivery rows waiting for their first outcome (or the attempt it reports)."""
         return len(self._waiting)
 
     def pending(self) -> bool:
@@ -296,11 +297,14 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
     sink = PostgresSink(settings)
     sink.conn()  # fail fast with a clear message when PostgreSQL is missing
 
+    assigned = [False]  # read by the group watch's thread
+
     def on_assign(consumer: Consumer, partitions: list[TopicPartition]) -> None:
         while not stop.is_set():
             try:
                 consumer.assign(sink.stored_offsets(partitions))
                 sink.new_rows_from(consumer, partitions)
+                assigned[0] = bool(partitions)
                 log.info("sink: assigned %d partition(s)", len(partitions))
                 return
             except (psycopg.Error, OSError, ServiceUnavailable) as exc:
@@ -318,10 +322,13 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
                                                   "fetch.wait.max.ms": 200,
                                                   "partition.assignment.strategy": "range"})
     def on_revoke(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assigned[0] = False  # (eager assignment: every partition goes)
         sink.forget(partitions)
 
     consumer.subscribe(sink.topics, on_assign=on_assign, on_revoke=on_revoke,
                        on_lost=on_revoke)
+    watch_membership(settings.kafka_bootstrap_servers, settings.topic(GROUP),
+                     lambda: assigned[0], settings.stall_restart_s, stop)
     processed = STAGE_RECORDS.labels(stage="sink")
     try:
         while not stop.is_set():

@@ -75,10 +75,11 @@ def _wait_led(admin: AdminClient, wanted: dict[str, int], timeout: float = 30.0)
     """
     deadline = time.monotonic() + timeout
     while True:
+        unread: KafkaException | None = None
         try:
             topics = admin.list_topics(timeout=5).topics
-        except KafkaException:
-            topics = {}
+        except KafkaException as exc:
+            topics, unread = {}, exc
         waiting = sorted(
             name for name, n in wanted.items()
             if name not in topics or topics[name].error is not None
@@ -88,8 +89,11 @@ def _wait_led(admin: AdminClient, wanted: dict[str, int], timeout: float = 30.0)
         if not waiting:
             return
         if time.monotonic() > deadline:
+            if unread is not None:
+                raise ServiceUnavailable(
+                    f"topics created, but the broker's metadata is unreadable: {unread}")
             raise ServiceUnavailable(
-                f"topics created but without a leader after {timeout:.0f} s: "
+                f"topics created but without a leader after {timeout:g} s: "
                 f"{', '.join(waiting[:5])}{' ...' if len(waiting) > 5 else ''}")
         time.sleep(0.1)
 

@@ -41,6 +41,17 @@ def test_waits_until_every_partition_of_every_created_topic_has_a_leader() -> No
 
 def test_a_partition_that_never_gets_a_leader_is_a_clear_error_naming_it() -> None:
     admin = Admin(_md(a=[1], b=[-1]))
-    with pytest.raises(ServiceUnavailable, match=r"without a leader after 0 s: b$"):
+    with pytest.raises(ServiceUnavailable, match=r"without a leader after 0.3 s: b$"):
         _wait_led(admin, {"a": 1, "b": 1}, timeout=0.3)  # type: ignore[arg-type]
     assert admin.calls >= 2
+
+
+def test_metadata_that_cannot_be_read_is_named_as_such() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    class Down:
+        def list_topics(self, timeout: float) -> Any:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+
+    with pytest.raises(ServiceUnavailable, match=r"metadata is unreadable: .*broker down"):
+        _wait_led(Down(), {"a": 1}, timeout=0.2)  # type: ignore[arg-type]
