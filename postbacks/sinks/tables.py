@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 import psycopg
 
-__all__ = ["PROJECTED", "STAGING_DDL", "TABLES", "Table", "project_row", "settled", "ts_from_ms"]
+__all__ = ["PROJECTED", "STAGING_DDL", "TABLES", "Table", "latest_outcome", "project_row",
+           "settled", "ts_from_ms"]
 
 
 def ts_from_ms(ms: int | None) -> dt.datetime | None:
@@ -89,6 +90,17 @@ def _delivery_row(d: Any) -> tuple[Any, ...]:
     )
 
 
+def latest_outcome(outcomes: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The outcome row that decides a delivery's status: the latest ``occurred_at``, then
+    the highest ``outcome_id`` (the projection statement's order)."""
+    return max(outcomes, key=lambda x: (x[9], x[0]))
+
+
+def _highest_attempt(attempts: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The highest attempt number, then the latest ``attempted_at``."""
+    return max(attempts, key=lambda x: (x[5], x[1]))
+
+
 def project_row(row: tuple[Any, ...], outcomes: list[tuple[Any, ...]],
                 attempts: list[tuple[Any, ...]]) -> tuple[Any, ...]:
     """A delivery row with the status projection of these outcome and attempt rows (of the
@@ -102,12 +114,12 @@ def project_row(row: tuple[Any, ...], outcomes: list[tuple[Any, ...]],
     that far off.)"""
     status, status_at, held_at, hold_reason, count, last_error = row[PROJECTED:]
     if outcomes:
-        o = max(outcomes, key=lambda x: (x[9], x[0]))
+        o = latest_outcome(outcomes)
         status, status_at = o[4], o[9]
         if o[4] == "held":
             held_at, hold_reason = o[9], o[7]
     if attempts:
-        a = max(attempts, key=lambda x: (x[5], x[1]))
+        a = _highest_attempt(attempts)
         if a[5] >= count:
             count, last_error = a[5], a[9]
     return (*row[:PROJECTED], status, status_at, held_at, hold_reason, count, last_error)
@@ -123,8 +135,7 @@ def settled(outcomes: list[tuple[Any, ...]], attempts: list[tuple[Any, ...]]) ->
     (:class:`~postbacks.sinks.waiting.WaitingRows`)."""
     if not outcomes or not attempts:
         return False
-    o = max(outcomes, key=lambda x: (x[9], x[0]))
-    a = max(attempts, key=lambda x: (x[5], x[1]))
+    o, a = latest_outcome(outcomes), _highest_attempt(attempts)
     return o[4] == "delivered" and o[5] is not None and a[5] == o[5]
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from postbacks.sinks.tables import project_row, settled
+from postbacks.sinks.tables import latest_outcome, project_row, settled
 
 __all__ = ["OUTCOME_FIRST_KEPT", "Partition", "WaitingRows"]
 
@@ -201,7 +201,7 @@ class WaitingRows:
         outcome) and goes out final, not through the projection statement. Measured
         (bench/delivery.py --parts engine): 12 % of the rows went out without their
         attempt. A row that cannot be final anyway does not wait."""
-        o = max(w.outcomes, key=lambda x: (x[9], x[0]))
+        o = latest_outcome(w.outcomes)
         return (o[4] == "delivered" and o[5] is not None
                 and all(a[5] != o[5] for a in w.attempts) and self._may_be_final(delivery_id, w))
 
