@@ -110,7 +110,8 @@ def run_agent_alone(base: Settings, n: int, n_endpoints: int, log_dir: Path) -> 
                 "agent_cpu_us_per_delivery": cpu / done * 1e6, "bare_over_agent": bare / rate}
 
 
-def run_end_to_end(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
+def run_end_to_end(base: Settings, n: int, log_dir: Path,
+                   seed: int = RUN_SEED) -> dict[str, float]:
     s = fresh(base, "e2e")
     with fast_receiver() as (url, rx):
         ns = s.instance_id.replace("-", "")
@@ -126,7 +127,7 @@ def run_end_to_end(base: Settings, n: int, log_dir: Path) -> dict[str, float]:
             pids |= service_pids()
             cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
             producer = ConversionProducer(s)
-            for ev in synthetic_conversions(n, apps=50, seed=RUN_SEED, namespace=ns,
+            for ev in synthetic_conversions(n, apps=50, seed=seed, namespace=ns,
                                             now_ms=int(time.time() * 1000)):
                 producer.send(ev)
             producer.flush()
@@ -300,16 +301,39 @@ def run_isolation(base: Settings, with_slow: bool, log_dir: Path) -> float:
         return p99
 
 
+def summarize_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """One round's figures as they are; several rounds' as the median of each figure, with
+    its lowest and highest (``_min``, ``_max``) and the number of rounds (``_rounds``)."""
+    if len(rounds) == 1:
+        return rounds[0]
+    out: dict[str, float] = {}
+    for key in rounds[0]:
+        values = [r[key] for r in rounds]
+        out |= {key: statistics.median(values), f"{key}_min": min(values),
+                f"{key}_max": max(values), f"{key}_rounds": float(len(values))}
+    say("rounds: " + "; ".join(f"{key} " + ", ".join(f"{r[key]:.0f}" for r in rounds)
+                               for key in rounds[0] if key.endswith("_per_s")))
+    return out
+
+
 def _run_parts(args: argparse.Namespace, parts: set[str], base: Settings, log_dir: Path,
                results: dict[str, float]) -> None:
-    if "agent" in parts:
-        results |= run_agent_alone(base, args.deliveries, args.endpoints, log_dir / "agent")
-    if "engine" in parts:
-        results |= run_engine(base, args.deliveries, args.endpoints, RUN_SEED,
-                              log_dir / "engine",
-                              catch_up=args.engine_catch_up)
-    if "e2e" in parts:
-        results |= run_end_to_end(base, args.deliveries, log_dir / "e2e")
+    rounds: list[dict[str, float]] = []
+    for r in range(args.rounds):  # the throughput parts, round after round
+        if args.rounds > 1:
+            say(f"round {r + 1}/{args.rounds}")
+        got: dict[str, float] = {}
+        if "agent" in parts:
+            got |= run_agent_alone(base, args.deliveries, args.endpoints,
+                                   log_dir / f"agent-{r}")
+        if "engine" in parts:
+            got |= run_engine(base, args.deliveries, args.endpoints, RUN_SEED + 7919 * r,
+                              log_dir / f"engine-{r}", catch_up=args.engine_catch_up)
+        if "e2e" in parts:
+            got |= run_end_to_end(base, args.deliveries, log_dir / f"e2e-{r}",
+                                  seed=RUN_SEED + 7919 * r)
+        rounds.append(got)
+    results |= summarize_rounds(rounds)
     if "latency" in parts:
         results |= run_pipeline_latency(base, args.latency_rate, 10.0, log_dir / "latency")
     if "relay" in parts:
@@ -340,6 +364,10 @@ def main() -> None:
                     help="engine part: start the sink after the backlog is produced (a sink "
                          "catching up) instead of before (steady state)")
     ap.add_argument("--endpoints", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the throughput parts (agent, engine, e2e) this many times, one "
+                         "after the other, and report each figure's median, lowest and "
+                         "highest (the host's speed swings by a third within an hour)")
     ap.add_argument("--parts", default="agent,engine,e2e,latency,relay,isolation",
                     help="comma-separated subset of: agent, engine, e2e, latency, relay, "
                          "isolation")
@@ -349,6 +377,8 @@ def main() -> None:
                     help="alternating without/with runs of the isolation part (median)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     base = load_settings()
     migrate(base.database_url)
     log_dir = ROOT / ".local" / "bench-logs" / str(int(time.time()))

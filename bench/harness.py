@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,20 @@ def tree_cpu(pid: int) -> dict[int, float]:
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
     return out
+
+
+def broker_partitions(s: Settings) -> int:
+    """How many partitions the broker holds (old test topics count too)."""
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({"bootstrap.servers": s.kafka_bootstrap_servers}).list_topics(timeout=10)
+    return sum(len(t.partitions) for t in md.topics.values())
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process, every thread (librdkafka's too)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def tree_cpu_since(pid: int, before: dict[int, float]) -> float:
@@ -121,6 +136,11 @@ def send_record(p: Producer, topic: str, value: bytes, key: bytes | None, **kw: 
             p.poll(0.05)
 
 
+Prepared = tuple[str, list[str], bytes, bytes]
+"""A record planned and encoded for :class:`DispatchWriter`: idempotency key, topics,
+value, key."""
+
+
 class DispatchWriter:
     """Delivery records straight onto dispatch.v1, through one producer for the whole run.
 
@@ -141,25 +161,41 @@ class DispatchWriter:
 
         ``also_deliveries``: each record goes to deliveries.v1 too, as fan-out writes it
         (the sink records the delivery from there), before its dispatch.v1 copy."""
+        return self.produce(self.records(endpoints, per_endpoint, seed=seed,
+                                         also_deliveries=also_deliveries),
+                            partition=partition, flush=flush)
+
+    def records(self, endpoints: list[Endpoint], per_endpoint: int, *, seed: int = 1,
+                also_deliveries: bool = False) -> Iterator[Prepared]:
+        """The records :meth:`send` produces, each planned and encoded as it is asked for:
+        (idempotency key, topics, value, key). ``list()`` them to prepare a backlog before a
+        timed window, so that the window holds only the producing, not the load
+        generator's planning and encoding (fan-out's work in the real pipeline)."""
         s = self.s
         topics = [s.topic(TOPICS.dispatch.base)]
         if also_deliveries:
             topics.insert(0, s.topic(TOPICS.deliveries.base))
-        keys: dict[str, int] = {}
         events = list(synthetic_conversions(per_endpoint * len(endpoints), apps=1, seed=seed,
                                             namespace=s.instance_id,
                                             now_ms=int(time.time() * 1000)))
-        kw: dict[str, Any] = {} if partition is None else {"partition": partition}
         for i, ev in enumerate(events):
             ep = endpoints[i % len(endpoints)]
             ev["app_id"] = ep.app_id
-            now = int(time.time() * 1000)
             for d in plan_deliveries(ev, [ep], idem_key=s.idempotency_key.reveal().encode(),
-                                     now_ms=now):
-                keys[d["idempotency_key"]] = now
-                value, key = self.codec.encode(d), d["endpoint_id"].encode()
-                for topic in topics:
-                    send_record(self.p, topic, value, key, **kw)
+                                     now_ms=int(time.time() * 1000)):
+                yield (d["idempotency_key"], topics, self.codec.encode(d),
+                       d["endpoint_id"].encode())
+
+    def produce(self, records: Iterable[Prepared], *,
+                partition: int | None = None, flush: bool = True) -> dict[str, int]:
+        """Produce prepared records; returns idempotency key -> the moment each was handed
+        to the producer."""
+        keys: dict[str, int] = {}
+        kw: dict[str, Any] = {} if partition is None else {"partition": partition}
+        for idem, topics, value, key in records:
+            keys[idem] = int(time.time() * 1000)
+            for topic in topics:
+                send_record(self.p, topic, value, key, **kw)
         if flush:
             assert self.p.flush(60) == 0
         else:
