@@ -328,7 +328,8 @@ def _run_parts(args: argparse.Namespace, parts: set[str], base: Settings, log_di
                                    log_dir / f"agent-{r}")
         if "engine" in parts:
             got |= run_engine(base, args.deliveries, args.endpoints, RUN_SEED + 7919 * r,
-                              log_dir / f"engine-{r}", catch_up=args.engine_catch_up)
+                              log_dir / f"engine-{r}", catch_up=args.engine_catch_up,
+                              offered=args.engine_rate)
         if "e2e" in parts:
             got |= run_end_to_end(base, args.deliveries, log_dir / f"e2e-{r}",
                                   seed=RUN_SEED + 7919 * r)
@@ -364,6 +365,10 @@ def main() -> None:
     ap.add_argument("--engine-catch-up", action="store_true",
                     help="engine part: start the sink after the backlog is produced (a sink "
                          "catching up) instead of before (steady state)")
+    ap.add_argument("--engine-rate", type=float, default=None, metavar="PER_S",
+                    help="engine part: produce the deliveries at this steady rate instead of "
+                         "as one backlog, and say whether the engine kept up (how far the "
+                         "rows on record fell behind, how soon the last one landed)")
     ap.add_argument("--endpoints", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the throughput parts (agent, engine, e2e) this many times, one "
@@ -380,6 +385,8 @@ def main() -> None:
     parts = set(args.parts.split(","))
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if args.engine_rate is not None and (args.engine_rate <= 0 or args.engine_catch_up):
+        ap.error("--engine-rate must be positive, and cannot go with --engine-catch-up")
     base = load_settings()
     migrate(base.database_url)
     log_dir = ROOT / ".local" / "bench-logs" / str(int(time.time()))

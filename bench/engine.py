@@ -11,11 +11,14 @@ pipeline is part ``e2e``.
 from __future__ import annotations
 
 import re
+import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.harness import (
     DispatchWriter,
+    Prepared,
     broker_partitions,
     endpoints_for,
     env_for,
@@ -32,7 +35,7 @@ from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, http_json, metrics_page, wait_for
 from postbacks.tools.seed import seed_endpoints
 
-__all__ = ["run_engine"]
+__all__ = ["lag_trend", "run_engine"]
 
 _ON_RECORD = ("SELECT count(*) FROM deliveries WHERE endpoint_id = ANY(%s) "
               "AND status = 'delivered' AND attempt_count >= 1")
@@ -47,14 +50,98 @@ def _sink_rows(log_path: Path) -> dict[str, float]:
     return out
 
 
-def _steady_rate(samples: list[tuple[float, float]], n: int) -> float:
-    """Rows on record per second while the run is in full flow: between the samples where
-    the sink had written 20 % and 80 % of the ``n`` deliveries. The whole run's rate (first
-    postback to last row) also holds the ramp-up and the last transaction's way to the
-    table (a fixed 0.2-0.9 s here, a tenth of a 20,000-delivery run)."""
-    lo = next((t, c) for t, c in samples if c >= 0.2 * n)
-    hi = next((t, c) for t, c in samples if c >= 0.8 * n)
-    return (hi[1] - lo[1]) / (hi[0] - lo[0]) if hi[0] > lo[0] else float("nan")
+def _check_on_record(s: Settings, db: Any, ep_ids: list[str], n: int) -> None:
+    """Checked once, untimed: every delivery is a ``delivered`` row with its attempt
+    counted. Then what the figures depend on: how much the tables already hold (index
+    depth, cache) and how many partitions the broker keeps."""
+    db.execute("SET jit = off")
+    row = db.execute(_ON_RECORD, (ep_ids,)).fetchone()
+    if row is None or row[0] < n:
+        raise RuntimeError(f"only {row and row[0]} of {n} deliveries are on record as "
+                           "delivered with their attempt counted")
+    size = db.execute("SELECT (SELECT reltuples FROM pg_class"
+                      "  WHERE oid = 'deliveries'::regclass),"
+                      " pg_database_size(current_database())").fetchone()
+    say(f"engine: the database holds ~{max(0, size[0]):,.0f} delivery rows, "
+        f"{size[1] / 2**30:.1f} GiB; the broker {broker_partitions(s):,} partitions "
+        "(an idle broker spends CPU on every one: ~15 % of a core at 4,400)")
+
+
+def _host_busy() -> tuple[int, int]:
+    """(all, idle) jiffies of the host since boot (/proc/stat)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(f), f[3] + f[4]
+
+
+def _paced(s: Settings, sink_log: Path, writer: DispatchWriter, backlog: list[Prepared],
+           offered: float, pids: dict[str, int], cpu0: dict[str, Any], db: Any,
+           ep_ids: list[str]) -> dict[str, float]:
+    """Produce ``backlog`` at ``offered`` deliveries/s on an absolute schedule (no drift),
+    sampling the rows on record every 0.25 s; then wait for the last row. The engine kept
+    up when the rows on record trailed the deliveries produced by a bounded amount, and
+    the last row landed soon after the last delivery produced."""
+    n = len(backlog)
+    say(f"engine: offering {n} deliveries at {offered:.0f}/s ({n / offered:.1f} s) ...")
+    busy0, own0 = _host_busy(), own_cpu_s()
+    t0 = time.perf_counter()
+    done, next_sample = 0, 0.25
+    lags: list[tuple[float, float]] = []  # (s into the run, deliveries produced - on record)
+    while done < n:
+        now = time.perf_counter() - t0
+        due = min(n, int(now * offered) + 1)
+        if due > done:
+            writer.produce(backlog[done:due], flush=False)
+            done = due
+        if now >= next_sample:
+            next_sample += 0.25
+            lags.append((now, done - _on_record_count(sink_log)))
+        time.sleep(0.005)  # ~20 deliveries a tick at 4,000/s
+    writer.close()
+    produced_s = time.perf_counter() - t0
+    own = own_cpu_s() - own0
+    wait_for(lambda: _on_record_count(sink_log) >= n, 300, interval=0.05,
+             what=f"{n} deliveries on record")
+    elapsed = time.perf_counter() - t0
+    busy1 = _host_busy()
+    busy = 1 - (busy1[1] - busy0[1]) / max(1, busy1[0] - busy0[0])
+    share = {name: tree_cpu_since(pid, cpu0[name]) / n * 1e6 for name, pid in pids.items()}
+    _check_on_record(s, db, ep_ids, n)
+    cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(share.items(), key=lambda x: -x[1]))
+    lag_at, lag_max = max(lags, key=lambda x: x[1])
+    trend = lag_trend(lags)
+    kept_up = trend < 0.02 * offered
+    say(f"engine at {offered:.0f}/s offered: produced at {n / produced_s:.0f}/s; rows on "
+        f"record at most {lag_max:.0f} deliveries ({lag_max / offered:.2f} s) behind those "
+        f"produced (at {lag_at:.1f} s), the lag's trend over the second half "
+        f"{trend:+.0f} deliveries/s: {'KEPT UP' if kept_up else 'FELL BEHIND'} (kept up: "
+        f"under 2 % of the offered rate); the last on record {elapsed - produced_s:.2f} s "
+        f"after the last produced; {n / elapsed:.0f}/s from the first produced to the last "
+        f"on record; host {busy:.0%} busy; CPU µs per delivery by process: {cpu}; total "
+        f"{sum(share.values()):.0f} (not counted: the bench producing, {own / n * 1e6:.0f})")
+    return {"engine_offered_per_s": offered, "engine_paced_produced_per_s": n / produced_s,
+            "engine_paced_kept_up": float(kept_up), "engine_paced_lag_trend_per_s": trend,
+            "engine_paced_lag_max_s": lag_max / offered,
+            "engine_paced_drain_s": elapsed - produced_s,
+            "engine_paced_host_busy": busy,
+            "engine_paced_cpu_us_per_delivery": sum(share.values())}
+
+
+def lag_trend(lags: list[tuple[float, float]]) -> float:
+    """How fast the lag grew over the second half of the run, in deliveries per second
+    (the least-squares slope). An engine short of the offered rate by X/s falls X
+    deliveries further behind every second; one that keeps up holds its lag level, at
+    the pipeline's own latency (the agent's 100-ms transactions, the sink's fetch wait)."""
+    half = [(t, lag) for t, lag in lags if t >= lags[-1][0] / 2]
+    if len(half) < 3:
+        raise ValueError("too few lag samples: run the paced part for at least 2 s")
+    return statistics.linear_regression([t for t, _ in half], [lag for _, lag in half]).slope
+
+
+def _on_record_count(sink_log: Path) -> float:
+    """Deliveries on record: the fewest rows the sink has written to any of its three
+    tables (each delivery is one row in each)."""
+    written = _sink_rows(sink_log)
+    return min(written.get(t, 0.0) for t in ("deliveries", "attempts", "outcomes"))
 
 
 def _assigned(s: Settings, group: str) -> bool:
@@ -72,13 +159,19 @@ def _assigned(s: Settings, group: str) -> bool:
 
 
 def run_engine(base: Settings, n: int, n_endpoints: int, seed: int,
-               log_dir: Path, catch_up: bool = False) -> dict[str, float]:
+               log_dir: Path, catch_up: bool = False,
+               offered: float | None = None) -> dict[str, float]:
     """Steady state (default): the sink and the agent are running when the backlog is
     produced, as behind fan-out and the gate; every process's CPU is counted from before
     the backlog, per delivery. ``catch_up``: both start after the backlog is on the topics
     (a sink catching up after a restart projects every row it reads, see
     ``postbacks.sinks.waiting``); CPU from the first postback. The rate is always from the
-    first postback to the last row on record."""
+    first postback to the last row on record.
+
+    ``offered``: instead of a backlog, the deliveries are produced at this steady rate (as
+    fan-out would hand them on), and the part says whether the engine kept up: how far the
+    rows on record fell behind the deliveries produced, and how long after the last one
+    produced the last row landed (see :func:`_paced`)."""
     s = fresh(base, "engine")
     with fast_receiver() as (url, rx):
         ns = s.instance_id.replace("-", "")
@@ -109,6 +202,9 @@ def run_engine(base: Settings, n: int, n_endpoints: int, seed: int,
             if not catch_up:
                 pids = start()
                 cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
+            if offered is not None:
+                return _paced(s, stack.procs["sink"].log_path, writer, backlog, offered,
+                              pids, cpu0, db, ep_ids)
             say(f"engine: producing {n} deliveries over {n_endpoints} endpoints to "
                 f"deliveries.v1 and dispatch.v1"
                 f"{' (sink and agent not running)' if catch_up else ''} ...")
@@ -126,52 +222,29 @@ def run_engine(base: Settings, n: int, n_endpoints: int, seed: int,
             if catch_up:
                 cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
             counted = n - c0 if catch_up else n
+            wait_for(lambda: http_json(f"{url}/_stats")["count"] >= n, 300, interval=0.05,
+                     what=f"{n} deliveries sent")
+            sent_s = time.perf_counter() - t0
+
             # On record: the sink's own count of rows written (its /metrics), so the check
             # adds no PostgreSQL work to the timed window (a count over the run's rows, whose
             # heap pages lie scattered over a large table, took ~1 s of PostgreSQL per check).
-            # Sampled through the run for the steady rate (see _steady_rate).
             sink_log = stack.procs["sink"].log_path
-            samples: list[tuple[float, float]] = []
-            sent_s = 0.0
 
-            def on_record() -> bool:
-                nonlocal sent_s
-                written = _sink_rows(sink_log)
-                samples.append((time.perf_counter() - t0,
-                                min(written.get(t, 0.0) for t in ("deliveries", "attempts",
-                                                                  "outcomes"))))
-                if not sent_s and http_json(f"{url}/_stats")["count"] >= n:
-                    sent_s = time.perf_counter() - t0
-                return bool(sent_s) and samples[-1][1] >= n
-
-            wait_for(on_record, 300, interval=0.1, what=f"{n} deliveries on record")
+            wait_for(lambda: _on_record_count(sink_log) >= n, 300, interval=0.2,
+                     what=f"{n} deliveries on record")
             elapsed = time.perf_counter() - t0
             share = {name: tree_cpu_since(pid, cpu0[name]) / counted * 1e6
                      for name, pid in pids.items()}
-            # ... and checked once, untimed: every one is delivered, its attempt counted
-            db.execute("SET jit = off")
-            row = db.execute(_ON_RECORD, (ep_ids,)).fetchone()
-            if row is None or row[0] < n:
-                raise RuntimeError(f"only {row and row[0]} of {n} deliveries are on record as "
-                                   "delivered with their attempt counted")
-            # the figures depend on how much the tables already hold (index depth, cache)
-            size = db.execute("SELECT (SELECT reltuples FROM pg_class"
-                              "  WHERE oid = 'deliveries'::regclass),"
-                              " pg_database_size(current_database())").fetchone()
+            _check_on_record(s, db, ep_ids, n)
         rate = (n - c0) / elapsed
-        steady = _steady_rate(samples, n)
-        if size is not None:
-            say(f"engine: the database holds ~{max(0, size[0]):,.0f} delivery rows, "
-                f"{size[1] / 2**30:.1f} GiB; the broker {broker_partitions(s):,} partitions "
-                "(an idle broker spends CPU on every one: ~15 % of a core at 4,400)")
         cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(share.items(), key=lambda x: -x[1]))
         say(f"engine end to end{' (catching up)' if catch_up else ''}: {rate:.0f} "
-            f"deliveries/s on record in PostgreSQL from the first postback to the last row, "
-            f"{steady:.0f}/s steady (rows 20-80 %) "
+            f"deliveries/s on record in PostgreSQL "
             f"({(n - c0) / sent_s:.0f}/s sent; the last on record {elapsed - sent_s:.2f} s "
             f"after the last sent); CPU µs per delivery by process: {cpu}; "
             f"total {sum(share.values()):.0f} (not counted: the bench producing the "
             f"prepared backlog, {own / n * 1e6:.0f})")
-        return {"engine_end_to_end_per_s": rate, "engine_steady_per_s": steady,
+        return {"engine_end_to_end_per_s": rate,
                 "engine_sent_per_s": (n - c0) / sent_s,
                 "engine_end_to_end_cpu_us_per_delivery": sum(share.values())}
