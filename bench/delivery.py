@@ -4,7 +4,9 @@ Measures, in one run so ratios are fair on a shared machine:
   1. the bare aiohttp client's POST rate against a fast local receiver;
   2. one agent process's deliveries/s against the same receiver, and its CPU µs/delivery;
   3. the delivery engine end to end: a backlog of deliveries -> agent -> sink -> PostgreSQL
-     (bench/engine.py), and the whole pipeline: conversions -> fanout -> gate -> agent -> sink;
+     (bench/engine.py); the same with the deliveries offered at a steady rate, and whether
+     it kept up (part ``sustain``); and the whole pipeline: conversions -> fanout -> gate ->
+     agent -> sink;
   4. relay lateness p50/p99 (republish time - due_at);
   5. healthy-endpoint p99 latency with and without a 15-s endpoint on the same partition.
 
@@ -328,8 +330,11 @@ def _run_parts(args: argparse.Namespace, parts: set[str], base: Settings, log_di
                                    log_dir / f"agent-{r}")
         if "engine" in parts:
             got |= run_engine(base, args.deliveries, args.endpoints, RUN_SEED + 7919 * r,
-                              log_dir / f"engine-{r}", catch_up=args.engine_catch_up,
-                              offered=args.engine_rate)
+                              log_dir / f"engine-{r}", catch_up=args.engine_catch_up)
+        if "sustain" in parts:
+            got |= run_engine(base, round(args.sustain_rate * args.sustain_s), args.endpoints,
+                              RUN_SEED + 7919 * r + 1, log_dir / f"sustain-{r}",
+                              offered=args.sustain_rate)
         if "e2e" in parts:
             got |= run_end_to_end(base, args.deliveries, log_dir / f"e2e-{r}",
                                   seed=RUN_SEED + 7919 * r)
@@ -365,18 +370,20 @@ def main() -> None:
     ap.add_argument("--engine-catch-up", action="store_true",
                     help="engine part: start the sink after the backlog is produced (a sink "
                          "catching up) instead of before (steady state)")
-    ap.add_argument("--engine-rate", type=float, default=None, metavar="PER_S",
-                    help="engine part: produce the deliveries at this steady rate instead of "
-                         "as one backlog, and say whether the engine kept up (how far the "
-                         "rows on record fell behind, how soon the last one landed)")
+    ap.add_argument("--sustain-rate", type=float, default=4000, metavar="PER_S",
+                    help="sustain part: the engine as in part engine, the deliveries offered "
+                         "at this steady rate instead of as one backlog; it says whether the "
+                         "engine kept up (default 4000)")
+    ap.add_argument("--sustain-s", type=float, default=15, metavar="SECONDS",
+                    help="sustain part: for this long (default 15)")
     ap.add_argument("--endpoints", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=1,
-                    help="run the throughput parts (agent, engine, e2e) this many times, one "
-                         "after the other, and report each figure's median, lowest and "
+                    help="run the throughput parts (agent, engine, sustain, e2e) this many "
+                         "times, one after the other, and report each figure's median, lowest and "
                          "highest (the host's speed swings by a third within an hour)")
-    ap.add_argument("--parts", default="agent,engine,e2e,latency,relay,isolation",
-                    help="comma-separated subset of: agent, engine, e2e, latency, relay, "
-                         "isolation")
+    ap.add_argument("--parts", default="agent,engine,sustain,e2e,latency,relay,isolation",
+                    help="comma-separated subset of: agent, engine, sustain, e2e, latency, "
+                         "relay, isolation")
     ap.add_argument("--latency-rate", type=float, default=200,
                     help="conversions/s for the pipeline latency part (10 s)")
     ap.add_argument("--isolation-pairs", type=int, default=5,
@@ -385,8 +392,8 @@ def main() -> None:
     parts = set(args.parts.split(","))
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    if args.engine_rate is not None and (args.engine_rate <= 0 or args.engine_catch_up):
-        ap.error("--engine-rate must be positive, and cannot go with --engine-catch-up")
+    if args.sustain_rate <= 0 or args.sustain_s < 5:
+        ap.error("--sustain-rate must be positive and --sustain-s at least 5")
     base = load_settings()
     migrate(base.database_url)
     log_dir = ROOT / ".local" / "bench-logs" / str(int(time.time()))

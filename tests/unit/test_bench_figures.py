@@ -34,4 +34,4 @@ def test_the_lag_trend_is_the_shortfall_when_the_engine_falls_behind() -> None:
 
 def test_the_lag_trend_needs_samples() -> None:
     with pytest.raises(ValueError, match="too few"):
-        lag_trend([(0.25, 10.0), (0.5, 20.0)])
+        lag_trend([(t / 4, 10.0 * t) for t in range(1, 12)])  # 3 s: 4 samples past 2 s
