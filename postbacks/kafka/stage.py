@@ -29,7 +29,7 @@ from postbacks.codec import codec_for
 from postbacks.core.outcomes import make_dead_letter
 from postbacks.errors import DeadLetterError
 from postbacks.kafka.clients import consume_ready, records
-from postbacks.kafka.watchdog import guard
+from postbacks.kafka.watchdog import guard, subscribe_watched
 from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS, observe_backlog
 from postbacks.records import DeadLetterRecord
 from postbacks.settings import Settings
@@ -107,11 +107,15 @@ def run_stage(
     handle: Emit,
     stop: threading.Event,
     *,
+    group: str,
     clock: Callable[[], float] = time.time,
 ) -> None:
-    """Run until ``stop`` is set. ``handle`` may raise DeadLetterError for one record."""
+    """Run until ``stop`` is set. ``handle`` may raise DeadLetterError for one record.
+    ``group``: the consumer's group (its base name), for the group watch."""
     dlq_codec = codec_for("DeadLetter")
-    consumer.subscribe([settings.topic(b) for b in input_bases])
+    subscribe_watched(consumer, [settings.topic(b) for b in input_bases],
+                      bootstrap=settings.kafka_bootstrap_servers, group=settings.topic(group),
+                      stall_s=settings.stall_restart_s, stop=stop)
     processed = STAGE_RECORDS.labels(stage=stage)
     try:
         while not stop.is_set():

@@ -22,9 +22,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["guard", "orphaned", "restart_in_place", "start", "watch_membership"]
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer, TopicPartition
+
+    Rebalance = Callable[[Consumer, list[TopicPartition]], None]
+
+__all__ = ["guard", "orphaned", "restart_in_place", "start", "subscribe_watched",
+           "watch_membership"]
 
 log = logging.getLogger(__name__)
 
@@ -133,3 +139,30 @@ def watch_membership(bootstrap: str, group: str, assigned: Callable[[], bool],
                 since = None
 
     threading.Thread(target=loop, name="group-watch", daemon=True).start()
+
+
+def subscribe_watched(consumer: Consumer, topics: list[str], *, bootstrap: str, group: str,
+                      stall_s: float, stop: threading.Event,
+                      on_assign: Rebalance | None = None, on_revoke: Rebalance | None = None,
+                      on_orphaned: Callable[[str], None] = _restart_orphaned) -> None:
+    """``consumer.subscribe(topics)`` with :func:`watch_membership` on it: the rebalance
+    callbacks (``on_assign``, then ``on_revoke`` for a revocation or a loss; either may be
+    None) are wrapped to keep the flag the watch reads. For eager assignment (every
+    consumer here but the sink's uses the default, ``range,roundrobin``), where each
+    assignment is the whole of it and each revocation takes everything; the client assigns
+    after ``on_assign`` returns unless it assigned itself."""
+    owned = [False]
+
+    def assigned(c: Consumer, partitions: list[TopicPartition]) -> None:
+        if on_assign is not None:
+            on_assign(c, partitions)
+        owned[0] = bool(partitions)
+
+    def revoked(c: Consumer, partitions: list[TopicPartition]) -> None:
+        owned[0] = False
+        if on_revoke is not None:
+            on_revoke(c, partitions)
+
+    consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
+    watch_membership(bootstrap, group, lambda: owned[0], stall_s, stop,
+                     on_orphaned=on_orphaned)

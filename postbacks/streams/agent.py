@@ -32,6 +32,7 @@ from postbacks.kafka.clients import (
     records,
 )
 from postbacks.kafka.stage import Output, commit_batch
+from postbacks.kafka.watchdog import subscribe_watched
 from postbacks.metrics import STAGE_RECORDS, UNFINISHED, observe_backlog
 from postbacks.policies import breaker_policy, retry_policy
 from postbacks.settings import Settings
@@ -81,8 +82,10 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
     def on_revoke(_c: Consumer, partitions: list[TopicPartition]) -> None:
         revoked.extend(partitions)
 
-    consumer.subscribe([settings.topic(TOPICS.dispatch.base)], on_assign=on_assign,
-                       on_revoke=on_revoke, on_lost=on_revoke)
+    subscribe_watched(consumer, [settings.topic(TOPICS.dispatch.base)],
+                      bootstrap=settings.kafka_bootstrap_servers,
+                      group=settings.topic("postbacks-agent"), stall_s=settings.stall_restart_s,
+                      stop=stop, on_assign=on_assign, on_revoke=on_revoke)
     kafka = ThreadPoolExecutor(1, thread_name_prefix="kafka")  # every Kafka call, serialized
     loop = asyncio.get_running_loop()
     tracker = Tracker()

@@ -19,6 +19,8 @@ from postbacks.topics import TOPICS
 
 __all__ = ["run_fanout"]
 
+GROUP = "postbacks-fanout"
+
 
 def run_fanout(settings: Settings, stop: threading.Event) -> None:
     check_broker(settings)
@@ -38,9 +40,10 @@ def run_fanout(settings: Settings, stop: threading.Event) -> None:
         ):
             out.add(TOPICS.deliveries.base, d["endpoint_id"].encode(), dlv_codec.encode(d))
 
-    consumer = make_consumer(settings, "postbacks-fanout")
+    consumer = make_consumer(settings, GROUP)
     producer = make_transactional_producer(settings, "fanout")
     try:
-        run_stage("fanout", settings, consumer, producer, [TOPICS.conversions.base], handle, stop)
+        run_stage("fanout", settings, consumer, producer, [TOPICS.conversions.base], handle, stop,
+                  group=GROUP)
     finally:
         cache.stop()

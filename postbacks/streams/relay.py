@@ -30,6 +30,7 @@ from postbacks.kafka.clients import (
     records,
 )
 from postbacks.kafka.stage import Output, commit_batch, dead_letter_for
+from postbacks.kafka.watchdog import subscribe_watched
 from postbacks.metrics import DLQ_TOTAL, LATENCY, STAGE_RECORDS, observe_backlog
 from postbacks.records import DeliveryRecord
 from postbacks.settings import Settings
@@ -57,7 +58,9 @@ def run_relay(
     consumer = make_consumer(settings, "postbacks-relay")
     producer = make_transactional_producer(settings, "relay")
     inputs = [settings.topic(t.base) for t in (*TOPICS.retry, TOPICS.quarantine)]
-    consumer.subscribe(inputs, on_revoke=on_revoke, on_lost=on_revoke)
+    subscribe_watched(consumer, inputs, bootstrap=settings.kafka_bootstrap_servers,
+                      group=settings.topic("postbacks-relay"), stall_s=settings.stall_restart_s,
+                      stop=stop, on_revoke=on_revoke)
     processed = STAGE_RECORDS.labels(stage="relay")
     try:
         while not stop.is_set():

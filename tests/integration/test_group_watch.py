@@ -1,5 +1,7 @@
 """The group watch against the real broker: an unassigned consumer whose group the broker
-shows empty is restarted (here: reported); an idle member of a live group is not."""
+shows empty is restarted (here: reported); an idle member of a live group is not; and a
+watched subscription (fan-out, relay, agent) keeps the watch's flag through its
+rebalance callbacks."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import uuid
 
 from confluent_kafka import Consumer
 
-from postbacks.kafka.watchdog import watch_membership
+from postbacks.kafka.watchdog import subscribe_watched, watch_membership
 from postbacks.settings import Settings
 from postbacks.tools.procs import wait_for
 
@@ -41,3 +43,36 @@ def test_an_empty_group_is_reported_and_an_idle_member_is_not(settings: Settings
     finally:
         stop.set()
         member.close()
+
+
+def test_a_watched_subscription_is_reported_only_once_its_consumer_is_out_of_the_group(
+    settings: Settings,
+) -> None:
+    bootstrap = settings.kafka_bootstrap_servers
+    stop = threading.Event()
+    reports: list[str] = []
+    assigned: list[int] = []
+    revoked: list[int] = []
+    group = f"{settings.topic_prefix}watched-{uuid.uuid4().hex[:6]}"
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                         "session.timeout.ms": 6000})
+    subscribe_watched(consumer, [settings.topic("deliveries.v1")], bootstrap=bootstrap,
+                      group=group, stall_s=1.0, stop=stop,
+                      on_assign=lambda _c, parts: assigned.append(len(parts)),
+                      on_revoke=lambda _c, parts: revoked.append(len(parts)),
+                      on_orphaned=reports.append)
+    try:
+        # the caller's callback ran, and the client assigned after it (it did not assign)
+        wait_for(lambda: consumer.poll(0.2) is None and consumer.assignment(), 30,
+                 what="the watched consumer to be assigned")
+        assert assigned and assigned[0] > 0
+        until = time.monotonic() + 4  # 4 x the limit, holding its partitions: no report
+        while time.monotonic() < until:
+            consumer.poll(0.2)
+        assert reports == []
+        consumer.close()  # leaves: its partitions revoked, the group empty
+        assert revoked and revoked[0] == assigned[0]
+        wait_for(lambda: reports, 30, interval=0.1, what="the consumer out of its group")
+        assert f"{group}: no partition for" in reports[0]
+    finally:
+        stop.set()
