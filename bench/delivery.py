@@ -305,17 +305,31 @@ def run_isolation(base: Settings, with_slow: bool, log_dir: Path) -> float:
 
 def summarize_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
     """One round's figures as they are; several rounds' as the median of each figure, with
-    its lowest and highest (``_min``, ``_max``) and the number of rounds (``_rounds``)."""
+    its lowest and highest (``_min``, ``_max``) and the number of rounds that measured it
+    (``_rounds``); a verdict (``..._kept_up``, ``..._fell_behind``: 1 or 0 a round) as the
+    number of rounds that said it."""
     if len(rounds) == 1:
         return rounds[0]
     out: dict[str, float] = {}
-    for key in rounds[0]:
-        values = [r[key] for r in rounds]
+    keys = list(dict.fromkeys(k for r in rounds for k in r))  # every round's, in order
+    for key in keys:
+        values = [r[key] for r in rounds if key in r]
+        if key.endswith(("_kept_up", "_fell_behind")):
+            out |= {key: float(sum(values)), f"{key}_rounds": float(len(values))}
+            continue
         out |= {key: statistics.median(values), f"{key}_min": min(values),
                 f"{key}_max": max(values), f"{key}_rounds": float(len(values))}
-    say("rounds: " + "; ".join(f"{key} " + ", ".join(f"{r[key]:.0f}" for r in rounds)
-                               for key in rounds[0] if key.endswith("_per_s")))
+    say("rounds: " + "; ".join(f"{key} " + ", ".join(f"{r[key]:.0f}" for r in rounds if key in r)
+                               for key in keys if key.endswith("_per_s")))
     return out
+
+
+def merge_results(earlier: dict[str, float], results: dict[str, float]) -> dict[str, float]:
+    """``results`` over the figures of earlier runs of other parts: a figure measured now
+    replaces its earlier value and its earlier rounds' range (``_min``, ``_max``,
+    ``_rounds``), which would otherwise stand beside it from another run."""
+    stale = {f"{k}{suffix}" for k in results for suffix in ("", "_min", "_max", "_rounds")}
+    return {k: v for k, v in earlier.items() if k not in stale} | results
 
 
 def _run_parts(args: argparse.Namespace, parts: set[str], base: Settings, log_dir: Path,
@@ -392,8 +406,8 @@ def main() -> None:
     parts = set(args.parts.split(","))
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    if args.sustain_rate <= 0 or args.sustain_s < 5:
-        ap.error("--sustain-rate must be positive and --sustain-s at least 5")
+    if args.sustain_rate <= 0 or args.sustain_s < 10:
+        ap.error("--sustain-rate must be positive and --sustain-s at least 10")
     base = load_settings()
     migrate(base.database_url)
     log_dir = ROOT / ".local" / "bench-logs" / str(int(time.time()))
@@ -406,7 +420,7 @@ def main() -> None:
     out.parent.mkdir(exist_ok=True)
     # a run of some parts updates only their figures (the others stay from earlier runs)
     earlier = json.loads(out.read_text()) if out.exists() else {}
-    out.write_text(json.dumps(earlier | results, indent=2))
+    out.write_text(json.dumps(merge_results(earlier, results), indent=2))
     print("\n=== delivery benchmark ===")
     for k, v in results.items():
         print(f"{k:32s} {v:10.2f}")

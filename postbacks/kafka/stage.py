@@ -111,11 +111,10 @@ def run_stage(
     clock: Callable[[], float] = time.time,
 ) -> None:
     """Run until ``stop`` is set. ``handle`` may raise DeadLetterError for one record.
-    ``group``: the consumer's group (its base name), for the group watch."""
+    ``group``: the base name ``consumer`` was made with (``make_consumer``), for the group
+    watch."""
     dlq_codec = codec_for("DeadLetter")
-    subscribe_watched(consumer, [settings.topic(b) for b in input_bases],
-                      bootstrap=settings.kafka_bootstrap_servers, group=settings.topic(group),
-                      stall_s=settings.stall_restart_s, stop=stop)
+    subscribe_watched(consumer, [settings.topic(b) for b in input_bases], settings, group, stop)
     processed = STAGE_RECORDS.labels(stage=stage)
     try:
         while not stop.is_set():

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, TopicPartition
 
+    from postbacks.settings import Settings
+
     Rebalance = Callable[[Consumer, list[TopicPartition]], None]
 
 __all__ = ["guard", "orphaned", "restart_in_place", "start", "subscribe_watched",
@@ -141,22 +143,29 @@ def watch_membership(bootstrap: str, group: str, assigned: Callable[[], bool],
     threading.Thread(target=loop, name="group-watch", daemon=True).start()
 
 
-def subscribe_watched(consumer: Consumer, topics: list[str], *, bootstrap: str, group: str,
-                      stall_s: float, stop: threading.Event,
-                      on_assign: Rebalance | None = None, on_revoke: Rebalance | None = None,
-                      on_orphaned: Callable[[str], None] = _restart_orphaned) -> None:
-    """``consumer.subscribe(topics)`` with :func:`watch_membership` on it: the rebalance
-    callbacks (``on_assign``, then ``on_revoke`` for a revocation or a loss; either may be
-    None) are wrapped to keep the flag the watch reads. For eager assignment (every
-    consumer here but the sink's uses the default, ``range,roundrobin``), where each
-    assignment is the whole of it and each revocation takes everything; the client assigns
-    after ``on_assign`` returns unless it assigned itself."""
+def subscribe_watched(consumer: Consumer, topics: list[str], settings: Settings, group: str,
+                      stop: threading.Event, *, on_assign: Rebalance | None = None,
+                      on_revoke: Rebalance | None = None,
+                      on_orphaned: Callable[[str], None] = _restart_orphaned,
+                      ) -> Callable[[], bool]:
+    """``consumer.subscribe(topics)`` with :func:`watch_membership` on it, for a consumer
+    made by ``make_consumer(settings, group)`` (the same ``group``: the watch asks the
+    broker about ``settings.topic(group)``, the group id that made). The rebalance
+    callbacks (``on_assign``; ``on_revoke`` for a revocation or a loss; either may be None)
+    are wrapped to keep the flag the watch reads, which is returned (tests).
+
+    For eager assignment, as every consumer here uses (the default ``range,roundrobin``,
+    or the sink's ``range``): each assignment is the whole of it and each revocation takes
+    everything. The client assigns after ``on_assign`` returns (or raises) unless it
+    assigned itself, so the flag is set either way."""
     owned = [False]
 
     def assigned(c: Consumer, partitions: list[TopicPartition]) -> None:
-        if on_assign is not None:
-            on_assign(c, partitions)
-        owned[0] = bool(partitions)
+        try:
+            if on_assign is not None:
+                on_assign(c, partitions)
+        finally:
+            owned[0] = bool(partitions)
 
     def revoked(c: Consumer, partitions: list[TopicPartition]) -> None:
         owned[0] = False
@@ -164,5 +173,7 @@ def subscribe_watched(consumer: Consumer, topics: list[str], *, bootstrap: str, 
             on_revoke(c, partitions)
 
     consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
-    watch_membership(bootstrap, group, lambda: owned[0], stall_s, stop,
+    watch_membership(settings.kafka_bootstrap_servers, settings.topic(group),
+                     lambda: owned[0], settings.stall_restart_s, stop,
                      on_orphaned=on_orphaned)
+    return lambda: owned[0]

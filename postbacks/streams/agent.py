@@ -46,6 +46,8 @@ __all__ = ["run_agent"]
 
 log = logging.getLogger(__name__)
 
+GROUP = "postbacks-agent"
+
 
 class _Endpoints:
     """Endpoint lookup with a rate-limited reload when an id is not (yet) known."""
@@ -71,7 +73,7 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
         settings.database_url, SecretBox(settings.secrets_key.reveal()), settings.config_refresh_s
     )
     cache.start()
-    consumer = make_consumer(settings, "postbacks-agent")
+    consumer = make_consumer(settings, GROUP)
     producer = make_transactional_producer(settings, "agent")
     revoked: list[TopicPartition] = []
     skip: dict[tuple[str, int], set[int]] = {}  # finished above the committed offset
@@ -82,10 +84,8 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
     def on_revoke(_c: Consumer, partitions: list[TopicPartition]) -> None:
         revoked.extend(partitions)
 
-    subscribe_watched(consumer, [settings.topic(TOPICS.dispatch.base)],
-                      bootstrap=settings.kafka_bootstrap_servers,
-                      group=settings.topic("postbacks-agent"), stall_s=settings.stall_restart_s,
-                      stop=stop, on_assign=on_assign, on_revoke=on_revoke)
+    subscribe_watched(consumer, [settings.topic(TOPICS.dispatch.base)], settings, GROUP, stop,
+                      on_assign=on_assign, on_revoke=on_revoke)
     kafka = ThreadPoolExecutor(1, thread_name_prefix="kafka")  # every Kafka call, serialized
     loop = asyncio.get_running_loop()
     tracker = Tracker()

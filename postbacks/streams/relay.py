@@ -40,6 +40,8 @@ __all__ = ["run_relay"]
 
 log = logging.getLogger(__name__)
 
+GROUP = "postbacks-relay"
+
 
 def run_relay(
     settings: Settings, stop: threading.Event, *, clock: Callable[[], float] = time.time
@@ -55,12 +57,10 @@ def run_relay(
         for tp in partitions:
             held.pop((tp.topic, tp.partition), None)
 
-    consumer = make_consumer(settings, "postbacks-relay")
+    consumer = make_consumer(settings, GROUP)
     producer = make_transactional_producer(settings, "relay")
     inputs = [settings.topic(t.base) for t in (*TOPICS.retry, TOPICS.quarantine)]
-    subscribe_watched(consumer, inputs, bootstrap=settings.kafka_bootstrap_servers,
-                      group=settings.topic("postbacks-relay"), stall_s=settings.stall_restart_s,
-                      stop=stop, on_revoke=on_revoke)
+    subscribe_watched(consumer, inputs, settings, GROUP, stop, on_revoke=on_revoke)
     processed = STAGE_RECORDS.labels(stage="relay")
     try:
         while not stop.is_set():

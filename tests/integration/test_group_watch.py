@@ -5,12 +5,14 @@ rebalance callbacks."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
 
 from confluent_kafka import Consumer
 
+from postbacks.kafka.clients import make_consumer
 from postbacks.kafka.watchdog import subscribe_watched, watch_membership
 from postbacks.settings import Settings
 from postbacks.tools.procs import wait_for
@@ -45,34 +47,38 @@ def test_an_empty_group_is_reported_and_an_idle_member_is_not(settings: Settings
         member.close()
 
 
-def test_a_watched_subscription_is_reported_only_once_its_consumer_is_out_of_the_group(
+def test_a_watched_subscription_keeps_its_flag_and_is_reported_once_out_of_its_group(
     settings: Settings,
 ) -> None:
-    bootstrap = settings.kafka_bootstrap_servers
+    s = dataclasses.replace(settings, stall_restart_s=3.0)
     stop = threading.Event()
     reports: list[str] = []
     assigned: list[int] = []
     revoked: list[int] = []
-    group = f"{settings.topic_prefix}watched-{uuid.uuid4().hex[:6]}"
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
-                         "session.timeout.ms": 6000})
-    subscribe_watched(consumer, [settings.topic("deliveries.v1")], bootstrap=bootstrap,
-                      group=group, stall_s=1.0, stop=stop,
-                      on_assign=lambda _c, parts: assigned.append(len(parts)),
-                      on_revoke=lambda _c, parts: revoked.append(len(parts)),
-                      on_orphaned=reports.append)
+    group = f"watched-{uuid.uuid4().hex[:6]}"
+    consumer = make_consumer(s, group)  # its group id: s.topic(group), what the watch asks
+    closed = False
+    owned = subscribe_watched(consumer, [s.topic("deliveries.v1")], s, group, stop,
+                              on_assign=lambda _c, parts: assigned.append(len(parts)),
+                              on_revoke=lambda _c, parts: revoked.append(len(parts)),
+                              on_orphaned=reports.append)
     try:
         # the caller's callback ran, and the client assigned after it (it did not assign)
         wait_for(lambda: consumer.poll(0.2) is None and consumer.assignment(), 30,
                  what="the watched consumer to be assigned")
         assert assigned and assigned[0] > 0
-        until = time.monotonic() + 4  # 4 x the limit, holding its partitions: no report
+        assert owned()
+        until = time.monotonic() + 4  # past the limit, holding its partitions: no report
         while time.monotonic() < until:
             consumer.poll(0.2)
-        assert reports == []
+        assert owned() and reports == []
         consumer.close()  # leaves: its partitions revoked, the group empty
+        closed = True
         assert revoked and revoked[0] == assigned[0]
+        assert not owned()
         wait_for(lambda: reports, 30, interval=0.1, what="the consumer out of its group")
-        assert f"{group}: no partition for" in reports[0]
+        assert f"{s.topic(group)}: no partition for" in reports[0]
     finally:
         stop.set()
+        if not closed:
+            consumer.close()
