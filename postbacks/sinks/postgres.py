@@ -45,7 +45,7 @@ from postbacks.db.migrate import ensure_attempt_partitions
 from postbacks.errors import DeadLetterError, ServiceUnavailable
 from postbacks.ids import new_id
 from postbacks.kafka.clients import check_broker, make_consumer, records
-from postbacks.kafka.watchdog import watch_membership
+from postbacks.kafka.watchdog import subscribe_watched
 from postbacks.metrics import SINK_ROWS, SINK_WAITING, STAGE_RECORDS, observe_backlog
 from postbacks.settings import Settings
 from postbacks.sinks import projection
@@ -297,14 +297,11 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
     sink = PostgresSink(settings)
     sink.conn()  # fail fast with a clear message when PostgreSQL is missing
 
-    assigned = [False]  # read by the group watch's thread
-
     def on_assign(consumer: Consumer, partitions: list[TopicPartition]) -> None:
         while not stop.is_set():
             try:
                 consumer.assign(sink.stored_offsets(partitions))
                 sink.new_rows_from(consumer, partitions)
-                assigned[0] = bool(partitions)
                 log.info("sink: assigned %d partition(s)", len(partitions))
                 return
             except (psycopg.Error, OSError, ServiceUnavailable) as exc:
@@ -322,13 +319,10 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
                                                   "fetch.wait.max.ms": 200,
                                                   "partition.assignment.strategy": "range"})
     def on_revoke(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        assigned[0] = False  # (eager assignment: every partition goes)
-        sink.forget(partitions)
+        sink.forget(partitions)  # (eager assignment: every partition goes)
 
-    consumer.subscribe(sink.topics, on_assign=on_assign, on_revoke=on_revoke,
-                       on_lost=on_revoke)
-    watch_membership(settings.kafka_bootstrap_servers, settings.topic(GROUP),
-                     lambda: assigned[0], settings.stall_restart_s, stop)
+    subscribe_watched(consumer, sink.topics, settings, GROUP, stop, on_assign=on_assign,
+                      on_revoke=on_revoke)
     processed = STAGE_RECORDS.labels(stage="sink")
     try:
         while not stop.is_set():

@@ -1,13 +1,13 @@
 """The benchmark's own arithmetic: the summary of several rounds and the merge into the
-results file (bench/delivery.py), and the lag trend and verdict that say whether the
+results file (bench/figures.py), and the lag trend and verdict that say whether the
 engine kept up with an offered rate (bench/engine.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.delivery import merge_results, summarize_rounds
 from bench.engine import FELL_BEHIND, KEPT_UP, lag_trend, verdict
+from bench.figures import merge_results, summarize_rounds
 
 
 def test_one_round_is_reported_as_it_is() -> None:
