@@ -49,7 +49,7 @@ from postbacks.kafka.watchdog import subscribe_watched
 from postbacks.metrics import SINK_ROWS, SINK_WAITING, STAGE_RECORDS, observe_backlog
 from postbacks.settings import Settings
 from postbacks.sinks import projection
-from postbacks.sinks.tables import STAGING_DDL, TABLES, ts_from_ms
+from postbacks.sinks.tables import STAGING_DDL, TABLES, column_types, ts_from_ms, use_orjson
 from postbacks.sinks.waiting import Partition, WaitingRows
 from postbacks.topics import TOPICS
 
@@ -70,6 +70,7 @@ class PostgresSink:
         self.settings = settings
         self.group = settings.topic(GROUP)
         self._conn: psycopg.Connection[Any] | None = None
+        self._types: dict[str, list[int]] = {}  # per table, read when connecting
         self._rows: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
         self._touched: set[str] = set()  # ids the projection statement re-derives
         self._settled: set[str] = set()  # rows released final: re-derived only on a conflict
@@ -98,6 +99,8 @@ class PostgresSink:
             # (JIT, when its estimated cost passes jit_above_cost) took ~40 ms of a flush.
             self._conn.execute("SET jit = off")
             self._conn.execute(STAGING_DDL)
+            use_orjson(self._conn)
+            self._types = column_types(self._conn)
             ensure_attempt_partitions(self._conn, dt.datetime.now(dt.UTC).date())
             self._conn.commit()
         return self._conn
@@ -235,7 +238,8 @@ class PostgresSink:
                     rows = self._rows.get(name)
                     if rows:
                         written[name], met = TABLES[name].write(
-                            conn, rows, direct=name not in self._via_staging)
+                            conn, rows, types=self._types[name],
+                            direct=name not in self._via_staging)
                         if met:
                             self._via_staging.add(name)
                         else:

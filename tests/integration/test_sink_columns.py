@@ -1,0 +1,110 @@
+"""Every column the sink writes holds the record's value, read back from PostgreSQL: the
+binary COPY (each value sent in PostgreSQL's own binary form, typed from the catalog) for
+text, integers, doubles, timestamps, bytea, jsonb and NULL, straight into the tables and
+through the staging tables."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
+
+from postbacks.core.outcomes import make_attempt, make_outcome
+from postbacks.core.providers.base import RenderedRequest
+from postbacks.db.connect import connect
+from postbacks.settings import Settings
+from postbacks.sinks.postgres import PostgresSink
+from postbacks.sinks.tables import TABLES, column_types
+from postbacks.topics import TOPICS
+from tests.unit.factories import make_conversion, make_delivery
+
+T0 = 1_750_000_000_123
+
+
+def _ts(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+
+
+def _records(ns: str, name: str) -> tuple[Any, Any, Any]:
+    conversion = make_conversion(
+        conversion_id=f"cv_{ns}_{name}", goal_id=None if name == "direct" else "goal-é",
+        payout_usd_micros=9_007_199_254_740_993,  # past a double's exact integers
+        source_snapshot={"player": "p\u00e9 \U0001f600", "quote": "a\"b\\c\n\t", "n": "1"})
+    d = make_delivery(delivery_id=f"dlv_{ns}_{name}", endpoint_id=f"ep_{ns}",
+                      conversion=conversion, created_at=T0)
+    req = RenderedRequest("POST", f"https://example.test/{name}?q=\u00e9",
+                          {"Content-Type": "application/json", "X-Note": "tab\there"},
+                          b"\x00\x01binary\xff body")
+    a = make_attempt(d, now_ms=T0 + 1, result="retry", req=req, status=503,
+                     error_class="http_5xx", error_message="line one\nline two \\ \u00e9",
+                     queue_ms=0.125, platform_ms=1e-9, wire_ms=12345.5,
+                     excerpt=b"\r\n\x00\\ end")
+    o = make_outcome(d, "failing", now_ms=T0 + 2, reason="503 \u00e9", attempt_no=1)
+    return d, a, o
+
+
+def _fetch(settings: Settings, table: str, cols: tuple[str, ...], key: str,
+           value: str) -> tuple[Any, ...]:
+    with connect(settings.database_url) as conn:
+        row = conn.execute(f"SELECT {', '.join(cols)} FROM {table} WHERE {key} = %s",
+                           (value,)).fetchone()
+    assert row is not None, f"no {table} row for {value}"
+    return tuple(row)
+
+
+@pytest.mark.parametrize("path", ["direct", "staging"])
+def test_every_column_holds_the_records_value(settings: Settings, namespace: str,
+                                              path: str) -> None:
+    sink = PostgresSink(settings, defer_s=0.0)
+    try:
+        sink.conn()
+        if path == "staging":  # as after a batch that met a stored row
+            sink._via_staging = set(TABLES)
+        d, a, o = _records(namespace, path)
+        topic = settings.topic(TOPICS.deliveries.base)
+        sink._waiting.final_from((topic, 0), 0)
+        sink.add_record(topic, 0, 1, d)
+        sink.add_record(settings.topic(TOPICS.attempts.base), 0, 1, a)
+        sink.add_record(settings.topic(TOPICS.outcomes.base), 0, 1, o)
+        bad = Message(topic=settings.topic(TOPICS.outcomes.base), partition=0, offset=2,
+                      key=b"k\x00", value=b"\x00not avro " + path.encode(),
+                      timestamp=(TIMESTAMP_CREATE_TIME, T0))
+        sink.add(bad, T0 + 3)
+        sink.flush(everything=True)
+    finally:
+        sink.close()
+
+    c = d["conversion"]
+    assert _fetch(settings, "deliveries", TABLES["deliveries"].columns[:11], "delivery_id",
+                  d["delivery_id"]) == (
+        d["delivery_id"], d["endpoint_id"], c["app_id"], c["conversion_id"], c["event_type"],
+        c["goal_id"], c["event_id"], d["idempotency_key"], c["payout_usd_micros"], dict(c),
+        _ts(T0))
+    assert _fetch(settings, "delivery_attempts", TABLES["attempts"].columns, "attempt_id",
+                  a["attempt_id"]) == (
+        a["attempt_id"], _ts(T0 + 1), d["delivery_id"], d["endpoint_id"],
+        d["idempotency_key"], 1, "initial", "retry", 503, "http_5xx",
+        "line one\nline two \\ \u00e9", 0.125, 1e-9, 12345.5, "POST",
+        f"https://example.test/{path}?q=\u00e9",
+        {"Content-Type": "application/json", "X-Note": "tab\there"},
+        b"\x00\x01binary\xff body", b"\r\n\x00\\ end")
+    assert _fetch(settings, "delivery_outcomes", TABLES["outcomes"].columns, "outcome_id",
+                  o["outcome_id"]) == (
+        o["outcome_id"], d["delivery_id"], d["endpoint_id"], c["app_id"], "failing", 1, None,
+        "503 \u00e9", None, _ts(T0 + 2))
+    with connect(settings.database_url) as conn:
+        dead = conn.execute(
+            "SELECT stage, origin_topic, origin_partition, origin_offset, original_key,"
+            " original_value, delivery_id, occurred_at FROM dead_letters"
+            " WHERE origin_topic = %s", (bad.topic(),)).fetchall()
+    assert dead == [("sink", bad.topic(), 0, 2, b"k\x00", bad.value(), None, _ts(T0 + 3))]
+
+
+def test_a_table_missing_a_column_is_named_before_any_row(settings: Settings) -> None:
+    with connect(settings.database_url) as conn:
+        conn.execute("CREATE TEMP TABLE deliveries (delivery_id text)")  # shadows the table
+        with pytest.raises(RuntimeError, match=r"table deliveries has no column\(s\) "
+                                               r"endpoint_id, app_id.*postbacks migrate"):
+            column_types(conn)
