@@ -31,7 +31,7 @@ from confluent_kafka import Producer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.engine import run_engine
-from bench.figures import merge_results, summarize_rounds
+from bench.figures import host_relative, merge_results, summarize_rounds
 from bench.harness import (
     ROOT,
     DispatchWriter,
@@ -43,6 +43,7 @@ from bench.harness import (
     fast_receiver,
     fresh,
     metrics_of,
+    own_cpu_s,
     pct,
     produce_dispatch,
     say,
@@ -89,7 +90,11 @@ def run_agent_alone(base: Settings, n: int, n_endpoints: int, log_dir: Path) -> 
     s = fresh(base, "agent")
     with Stack(env_for(s), log_dir) as stack, fast_receiver() as (url, _rx):
         say("bare aiohttp client: 20,000 POSTs, 64 concurrent ...")
+        own0 = own_cpu_s()
         bare = uvloop.run(_bare(f"{url}/hooks/bare", 20_000))
+        bare_cpu = (own_cpu_s() - own0) / 20_000 * 1e6
+        say(f"host: the bare client {bare:.0f} POSTs/s, {bare_cpu:.0f} µs CPU each (the "
+            f"reference machine in docs/performance.md: ~12,000/s with uvloop)")
         http_json(f"{url}/_reset", {})
         seeded = seed_endpoints(s, apps=n_endpoints, endpoints_per_app=1, receiver_url=url,
                                 namespace=s.instance_id.replace("-", ""),
@@ -109,7 +114,8 @@ def run_agent_alone(base: Settings, n: int, n_endpoints: int, log_dir: Path) -> 
         rate = done / elapsed
         say(f"agent: {rate:.0f} deliveries/s, {cpu / done * 1e6:.0f} µs CPU each; "
             f"bare client {bare:.0f}/s")
-        return {"bare_client_per_s": bare, "agent_per_s": rate,
+        return {"bare_client_per_s": bare, "bare_client_cpu_us_per_request": bare_cpu,
+                "agent_per_s": rate,
                 "agent_cpu_us_per_delivery": cpu / done * 1e6, "bare_over_agent": bare / rate}
 
 
@@ -324,7 +330,11 @@ def _run_parts(args: argparse.Namespace, parts: set[str], base: Settings, log_di
         if "e2e" in parts:
             got |= run_end_to_end(base, args.deliveries, log_dir / f"e2e-{r}",
                                   seed=RUN_SEED + 7919 * r)
-        rounds.append(got)
+        relative = host_relative(got)
+        if relative:
+            say("as fractions of the bare client's rate: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in relative.items()))
+        rounds.append(got | relative)
         cleanup()  # each round's topics: a broker keeping them spends CPU on them
     results |= summarize_rounds(rounds)
     if "latency" in parts:

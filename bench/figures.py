@@ -7,7 +7,24 @@ import statistics
 
 from bench.harness import say
 
-__all__ = ["merge_results", "summarize_rounds"]
+__all__ = ["host_relative", "merge_results", "summarize_rounds"]
+
+# What the host's speed is read from: the bare aiohttp client's rate against the fast
+# receiver, measured in the same round as the engine (part ``agent``).
+_BARE = "bare_client_per_s"
+_RELATIVE = {"engine_end_to_end_per_s": "engine_over_bare",
+             "engine_offered_per_s": "engine_offered_over_bare",
+             "end_to_end_per_s": "pipeline_over_bare"}
+
+
+def host_relative(got: dict[str, float]) -> dict[str, float]:
+    """One round's throughput figures as fractions of the bare client's rate in the same
+    round, so that what moves with the host's speed cancels out (docs/performance.md).
+    Empty without the bare client's rate."""
+    bare = got.get(_BARE)
+    if not bare:
+        return {}
+    return {name: got[key] / bare for key, name in _RELATIVE.items() if key in got}
 
 
 def summarize_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench.engine import FELL_BEHIND, KEPT_UP, lag_trend, verdict
-from bench.figures import merge_results, summarize_rounds
+from bench.figures import host_relative, merge_results, summarize_rounds
 
 
 def test_one_round_is_reported_as_it_is() -> None:
@@ -27,6 +27,15 @@ def test_rounds_count_their_verdicts_and_keep_a_figure_only_some_measured() -> N
                             {"x_kept_up": 1.0, "x_per_s": 30.0}])
     assert got["x_kept_up"] == 2.0 and got["x_kept_up_rounds"] == 3.0
     assert got["y_per_s"] == 5.0 and got["y_per_s_rounds"] == 1.0
+
+
+def test_throughput_is_read_against_the_bare_client_of_the_same_round() -> None:
+    got = host_relative({"bare_client_per_s": 4_000.0, "engine_end_to_end_per_s": 1_800.0,
+                         "engine_offered_per_s": 2_000.0, "end_to_end_per_s": 1_000.0,
+                         "agent_per_s": 2_400.0})
+    assert got == pytest.approx({"engine_over_bare": 0.45, "engine_offered_over_bare": 0.5,
+                                 "pipeline_over_bare": 0.25})
+    assert host_relative({"engine_end_to_end_per_s": 1_800.0}) == {}  # no bare client run
 
 
 def test_a_new_figure_replaces_its_old_range_and_leaves_other_parts_alone() -> None:
