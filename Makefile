@@ -12,7 +12,7 @@ export POSTBACKS_DATABASE_URL ?= postgresql://postbacks@127.0.0.1:$(or $(POSTBAC
 PYTEST_ARGS ?=
 
 .PHONY: help install check lint typecheck test test-unit test-integration demo services-up \
-        services-down services-status browser bench clean
+        services-down services-status browser bench bench-copy clean
 
 help:
 	@echo "make demo            run the whole pipeline on local services (the main job)"
@@ -22,6 +22,8 @@ help:
 	@echo "make services-up     start Kafka and PostgreSQL (deploy/local/services.sh)"
 	@echo "make services-down   stop them"
 	@echo "make browser         install Debian's chromium (console browser tests)"
+	@echo "make bench           the delivery benchmark (bench/delivery.py; BENCH_ARGS=...)"
+	@echo "make bench-copy      the sink's write path alone (bench/copy_rows.py)"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -65,6 +67,10 @@ demo: install
 
 bench: install services-up
 	$(BIN)/python bench/delivery.py $(BENCH_ARGS)
+
+bench-copy: install services-up  # the sink's write path alone: binary vs text COPY, indexes
+	$(BIN)/python bench/copy_rows.py --part formats
+	$(BIN)/python bench/copy_rows.py --part indexes --rounds 3
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
