@@ -20,6 +20,7 @@ Usage: python bench/copy_rows.py [--part formats|indexes] [--deliveries 20000] [
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -30,16 +31,14 @@ from typing import Any
 
 import orjson
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import own_cpu_s, say
+from bench.harness import own_cpu_s, say, scratch_database
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.fanout import plan_deliveries
 from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.core.providers.base import RenderedRequest
-from postbacks.db.migrate import migrate
 from postbacks.emit import synthetic_conversions
 from postbacks.settings import load_settings
 from postbacks.sinks.tables import TABLES, column_types, use_orjson
@@ -137,19 +136,6 @@ def measure(url: str, rows: dict[str, list[tuple[Any, ...]]], binary: bool,
         return (backend_s() - pg0) / n * 1e6, (own_cpu_s() - me0) / n * 1e6
 
 
-def scratch(admin: psycopg.Connection[Any], base_url: str, name: str,
-            statements: list[str]) -> str:
-    """A database migrated as shipped, then changed by ``statements``; its URL."""
-    admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-    admin.execute(f'CREATE DATABASE "{name}"')
-    url = make_conninfo(base_url, dbname=name)
-    migrate(url)
-    with psycopg.connect(url, autocommit=True) as conn:
-        for s in statements:
-            conn.execute(s)
-    return url
-
-
 def run(variants: dict[str, tuple[str, bool]], rounds: int, n: int, batch: int,
         seed: Callable[[int, int], int]) -> None:
     got: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
@@ -181,26 +167,17 @@ def main() -> None:
     if not 0 < args.deliveries <= 200_000 or not 0 < args.rounds <= 20:
         ap.error("--deliveries must be 1..200000 and --rounds 1..20")
     base = load_settings().database_url
-    dbname = conninfo_to_dict(base).get("dbname") or "postbacks"
-    made: list[str] = []
-    with psycopg.connect(make_conninfo(base, dbname="postgres"), autocommit=True) as admin:
-        try:
-            if args.part == "formats":
-                made.append(f"{dbname}_copybench_formats")
-                url = scratch(admin, base, made[0], [])
-                variants = {"binary COPY": (url, True), "text COPY": (url, False)}
-            else:
-                variants = {}
-                for v, statements in INDEX_VARIANTS.items():
-                    made.append(f"{dbname}_copybench_{v}")
-                    variants[v] = (scratch(admin, base, made[-1], statements), True)
-            stamp = int(time.time())
-            run(variants, args.rounds, args.deliveries, args.batch,
-                lambda r, j: stamp * 100 + r * 10 + j)
-        finally:
-            for name in made:
-                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
+    stamp = int(time.time())
+    with contextlib.ExitStack() as dbs:
+        if args.part == "formats":
+            url = dbs.enter_context(scratch_database(base, "copybench_formats"))
+            variants = {"binary COPY": (url, True), "text COPY": (url, False)}
+        else:
+            variants = {v: (dbs.enter_context(scratch_database(base, f"copybench_{v}",
+                                                                statements)), True)
+                        for v, statements in INDEX_VARIANTS.items()}
+        run(variants, args.rounds, args.deliveries, args.batch,
+            lambda r, j: stamp * 100 + r * 10 + j)
 
 if __name__ == "__main__":
     main()

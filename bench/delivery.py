@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
 import statistics
 import sys
@@ -47,6 +49,7 @@ from bench.harness import (
     pct,
     produce_dispatch,
     say,
+    scratch_database,
     service_pids,
     tree_cpu,
     tree_cpu_since,
@@ -382,6 +385,11 @@ def main() -> None:
                          "relay, isolation")
     ap.add_argument("--latency-rate", type=float, default=200,
                     help="conversions/s for the pipeline latency part (10 s)")
+    ap.add_argument("--fresh-db", action="store_true",
+                    help="run against a new database beside POSTBACKS_DATABASE_URL's, "
+                         "migrated, dropped afterwards (PostgreSQL's share of the engine "
+                         "depends on how much the database holds, and every run adds 3 rows "
+                         "per delivery)")
     ap.add_argument("--isolation-pairs", type=int, default=5,
                     help="alternating without/with runs of the isolation part (median)")
     args = ap.parse_args()
@@ -391,13 +399,20 @@ def main() -> None:
     if args.sustain_rate <= 0 or args.sustain_s < 10:
         ap.error("--sustain-rate must be positive and --sustain-s at least 10")
     base = load_settings()
-    migrate(base.database_url)
     log_dir = ROOT / ".local" / "bench-logs" / str(int(time.time()))
     results: dict[str, float] = {}
-    try:
-        _run_parts(args, parts, base, log_dir, results)
-    finally:
-        cleanup()
+    with contextlib.ExitStack() as db:
+        if args.fresh_db:
+            url = db.enter_context(scratch_database(base.database_url,
+                                                    f"bench{int(time.time())}"))
+            base = dataclasses.replace(base, database_url=url)
+            say(f"a fresh database for this run: {url.rsplit('/', 1)[-1]}")
+        else:
+            migrate(base.database_url)
+        try:
+            _run_parts(args, parts, base, log_dir, results)
+        finally:
+            cleanup()
     out = ROOT / "bench" / "results" / "latest.json"
     out.parent.mkdir(exist_ok=True)
     # a run of some parts updates only their figures (the others stay from earlier runs)
