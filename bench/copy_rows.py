@@ -94,7 +94,8 @@ def as_text_rows(rows: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple
 
 def _text_copy(conn: psycopg.Connection[Any], table: str, cols: tuple[str, ...],
                rows: list[tuple[Any, ...]]) -> None:
-    with conn.cursor() as cur, cur.copy(
+    """In a savepoint, as the sink's direct COPY was and is (``Table.write``)."""
+    with conn.transaction(), conn.cursor() as cur, cur.copy(
             f"COPY {table} ({', '.join(cols)}) FROM STDIN") as copy:
         for r in rows:
             copy.write_row(r)
@@ -116,13 +117,14 @@ def write(conn: psycopg.Connection[Any], rows: dict[str, list[tuple[Any, ...]]],
 
 def measure(url: str, rows: dict[str, list[tuple[Any, ...]]], binary: bool,
             batch: int) -> tuple[float, float]:
-    """(PostgreSQL's, the client's) CPU µs per delivery for writing ``rows``."""
+    """(PostgreSQL's backend's, the client's) CPU µs per delivery for writing ``rows``
+    (PostgreSQL's WAL writer, checkpointer and autovacuum are not counted)."""
     with psycopg.connect(url, autocommit=True) as conn:
         use_orjson(conn)
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
         assert row is not None
-        stat = Path(f"/proc/{row[0]}/stat")
-        if not stat.exists():
+        stat, comm = Path(f"/proc/{row[0]}/stat"), Path(f"/proc/{row[0]}/comm")
+        if not comm.exists() or not comm.read_text().startswith("postgres"):
             raise SystemExit("PostgreSQL's backend is not a process of this machine: run "
                              "the bench against the local services (make services-up)")
 

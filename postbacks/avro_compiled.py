@@ -74,7 +74,17 @@ def _read_long(buf: bytes, pos: int) -> tuple[int, int]:
         pos += 1
         n |= (b & 0x7F) << shift
         shift += 7
-    return (n >> 1) ^ -(n & 1), pos
+    v = (n >> 1) ^ -(n & 1)
+    if not _LONG_MIN <= v <= _LONG_MAX:
+        raise ValueError(f"{v} does not fit an Avro long")
+    return v, pos
+
+
+def _read_int(buf: bytes, pos: int) -> tuple[int, int]:
+    v, pos = _read_long(buf, pos)
+    if not _INT_MIN <= v <= _INT_MAX:
+        raise ValueError(f"{v} does not fit an Avro int")
+    return v, pos
 
 
 def _write_bool(v: object) -> bytes:
@@ -231,13 +241,13 @@ class _Compiler:
             conv = "str(buf[pos:e], 'utf-8')" if t == "string" else "bytes(buf[pos:e])"
             d(f"{p}{target} = {conv}")
             d(f"{p}pos = e")
-        elif t in ("long", "int"):
+        elif t in ("long", "int"):  # out of the type's range: ValueError (a corrupt record)
             d(f"{p}n = buf[pos]")
             d(f"{p}if n < 128:")
             d(f"{p}    {target} = (n >> 1) ^ -(n & 1)")
             d(f"{p}    pos += 1")
             d(f"{p}else:")
-            d(f"{p}    {target}, pos = _read_long(buf, pos)")
+            d(f"{p}    {target}, pos = _read_{t}(buf, pos)")
         elif t in ("double", "float"):
             s, size = ("_DOUBLE", 8) if t == "double" else ("_FLOAT", 4)
             d(f"{p}{target} = {s}.unpack_from(buf, pos)[0]")
@@ -265,6 +275,7 @@ def compile_schema(schema: Any, name: str = "record") -> tuple[Encoder, Decoder,
            + "\n    return result, pos\n")
     ns: dict[str, Any] = {"_SMALL": _SMALL, "_write_long": _write_long,
                           "_write_int": _write_int, "_read_long": _read_long,
-                          "_write_bool": _write_bool, "_DOUBLE": _DOUBLE, "_FLOAT": _FLOAT}
+                          "_read_int": _read_int, "_write_bool": _write_bool,
+                          "_DOUBLE": _DOUBLE, "_FLOAT": _FLOAT}
     exec(compile(src, f"<avro {name}>", "exec"), ns)  # our own schema files only
     return ns[f"encode_{name}"], ns[f"decode_{name}"], src

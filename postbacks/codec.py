@@ -188,7 +188,15 @@ class Codec:
             raise UndecodableRecord(
                 f"{self.record}: {len(data) - buf.tell()} trailing bytes after the record"
             )
+        try:  # fastavro reads an int or long of any size: hold it to the writer's rules
+            self._enc(value, _discard)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise UndecodableRecord(f"{self.record}: corrupt body: {exc}") from exc
         return cast(dict[str, Any], value)
+
+
+def _discard(_piece: bytes) -> None:
+    pass
 
 
 @cache

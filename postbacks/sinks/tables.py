@@ -2,11 +2,12 @@
 
 Rows go in binary COPY: the client sends each value in PostgreSQL's own binary form
 (a timestamp as 8 bytes, a jsonb as a version byte and its text), so neither side formats
-or parses text. Against text COPY, for one delivery's three rows: the sink's formatting
-28-32 against 41-46 µs of CPU, PostgreSQL's 73-91 against 82-106 µs (4 alternating
-pairs of 20,000 deliveries in 400-row batches). Binary COPY needs each column's type:
-:func:`column_types` reads them from the catalog when the sink connects, and jsonb
-columns take the decoded value itself, dumped by :func:`use_orjson`'s dumper."""
+or parses text. Against text COPY, for one delivery's three rows: the writing client
+19.6-21.7 against 38.7-48.1 µs of CPU, PostgreSQL's backend 83.5-100 against
+106.5-115.5 µs (``bench/copy_rows.py``: 4 alternating rounds of 20,000 deliveries in
+400-row batches). Binary COPY needs each column's type: :func:`column_types` reads them
+from the catalog when the sink connects and checks them against ``Table.types``, and
+jsonb columns take the decoded value itself, dumped by :func:`use_orjson`'s dumper."""
 
 from __future__ import annotations
 
@@ -45,8 +46,14 @@ class Table:
     name: str
     target: str
     columns: tuple[str, ...]
+    types: tuple[str, ...]  # each column's type as the sink writes it (binary COPY)
     row: Callable[[Any], tuple[Any, ...]]
     touches_delivery: bool
+
+    def __post_init__(self) -> None:
+        if len(self.types) != len(self.columns):
+            raise ValueError(f"{self.name}: {len(self.columns)} columns, "
+                             f"{len(self.types)} types")
 
     @property
     def staging(self) -> str:
@@ -184,6 +191,8 @@ TABLES: dict[str, Table] = {
         ("delivery_id", "endpoint_id", "app_id", "conversion_id", "event_type", "goal_id",
          "event_id", "idempotency_key", "payout_usd_micros", "snapshot", "created_at",
          "status", "status_at", "held_at", "hold_reason", "attempt_count", "last_error"),
+        ("text", "text", "text", "text", "text", "text", "text", "text", "int8", "jsonb",
+         "timestamptz", "text", "timestamptz", "timestamptz", "text", "int4", "text"),
         _delivery_row, True,
     ),
     "attempts": Table(
@@ -192,12 +201,15 @@ TABLES: dict[str, Table] = {
          "attempt_no", "trigger", "result", "status_code", "error_class", "error_message",
          "queue_ms", "platform_ms", "wire_ms", "request_method", "request_url",
          "request_headers", "request_body", "response_excerpt"),
+        ("text", "timestamptz", "text", "text", "text", "int4", "text", "text", "int4", "text",
+         "text", "float8", "float8", "float8", "text", "text", "jsonb", "bytea", "bytea"),
         _attempt_row, True,
     ),
     "outcomes": Table(
         "outcomes", "delivery_outcomes",
         ("outcome_id", "delivery_id", "endpoint_id", "app_id", "kind", "attempt_no",
          "payout_usd_micros", "reason", "actor", "occurred_at"),
+        ("text", "text", "text", "text", "text", "int4", "int8", "text", "text", "timestamptz"),
         _outcome_row, True,
     ),
     "dead_letters": Table(
@@ -205,23 +217,34 @@ TABLES: dict[str, Table] = {
         ("dead_letter_id", "reason", "error_class", "error_message", "stage", "origin_topic",
          "origin_partition", "origin_offset", "original_key", "original_value", "delivery_id",
          "endpoint_id", "occurred_at"),
+        ("text", "text", "text", "text", "text", "text", "int4", "int8", "bytea", "bytea", "text",
+         "text", "timestamptz"),
         _dead_letter_row, False,
     ),
 }
 
 def column_types(conn: psycopg.Connection[Any]) -> dict[str, list[int]]:
     """Each table's column type oids, in its COPY column order (what binary COPY sends
-    must match them); a column missing from the database fails here, before any row."""
+    must match them). A column missing from the database, or of another type than the
+    sink writes (binary COPY would fail on it, or an int4 take a wrapped value), fails
+    here, when the sink connects, before any row."""
     out: dict[str, list[int]] = {}
     for t in TABLES.values():
-        by_name = dict(conn.execute(
-            "SELECT attname::text, atttypid::int FROM pg_attribute WHERE attrelid ="
-            " %s::regclass AND attnum > 0 AND NOT attisdropped", (t.target,)).fetchall())
-        missing = [c for c in t.columns if c not in by_name]
+        found = {name: (oid, typ) for name, oid, typ in conn.execute(
+            "SELECT a.attname::text, a.atttypid::int, y.typname::text FROM pg_attribute a"
+            " JOIN pg_type y ON y.oid = a.atttypid WHERE a.attrelid = %s::regclass"
+            " AND a.attnum > 0 AND NOT a.attisdropped", (t.target,)).fetchall()}
+        missing = [c for c in t.columns if c not in found]
         if missing:
             raise RuntimeError(f"table {t.target} has no column(s) {', '.join(missing)}:"
                                " is the database migrated (postbacks migrate)?")
-        out[t.name] = [by_name[c] for c in t.columns]
+        for column, want in zip(t.columns, t.types, strict=True):
+            if found[column][1] != want:
+                raise RuntimeError(
+                    f"column {t.target}.{column} is {found[column][1]} in the database; the"
+                    f" sink writes {want}: is the database migrated to this release"
+                    " (postbacks migrate)?")
+        out[t.name] = [found[c][0] for c in t.columns]
     return out
 
 

@@ -7,9 +7,9 @@ import time
 import uuid
 from typing import Any
 
-import orjson
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
+from psycopg.types.json import Jsonb
 
 from postbacks.cli import main
 from postbacks.db.connect import connect
@@ -62,8 +62,8 @@ def insert_deliveries(settings: Settings, deliveries: list[DeliveryRecord], *,
     with connect(settings.database_url) as conn:
         for d in deliveries:
             row = list(table.row(d))
-            if snapshot is not None:
-                row[table.columns.index("snapshot")] = orjson.dumps(snapshot).decode()
+            at = table.columns.index("snapshot")
+            row[at] = Jsonb(row[at] if snapshot is None else snapshot)
             conn.execute(f"INSERT INTO deliveries ({cols}) VALUES ({marks})", row)
             conn.execute(
                 "UPDATE deliveries SET status = %s, status_at = %s, attempt_count = %s,"

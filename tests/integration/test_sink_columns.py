@@ -108,3 +108,14 @@ def test_a_table_missing_a_column_is_named_before_any_row(settings: Settings) ->
         with pytest.raises(RuntimeError, match=r"table deliveries has no column\(s\) "
                                                r"endpoint_id, app_id.*postbacks migrate"):
             column_types(conn)
+
+
+def test_a_column_of_another_type_is_named_before_any_row(settings: Settings) -> None:
+    """Binary COPY sends each value in the column's own form: an int4 column widened to
+    int8 by a later migration would otherwise fail every flush."""
+    with connect(settings.database_url) as conn:
+        conn.execute("CREATE TEMP TABLE deliveries (LIKE public.deliveries)")  # shadows it
+        conn.execute("ALTER TABLE pg_temp.deliveries ALTER COLUMN attempt_count TYPE bigint")
+        with pytest.raises(RuntimeError, match=r"column deliveries.attempt_count is int8 in the"
+                                               r" database; the sink writes int4"):
+            column_types(conn)

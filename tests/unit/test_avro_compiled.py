@@ -13,7 +13,7 @@ import fastavro
 import pytest
 
 from postbacks.avro_compiled import Unsupported, compile_schema
-from postbacks.codec import codec_for, load_schema_versions
+from postbacks.codec import MAGIC, codec_for, load_schema_versions
 from postbacks.errors import UndecodableRecord
 
 RECORDS = sorted(load_schema_versions())
@@ -124,6 +124,48 @@ def test_a_union_branch_out_of_range_is_corrupt() -> None:
         {"name": "x", "type": ["null", "long"]}]})
     with pytest.raises(ValueError, match="union branch 4"):
         decode(b"\x04\x02", 0)
+
+
+def _varint(n: int) -> bytes:  # zig-zag, as Avro writes an int or a long, any size
+    z, out = (n << 1) if n >= 0 else ((-n << 1) - 1), bytearray()
+    while z > 127:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    return bytes(out + bytes([z]))
+
+
+@pytest.mark.parametrize(("kind", "value", "fits"), [
+    ("int", (1 << 31) - 1, True), ("int", -(1 << 31), True),
+    ("int", 1 << 31, False), ("int", -(1 << 31) - 1, False), ("int", 1 << 40, False),
+    ("long", (1 << 63) - 1, True), ("long", -(1 << 63), True),
+    ("long", 1 << 63, False), ("long", -(1 << 63) - 1, False),
+])
+def test_an_int_or_a_long_beyond_its_range_is_corrupt(kind: str, value: int,
+                                                         fits: bool) -> None:
+    """A 32-bit column would otherwise take a wrapped value (binary COPY sends 4 bytes)."""
+    _, decode, _ = compile_schema({"type": "record", "name": "R", "fields": [
+        {"name": "x", "type": kind}]})
+    if fits:
+        assert decode(_varint(value), 0) == ({"x": value}, len(_varint(value)))
+    else:
+        with pytest.raises(ValueError, match=f"does not fit an Avro {kind}"):
+            decode(_varint(value), 0)
+
+
+def test_an_older_writers_int_beyond_its_range_is_undecodable() -> None:
+    """Records of an older writer schema go through fastavro, which reads an int of any
+    size: the codec holds the result to the writer's rules."""
+    oldest, codec = load_schema_versions()["Delivery"][0], codec_for("Delivery")
+    datum = _value(oldest.parsed, random.Random(3), {})
+    frame = MAGIC + oldest.fingerprint.to_bytes(8, "little")  # Avro single-object header
+    for attempt, ok in ((7, True), (1 << 31, False)):
+        datum["attempt"] = attempt
+        data = frame + _fastavro_bytes(oldest.parsed, datum)
+        if ok:
+            assert codec.decode(data)["attempt"] == 7
+        else:
+            with pytest.raises(UndecodableRecord, match="does not fit an Avro int"):
+                codec.decode(data)
 
 
 def test_schemas_beyond_the_subset_are_refused() -> None:
