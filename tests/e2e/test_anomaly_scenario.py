@@ -3,7 +3,11 @@
 detector in enforce.
 
 The history is produced while the gate runs, paced at ``PACE`` deliveries/s -- a live
-stream compressed ~8,000 x (0.3 events/s of event time). A trip travels partials ->
+stream compressed ~8,000 x (0.3 events/s of event time) -- and never more than
+``MAX_AHEAD`` deliveries ahead of what has come out of the gate: a live stream is one the
+gate keeps up with. (Unpaced by the gate's output, on a host 2.6 x slower than usual the
+gate ended 38 s behind the producer, the control topic's trip reached it ~20 h of event
+time into the cohort, and the test failed.) A trip travels partials ->
 aggregator -> control topic -> gates in wall-clock tenths of a second, which is event-time
 *tens of minutes* here: the detection delay and the leaked payout are upper bounds of what
 a real-time stream would see. (A backlog read at full speed is another matter: partitions
@@ -15,8 +19,10 @@ Run with ``-s`` for the figures.
 from __future__ import annotations
 
 import random
+import threading
 import time
 import uuid
+from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
@@ -38,9 +44,40 @@ from postbacks.topics import TOPICS
 from tests.unit.factories import make_delivery
 
 RATE = 0.3  # events/s: below this the global floor scaled to volume meets Poisson noise
-PACE = 2500  # deliveries/s produced while the gate runs (it keeps up with more)
+PACE = 2500  # deliveries/s produced at most while the gate runs
+MAX_AHEAD = 2500  # deliveries produced and not yet out of the gate, at most
 DAY_MS = 86_400_000
 RETRO_MS = 7 * DAY_MS
+
+
+class _Outputs(threading.Thread):
+    """What comes out of the gate (dispatch.v1 and held.v1), read while the history is
+    produced: delivery id -> (record, held)."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(daemon=True)
+        self.codec = codec_for("Delivery")
+        self.held_topic = settings.topic(TOPICS.held.base)
+        self.got: dict[str, tuple[Any, bool]] = {}
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.c = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                           "group.id": f"test-{uuid.uuid4().hex[:8]}",
+                           "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        self.c.subscribe([settings.topic(TOPICS.dispatch.base), self.held_topic])
+
+    def run(self) -> None:
+        try:
+            while not self.done.is_set():
+                for m in self.c.consume(5000, timeout=0.2):
+                    if m.error() is None:
+                        d = self.codec.decode(m.value())
+                        # a duplicate after a restart would be absorbed downstream
+                        self.got.setdefault(d["delivery_id"], (d, m.topic() == self.held_topic))
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+        finally:
+            self.c.close()
 
 
 def test_broad_but_shallow_cohort_through_the_real_gate(
@@ -74,6 +111,9 @@ def test_broad_but_shallow_cohort_through_the_real_gate(
     cohort_start: int | None = None
     stack.start("gate", "gate")
     wait_for(lambda: "gate running" in stack.procs["gate"].tail(400), 60, what="the gate")
+    out = _Outputs(settings)
+    out.start()
+    stalls = 0
     t0 = time.monotonic()
     for ev in generate(hist, random.Random(1)):
         ep = endpoint_for_app(ev["app_id"])
@@ -89,55 +129,55 @@ def test_broad_but_shallow_cohort_through_the_real_gate(
             except BufferError:
                 p.poll(0.05)
         sent += 1
+        if sent - len(out.got) > MAX_AHEAD:  # the gate is behind: let it catch up
+            stalls += 1
+            p.poll(0)
+            wait_for(lambda n=sent: n - len(out.got) <= MAX_AHEAD // 2 or out.error is not None,
+                     120, interval=0.01, what="the gate to catch up with the producer")
+            assert out.error is None, out.error
+            t0 = time.monotonic() - sent / PACE  # the pace from here, no burst
         ahead = sent / PACE - (time.monotonic() - t0)
         if ahead > 0:  # pacing the producer, not waiting for a result
             p.poll(0)
             time.sleep(ahead)
     assert p.flush(60) == 0 and cohort_start is not None
     produced_s = time.monotonic() - t0
-
     t1 = time.monotonic()
-    c = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                  "group.id": f"test-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False})
-    c.subscribe([settings.topic(TOPICS.dispatch.base), settings.topic(TOPICS.held.base)])
+    wait_for(lambda: len(out.got) >= sent or out.error is not None, 900, interval=0.2,
+             what=f"{sent} deliveries out of the gate")
+    out.done.set()
+    out.join(30)
+    assert out.error is None, out.error
+    gate_s = time.monotonic() - t1
+
     seen: set[str] = set()
     normal_held = 0
     cohort_n = cohort_retro = cohort_retro_held = 0
     cohort_pay = leaked_pay = leaked_n = 0
     first_global: int | None = None
-    deadline = time.monotonic() + 900
-    while len(seen) < sent and time.monotonic() < deadline:
-        for m in c.consume(5000, timeout=0.5):
-            if m.error() is not None:
-                continue
-            d = codec.decode(m.value())
-            if d["delivery_id"] in seen:
-                continue  # a duplicate after a restart would be absorbed downstream
-            seen.add(d["delivery_id"])
-            conv = d["conversion"]
-            held = m.topic().endswith(TOPICS.held.base)
-            if held and d["hold_reason"] in ("payout_rate_global", "halted_global"):
-                at = conv["occurred_at"]
-                first_global = at if first_global is None else min(first_global, at)
-            if conv["occurred_at"] < cohort_start - cohort_start % DAY_MS:
-                normal_held += held
-            if COHORT_KEY in conv["source_snapshot"]:
-                cohort_n += 1
-                pay = conv["payout_usd_micros"] or 0
-                cohort_pay += pay
-                retro = conv["source_created_at"] - conv["source_completed_at"] > RETRO_MS
-                cohort_retro += retro
-                cohort_retro_held += retro and held
-                if not held:
-                    leaked_pay += pay
-                    leaked_n += 1
-    c.close()
-    gate_s = time.monotonic() - t1
+    for delivery_id, (d, held) in out.got.items():
+        seen.add(delivery_id)
+        conv = d["conversion"]
+        if held and d["hold_reason"] in ("payout_rate_global", "halted_global"):
+            at = conv["occurred_at"]
+            first_global = at if first_global is None else min(first_global, at)
+        if conv["occurred_at"] < cohort_start - cohort_start % DAY_MS:
+            normal_held += held
+        if COHORT_KEY in conv["source_snapshot"]:
+            cohort_n += 1
+            pay = conv["payout_usd_micros"] or 0
+            cohort_pay += pay
+            retro = conv["source_created_at"] - conv["source_completed_at"] > RETRO_MS
+            cohort_retro += retro
+            cohort_retro_held += retro and held
+            if not held:
+                leaked_pay += pay
+                leaked_n += 1
     assert len(seen) == sent, f"{len(seen)} of {sent} deliveries came out of the gate"
     delay = None if first_global is None else (first_global - cohort_start) / 1000
     print(f"\nscenario through Kafka: {sent:,} deliveries produced in {produced_s:.0f}s, "
-          f"({sent / produced_s:,.0f}/s, the gate running), drained {gate_s:.0f}s after; cohort "
+          f"({sent / produced_s:,.0f}/s, the gate running; {stalls} waits for the gate to "
+          f"catch up), drained {gate_s:.0f}s after; cohort "
           f"{cohort_n:,} ({cohort_retro:,} retrodated, held {cohort_retro_held:,}), payout "
           f"${cohort_pay / 1e6:,.2f}; first global hold {delay}s after the cohort began "
           f"(event time); passed before it: {leaked_n:,} deliveries, "
