@@ -77,11 +77,13 @@ def test_every_column_holds_the_records_value(settings: Settings, namespace: str
         sink.close()
 
     c = d["conversion"]
-    assert _fetch(settings, "deliveries", TABLES["deliveries"].columns[:11], "delivery_id",
+    assert _fetch(settings, "deliveries", TABLES["deliveries"].columns, "delivery_id",
                   d["delivery_id"]) == (
         d["delivery_id"], d["endpoint_id"], c["app_id"], c["conversion_id"], c["event_type"],
         c["goal_id"], c["event_id"], d["idempotency_key"], c["payout_usd_micros"], dict(c),
-        _ts(T0))
+        _ts(T0),
+        # the status projection of its outcome and attempt
+        "failing", _ts(T0 + 2), None, None, 1, "http_5xx")
     assert _fetch(settings, "delivery_attempts", TABLES["attempts"].columns, "attempt_id",
                   a["attempt_id"]) == (
         a["attempt_id"], _ts(T0 + 1), d["delivery_id"], d["endpoint_id"],
