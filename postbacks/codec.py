@@ -188,7 +188,10 @@ class Codec:
             raise UndecodableRecord(
                 f"{self.record}: {len(data) - buf.tell()} trailing bytes after the record"
             )
-        try:  # fastavro reads an int or long of any size: hold it to the writer's rules
+        # fastavro reads an int as a 64-bit long: an int beyond 32 bits fails the writer's
+        # rules here (an int4 column would take it wrapped). (A long beyond 64 bits fastavro
+        # wraps itself, unseen; the compiled decoder of the current version refuses it.)
+        try:
             self._enc(value, _discard)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise UndecodableRecord(f"{self.record}: corrupt body: {exc}") from exc

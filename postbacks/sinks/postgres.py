@@ -42,7 +42,7 @@ from confluent_kafka import (
 from postbacks.codec import codec_for
 from postbacks.db.connect import connect
 from postbacks.db.migrate import ensure_attempt_partitions
-from postbacks.errors import DeadLetterError, ServiceUnavailable
+from postbacks.errors import DeadLetterError, InvalidRecord, ServiceUnavailable
 from postbacks.ids import new_id
 from postbacks.kafka.clients import check_broker, make_consumer, records
 from postbacks.kafka.watchdog import subscribe_watched
@@ -128,21 +128,25 @@ class PostgresSink:
         record, _table = self._by_topic[topic]
         try:
             value = codec_for(record).decode(msg.value())
+            self.add_record(topic, msg.partition() or 0, msg.offset() or 0, value)
         except DeadLetterError as exc:
             tp, offset = (topic, msg.partition() or 0), msg.offset() or 0
             self._offsets[tp] = offset + 1
             if topic == self._deliveries:
                 self._waiting.passed(tp, offset)
             self._rows["dead_letters"].append(self._undecodable(msg, exc, now_ms))
-            return
-        self.add_record(topic, msg.partition() or 0, msg.offset() or 0, value)
 
     def add_record(self, topic: str, partition: int, offset: int, value: Any) -> None:
         """One decoded record read from ``topic``; its offset is stored with the rows at the
-        next flush."""
+        next flush. Raises :class:`InvalidRecord`, before anything is noted, for a value its
+        table cannot hold (a timestamp past the year 9999): dead-lettered, not a sink that
+        fails on it again after every restart."""
         _record, table = self._by_topic[topic]
+        try:
+            row = table.row(value)
+        except (ValueError, OverflowError, OSError) as exc:
+            raise InvalidRecord(f"{table.name}: a value the table cannot hold: {exc}") from exc
         self._offsets[(topic, partition)] = offset + 1
-        row = table.row(value)
         folded = False  # into a waiting row, whose release decides its projection
         if topic == self._deliveries:
             if not self._waiting.read(row, (topic, partition), offset):

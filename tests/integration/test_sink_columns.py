@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 
+from postbacks.codec import codec_for
 from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.core.providers.base import RenderedRequest
 from postbacks.db.connect import connect
@@ -121,3 +122,32 @@ def test_a_column_of_another_type_is_named_before_any_row(settings: Settings) ->
         with pytest.raises(RuntimeError, match=r"column deliveries.attempt_count is int8 in the"
                                                r" database; the sink writes int4"):
             column_types(conn)
+
+
+def test_a_value_no_column_can_hold_is_dead_lettered_and_the_partition_moves_on(
+        settings: Settings, namespace: str) -> None:
+    """A created_at past the year 9999 is a valid Avro long but no timestamp: the record is
+    dead-lettered (a sink failing on it would fail again after every restart)."""
+    d, _, _ = _records(namespace, "far")
+    d["created_at"] = 1 << 62
+    topic = settings.topic(TOPICS.deliveries.base)
+    far = Message(topic=topic, partition=0, offset=5, key=b"k",
+                  value=codec_for("Delivery").encode(d), timestamp=(TIMESTAMP_CREATE_TIME, T0))
+    sink = PostgresSink(settings, defer_s=0.0)
+    try:
+        sink._waiting.final_from((topic, 0), 0)
+        sink.add(far, T0)
+        sink.flush(everything=True)
+        with connect(settings.database_url) as conn:
+            dead = conn.execute("SELECT reason, error_message FROM dead_letters"
+                                " WHERE origin_topic = %s AND origin_offset = 5",
+                                (topic,)).fetchall()
+            stored = conn.execute("SELECT next_offset FROM sink_offsets WHERE consumer_group"
+                                  " = %s AND topic = %s", (sink.group, topic)).fetchone()
+            row = conn.execute("SELECT 1 FROM deliveries WHERE delivery_id = %s",
+                               (d["delivery_id"],)).fetchone()
+    finally:
+        sink.close()
+    assert len(dead) == 1 and dead[0][0] == "invalid_record"
+    assert "deliveries: a value the table cannot hold" in dead[0][1]
+    assert stored == (6,) and row is None

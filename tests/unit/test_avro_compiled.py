@@ -168,6 +168,27 @@ def test_an_older_writers_int_beyond_its_range_is_undecodable() -> None:
                 codec.decode(data)
 
 
+@pytest.mark.parametrize("record", RECORDS)
+def test_every_older_writers_valid_records_still_decode(record: str) -> None:
+    """The re-check of an older writer's record against the current rules must never
+    refuse a valid one (a type promotion or a new field's default would)."""
+    codec = codec_for(record)
+    rng = random.Random(f"older-{record}")
+    for version in load_schema_versions()[record][:-1]:
+        for _ in range(100):
+            datum = _value(version.parsed, rng, {})
+            frame = MAGIC + version.fingerprint.to_bytes(8, "little")
+            got = codec.decode(frame + _fastavro_bytes(version.parsed, datum))
+            assert _shared(got, datum) == _shared(datum, got)  # fields added: their defaults
+
+
+def _shared(a: Any, b: Any) -> Any:
+    """``a`` with only the record fields (and map keys) ``b`` has too, at every depth."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: _shared(v, b[k]) for k, v in a.items() if k in b}
+    return a
+
+
 def test_schemas_beyond_the_subset_are_refused() -> None:
     for t in ({"type": "array", "items": "long"}, ["string", "long"],
               {"type": "enum", "name": "E", "symbols": ["A"]}, "Unknown"):
