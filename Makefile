@@ -12,7 +12,7 @@ export POSTBACKS_DATABASE_URL ?= postgresql://postbacks@127.0.0.1:$(or $(POSTBAC
 PYTEST_ARGS ?=
 
 .PHONY: help install check lint typecheck test test-unit test-integration demo services-up \
-        services-down services-status browser bench bench-copy clean
+        services-down services-status browser bench bench-copy bench-avro clean
 
 help:
 	@echo "make demo            run the whole pipeline on local services (the main job)"
@@ -24,8 +24,9 @@ help:
 	@echo "make browser         install Debian's chromium (console browser tests)"
 	@echo "make bench           the delivery benchmark (bench/delivery.py; BENCH_ARGS=...)"
 	@echo "make bench-copy      the sink's write path alone (bench/copy_rows.py)"
+	@echo "make bench-avro      the Avro codec alone, C against fastavro (bench/avro_codec.py)"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py postbacks/avro_c.pyx
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip || true
@@ -68,9 +69,12 @@ demo: install
 bench: install services-up
 	$(BIN)/python bench/delivery.py $(BENCH_ARGS)
 
+bench-avro: install  # the Avro codec alone (no services)
+	$(BIN)/python bench/avro_codec.py
+
 bench-copy: install services-up  # the sink's write path alone: binary vs text COPY, indexes
 	$(BIN)/python bench/copy_rows.py --part formats
 	$(BIN)/python bench/copy_rows.py --part indexes --rounds 3
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build postbacks/*.c postbacks/*.so

@@ -1,5 +1,6 @@
-"""The compiled Avro codecs against fastavro: the same bytes out, the same records back, and
-a clear error -- never another exception or a wrong record -- on bad input."""
+"""The C Avro codec (postbacks/avro_c.pyx) against fastavro: the same bytes out, the same
+records back, and a clear error -- never another exception, a read past the buffer or a
+wrong record -- on bad input."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import fastavro
 import pytest
 
-from postbacks.avro_compiled import Unsupported, compile_schema
+from postbacks.avro_c import Unsupported, plan
 from postbacks.codec import MAGIC, codec_for, load_schema_versions
 from postbacks.errors import UndecodableRecord
 
@@ -60,15 +61,14 @@ def _fastavro_bytes(schema: Any, datum: Any) -> bytes:
 @pytest.mark.parametrize("record", RECORDS)
 def test_same_bytes_and_records_as_fastavro(record: str) -> None:
     schema = codec_for(record).writer.parsed
-    encode, decode, _ = compile_schema(schema, record)
+    node = plan(schema)
     rng = random.Random(record)
     for _ in range(300):
         datum = _value(schema, rng, {})
-        pieces: list[bytes] = []
-        encode(datum, pieces.append)
-        mine = b"".join(pieces)
+        mine = node.encode(datum)
         assert mine == _fastavro_bytes(schema, datum)
-        back, end = decode(mine, 0)
+        assert node.encode(datum, b"head") == b"head" + mine
+        back, end = node.decode(mine, 0)
         assert end == len(mine)
         assert back == datum == fastavro.schemaless_reader(io.BytesIO(mine), schema, None)
 
@@ -76,14 +76,11 @@ def test_same_bytes_and_records_as_fastavro(record: str) -> None:
 @pytest.mark.parametrize("record", RECORDS)
 def test_absent_fields_take_their_defaults_like_fastavro(record: str) -> None:
     schema = codec_for(record).writer.parsed
-    encode, _, _ = compile_schema(schema, record)
     datum = _value(schema, random.Random(1), {})
     for f in schema["fields"]:
         if "default" in f:
             del datum[f["name"]]
-    pieces: list[bytes] = []
-    encode(datum, pieces.append)
-    assert b"".join(pieces) == _fastavro_bytes(schema, datum)
+    assert plan(schema).encode(datum) == _fastavro_bytes(schema, datum)
 
 
 @pytest.mark.parametrize("record", RECORDS)
@@ -120,10 +117,10 @@ def test_wrong_types_are_a_clear_encode_error(field: str, value: Any) -> None:
 
 
 def test_a_union_branch_out_of_range_is_corrupt() -> None:
-    _, decode, _ = compile_schema({"type": "record", "name": "R", "fields": [
+    node = plan({"type": "record", "name": "R", "fields": [
         {"name": "x", "type": ["null", "long"]}]})
     with pytest.raises(ValueError, match="union branch 4"):
-        decode(b"\x04\x02", 0)
+        node.decode(b"\x04\x02", 0)
 
 
 def _varint(n: int) -> bytes:  # zig-zag, as Avro writes an int or a long, any size
@@ -143,18 +140,20 @@ def _varint(n: int) -> bytes:  # zig-zag, as Avro writes an int or a long, any s
 def test_an_int_or_a_long_beyond_its_range_is_corrupt(kind: str, value: int,
                                                          fits: bool) -> None:
     """A 32-bit column would otherwise take a wrapped value (binary COPY sends 4 bytes)."""
-    _, decode, _ = compile_schema({"type": "record", "name": "R", "fields": [
-        {"name": "x", "type": kind}]})
+    node = plan({"type": "record", "name": "R", "fields": [{"name": "x", "type": kind}]})
     if fits:
-        assert decode(_varint(value), 0) == ({"x": value}, len(_varint(value)))
+        assert node.decode(_varint(value), 0) == ({"x": value}, len(_varint(value)))
+        assert node.encode({"x": value}) == _varint(value)
     else:
         with pytest.raises(ValueError, match=f"does not fit an Avro {kind}"):
-            decode(_varint(value), 0)
+            node.decode(_varint(value), 0)
+        with pytest.raises(ValueError, match=f"does not fit an Avro {kind}"):
+            node.encode({"x": value})
 
 
 def test_an_older_writers_int_beyond_its_range_is_undecodable() -> None:
-    """Records of an older writer schema go through fastavro, which reads an int of any
-    size: the codec holds the result to the writer's rules."""
+    """Records of an older writer schema are resolved by fastavro, which reads an int of any
+    size: the codec reads them with the writer's schema in C first, held to its rules."""
     oldest, codec = load_schema_versions()["Delivery"][0], codec_for("Delivery")
     datum = _value(oldest.parsed, random.Random(3), {})
     frame = MAGIC + oldest.fingerprint.to_bytes(8, "little")  # Avro single-object header
@@ -170,8 +169,8 @@ def test_an_older_writers_int_beyond_its_range_is_undecodable() -> None:
 
 @pytest.mark.parametrize("record", RECORDS)
 def test_every_older_writers_valid_records_still_decode(record: str) -> None:
-    """The re-check of an older writer's record against the current rules must never
-    refuse a valid one (a type promotion or a new field's default would)."""
+    """Reading an older writer's record with its own schema first must never refuse a
+    valid one, and fastavro's resolution must give the new fields their defaults."""
     codec = codec_for(record)
     rng = random.Random(f"older-{record}")
     for version in load_schema_versions()[record][:-1]:
@@ -193,4 +192,102 @@ def test_schemas_beyond_the_subset_are_refused() -> None:
     for t in ({"type": "array", "items": "long"}, ["string", "long"],
               {"type": "enum", "name": "E", "symbols": ["A"]}, "Unknown"):
         with pytest.raises(Unsupported):
-            compile_schema({"type": "record", "name": "R", "fields": [{"name": "x", "type": t}]})
+            plan({"type": "record", "name": "R", "fields": [{"name": "x", "type": t}]})
+
+
+def test_an_older_writers_long_beyond_64_bits_is_undecodable() -> None:
+    """fastavro alone wraps it (2^63 read back as 0); the writer-schema read refuses it."""
+    oldest, codec = load_schema_versions()["Delivery"][0], codec_for("Delivery")
+    datum = _value(oldest.parsed, random.Random(4), {})
+    datum["created_at"] = 7
+    good = _fastavro_bytes(oldest.parsed, datum)
+    frame = MAGIC + oldest.fingerprint.to_bytes(8, "little")
+    assert codec.decode(frame + good)["created_at"] == 7
+    other = _fastavro_bytes(oldest.parsed, {**datum, "created_at": 8})
+    prefix_len = next(i for i, (a, b) in enumerate(zip(good, other, strict=True)) if a != b)
+    data = frame + good[:prefix_len] + _varint(1 << 63) + good[prefix_len + 1:]
+    with pytest.raises(UndecodableRecord, match="does not fit an Avro long"):
+        codec.decode(data)
+
+
+R_ALL = {"type": "record", "name": "R", "fields": [
+    {"name": "s", "type": "string"}, {"name": "b", "type": "bytes"},
+    {"name": "f", "type": "float"}, {"name": "d", "type": "double"},
+    {"name": "t", "type": "boolean"}, {"name": "n", "type": "null"},
+    {"name": "m", "type": {"type": "map", "values": ["null", "long"]}},
+    {"name": "i", "type": "int", "default": 3},
+]}
+
+
+def test_every_kind_round_trips_like_fastavro() -> None:
+    node = plan(R_ALL)
+    datum = {"s": "é🙂", "b": b"\x00\xff", "f": 1.5, "d": -2.25, "t": True, "n": None,
+             "m": {"a": None, "": 1 << 62}, "i": -1}
+    data = node.encode(datum)
+    assert data == _fastavro_bytes(R_ALL, datum)
+    assert node.decode(data) == (datum, len(data))
+    assert node.decode(bytearray(data)) == node.decode(memoryview(data)) == (datum, len(data))
+
+
+class _Str(str):
+    pass
+
+
+def test_int_like_and_buffer_values_encode_as_their_type() -> None:
+    node = plan(R_ALL)
+    datum = {"s": _Str("x"), "b": bytearray(b"ab"), "f": 2, "d": 3, "t": False, "n": None,
+             "m": {}}
+    plain = {"s": "x", "b": b"ab", "f": 2.0, "d": 3.0, "t": False, "n": None, "m": {},
+             "i": 3}
+    assert node.encode(datum) == node.encode({**datum, "b": memoryview(b"ab")}) \
+        == _fastavro_bytes(R_ALL, plain)
+    assert node.decode(node.encode(datum))[0] == plain
+
+
+@pytest.mark.parametrize(("field", "value", "error"), [
+    ("s", b"x", TypeError), ("s", "\ud800", ValueError), ("b", "x", TypeError),
+    ("f", 1e39, ValueError), ("f", "1", TypeError), ("d", None, TypeError),
+    ("t", 1, TypeError), ("n", 0, TypeError), ("m", {1: None}, TypeError),
+    ("m", {"a": "1"}, AttributeError), ("i", 1.0, AttributeError),
+])
+def test_a_wrong_value_is_a_type_or_value_error(field: str, value: Any,
+                                                 error: type[Exception]) -> None:
+    datum = {"s": "x", "b": b"", "f": 0.0, "d": 0.0, "t": True, "n": None, "m": {}}
+    with pytest.raises(error):
+        plan(R_ALL).encode({**datum, field: value})
+    with pytest.raises(KeyError):
+        plan(R_ALL).encode({k: v for k, v in datum.items() if k != "s"})
+
+
+@pytest.mark.parametrize(("data", "match"), [
+    (b"\x80" * 10 + b"\x00", "longer than 10 bytes"),
+    (b"\x02" + b"\xff\xff", "invalid|unexpected|decode"),  # not UTF-8
+    (b"\xfe\xff\xff\xff\x0f", "runs past"),  # a 2^31-byte string in 6 bytes
+    (b"\x01", "runs past"),  # a negative length
+    (b"\x00\x00\x00\x00", "ends inside a number"),  # the float cut short
+])
+def test_corrupt_input_is_a_clear_value_error(data: bytes, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        plan(R_ALL).decode(data)
+
+
+def test_map_blocks_with_byte_sizes_and_hostile_counts() -> None:
+    node = plan({"type": "map", "values": "long"})
+    # a block of -2 entries with its size in bytes, then one of 1, then the end
+    data = b"\x03" + b"\x08" + b"\x02a\x02" + b"\x02b\x04" + b"\x02" + b"\x02c\x06" + b"\x00"
+    assert node.decode(data) == ({"a": 1, "b": 2, "c": 3}, len(data))
+    for hostile in (_varint(-(1 << 63)), _varint(1 << 40), _varint(-(1 << 40)) + b"\x00"):
+        with pytest.raises(ValueError):
+            node.decode(hostile)
+
+
+def test_random_bytes_never_crash_the_decoder() -> None:
+    rng = random.Random(5)
+    nodes = [plan(codec_for(r).writer.parsed) for r in RECORDS] + [plan(R_ALL)]
+    for _ in range(3000):
+        data = rng.randbytes(rng.choice((0, 1, 3, 17, 64, 300)))
+        for node in nodes:
+            with contextlib.suppress(ValueError):
+                node.decode(data, rng.randrange(len(data) + 1))
+    with pytest.raises(ValueError, match="outside"):
+        nodes[0].decode(b"abc", 4)
