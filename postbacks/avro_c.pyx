@@ -25,8 +25,7 @@ from cpython.dict cimport PyDict_Next, PyDict_SetItem
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.float cimport FLT_MAX
-from libc.math cimport fabs, isfinite
+from libc.math cimport isfinite, isinf
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -66,7 +65,7 @@ cdef class Node:
     def __repr__(self):
         return f"<avro_c.Node {self.name or self.kind}>"
 
-    def encode(self, datum, bytes prefix=b""):
+    def encode(self, datum, bytes prefix not None=b""):
         """``prefix`` followed by ``datum``'s Avro binary encoding."""
         cdef Buf b
         b.cap = 256 + PyBytes_GET_SIZE(prefix)
@@ -104,6 +103,8 @@ def plan(schema, dict named=None):
             n.kind = _PRIMITIVE[schema]
             return n
         if schema in named:
+            if named[schema] is None:  # its own fields refer to it: C recursion, no bound
+                raise Unsupported(f"recursive type {schema!r}")
             return named[schema]
         raise Unsupported(f"unknown named type {schema!r}")
     if isinstance(schema, list):
@@ -122,10 +123,14 @@ def plan(schema, dict named=None):
         n.names = tuple(sys.intern(f["name"]) for f in fields)
         n.defaults = tuple(f.get("default", _NO_DEFAULT) for f in fields)
         n.n_fields = len(fields)
-        named[schema["name"]] = n  # registered before its fields: they may refer to it
+        keys = [schema["name"]]
         if "namespace" in schema:
-            named[f"{schema['namespace']}.{schema['name']}"] = n
+            keys.append(f"{schema['namespace']}.{schema['name']}")
+        for key in keys:
+            named[key] = None  # being built: a reference from its own fields is refused
         n.nodes = tuple(plan(f["type"], named) for f in fields)
+        for key in keys:
+            named[key] = n
         return n
     if kind == "map":
         n.kind = K_MAP
@@ -225,7 +230,8 @@ cdef int _enc(Node n, object v, Buf* b) except -1:
             for i in range(n.n_fields):
                 x = PyDict_GetItemWithError(v, n.names[i])
                 if x != NULL:
-                    _enc(n.nodes[i], <object>x, b)
+                    item = <object>x  # a strong reference: encoding may run Python code
+                    _enc(n.nodes[i], item, b)
                 elif n.defaults[i] is not _NO_DEFAULT:
                     _enc(n.nodes[i], n.defaults[i], b)
                 else:
@@ -233,7 +239,10 @@ cdef int _enc(Node n, object v, Buf* b) except -1:
         else:
             for i in range(n.n_fields):
                 if n.defaults[i] is _NO_DEFAULT:
-                    _enc(n.nodes[i], v[n.names[i]], b)
+                    item = v.get(n.names[i], _NO_DEFAULT)  # .get: no __missing__
+                    if item is _NO_DEFAULT:
+                        raise KeyError(n.names[i])
+                    _enc(n.nodes[i], item, b)
                 else:
                     _enc(n.nodes[i], v.get(n.names[i], n.defaults[i]), b)
     elif kind == K_DOUBLE:
@@ -242,9 +251,9 @@ cdef int _enc(Node n, object v, Buf* b) except -1:
         _put_le(b, u64, 8)
     elif kind == K_FLOAT:
         d = v
-        if isfinite(d) and fabs(d) > FLT_MAX:
-            raise ValueError(f"{v!r:.40} does not fit an Avro float")
         f = <float>d
+        if isinf(f) and isfinite(d):
+            raise ValueError(f"{v!r:.40} does not fit an Avro float")
         memcpy(&u32, &f, 4)
         _put_le(b, u32, 4)
     elif kind == K_BYTES:
@@ -258,17 +267,25 @@ cdef int _enc(Node n, object v, Buf* b) except -1:
             _put_long(b, PyBytes_GET_SIZE(raw))
             _put(b, PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw))
     elif kind == K_MAP:
-        if v:
-            _put_long(b, len(v))
+        size = len(v)  # TypeError for None, 0, ... as fastavro
+        if size:
+            _put_long(b, size)
+            i = 0
             if type(v) is dict:
                 pos = 0
                 while PyDict_Next(v, &pos, &k, &x):
-                    _enc_key(<object>k, b)
-                    _enc(n.child, <object>x, b)
+                    key = <object>k    # strong references: a value's __index__/__float__
+                    value = <object>x  # may mutate this dict
+                    _enc_key(key, b)
+                    _enc(n.child, value, b)
+                    i += 1
             else:
                 for key, value in v.items():
                     _enc_key(key, b)
                     _enc(n.child, value, b)
+                    i += 1
+            if i != size:
+                raise ValueError(f"map of {size} entries yielded {i}")
         _put_byte(b, 0)
     elif kind == K_BOOLEAN:
         if type(v) is not bool:

@@ -149,7 +149,7 @@ class Codec:
     def encode(self, datum: dict[str, Any] | Any) -> bytes:
         try:
             return self._node.encode(datum, self._prefix)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             raise ValueError(f"{self.record}: cannot encode: {exc}") from exc
 
     def decode(self, data: bytes | None) -> dict[str, Any]:

@@ -4,10 +4,12 @@ wrong record -- on bad input."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import random
 import string
+import struct
 from typing import Any
 
 import fastavro
@@ -291,3 +293,76 @@ def test_random_bytes_never_crash_the_decoder() -> None:
                 node.decode(data, rng.randrange(len(data) + 1))
     with pytest.raises(ValueError, match="outside"):
         nodes[0].decode(b"abc", 4)
+
+
+def test_values_whose_conversion_mutates_the_datum_do_not_crash_the_encoder() -> None:
+    """The encoder holds its own reference to every value it reads from a dict: a value's
+    ``__index__`` emptying the dict around it must not leave it reading freed memory."""
+    inner = {"type": "record", "name": "I", "fields": [
+        {"name": "a", "type": "long"}, {"name": "b", "type": "long"}]}
+    outer_node = plan({"type": "record", "name": "O", "fields": [{"name": "inner", "type": inner}]})
+    in_map = plan({"type": "record", "name": "O", "fields": [
+        {"name": "m", "type": {"type": "map", "values": "long"}}]})
+    keep: list[Any] = []
+
+    class Clears:
+        def __index__(self) -> int:
+            outer.clear()
+            keep.extend({"b": 999_999} for _ in range(100))  # reuses freed dicts' memory
+            return 1
+
+    outer: dict[str, Any] = {"inner": {"a": Clears(), "b": 2}}
+    assert outer_node.encode(outer) == b"\x02\x04"
+    outer = {"m": {"a": Clears(), "b": 2}}
+    assert in_map.encode(outer) == b"\x04\x02a\x02\x02b\x04\x00"
+    map_node = plan({"type": "map", "values": "long"})
+
+    class Grows:
+        def __index__(self) -> int:
+            m.update({f"x{i}": i for i in range(3)})
+            return 1
+
+    m: dict[str, Any] = {"a": Grows(), "b": 2}
+    with pytest.raises((ValueError, RuntimeError)):  # never a count that lies about the map
+        map_node.decode(map_node.encode(m))
+
+
+def test_what_fastavro_refuses_is_refused() -> None:
+    node = plan(R_ALL)
+    datum = {"s": "x", "b": b"", "f": 0.0, "d": 0.0, "t": True, "n": None}
+    for bad_map in (None, 0):
+        with pytest.raises(TypeError):
+            node.encode({**datum, "m": bad_map})
+    filled = collections.defaultdict(lambda: 7, {**datum, "m": {}})
+    del filled["s"]
+    with pytest.raises(KeyError):  # not the defaultdict's 7, nor a key added to it
+        node.encode(filled)
+    assert "s" not in filled
+    with pytest.raises(TypeError):
+        node.encode({**datum, "m": {}}, None)  # type: ignore[arg-type]
+    # a double that rounds to the largest float is a float; one beyond it is not
+    ok = plan({"type": "float"})
+    assert ok.encode(3.4028235170913096e38) == struct.pack("<f", 3.4028235170913096e38)
+    with pytest.raises(ValueError, match="does not fit an Avro float"):
+        ok.encode(3.5e38)
+
+
+def test_a_recursive_schema_is_refused() -> None:
+    """Decoding walks the schema in C: a self-referring record would let a long enough
+    hostile record overflow the stack."""
+    with pytest.raises(Unsupported, match="recursive"):
+        plan({"type": "record", "name": "L", "fields": [
+            {"name": "next", "type": ["null", "L"]}]})
+    # a named type used twice, not inside itself, is fine
+    inner = {"type": "record", "name": "I", "fields": [{"name": "a", "type": "long"}]}
+    node = plan({"type": "record", "name": "O", "fields": [
+        {"name": "x", "type": inner}, {"name": "y", "type": "I"}]})
+    assert node.decode(node.encode({"x": {"a": 1}, "y": {"a": 2}}))[0] == {
+        "x": {"a": 1}, "y": {"a": 2}}
+
+
+def test_a_number_too_large_for_a_double_is_an_encode_error() -> None:
+    codec = codec_for("Attempt")
+    datum = _value(codec.writer.parsed, random.Random(6), {})
+    with pytest.raises(ValueError, match="Attempt: cannot encode"):
+        codec.encode({**datum, "queue_ms": 10**400})
