@@ -160,7 +160,7 @@ class GateProcess:
         refresher.targets = (self.engine, self.aggregator)
         self.writer = TripWriter(settings, self.halts)
         self.control = ControlReader(settings, self.halts, self.writer)
-        self.producer: Producer = make_producer(settings, **{"linger.ms": 2})
+        self.producer: Producer = make_producer(settings, **{"linger.ms": settings.gate_linger_ms})
         self._failed: list[str] = []
         self._produced = 0  # records handed to the producer ...
         self._reported = 0  # ... and delivery reports received for them
