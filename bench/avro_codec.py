@@ -24,36 +24,16 @@ import fastavro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import say
+from bench.harness import delivered_records, say
 from postbacks.codec import codec_for
-from postbacks.core.endpoint import Endpoint
-from postbacks.core.fanout import plan_deliveries
-from postbacks.core.outcomes import make_attempt, make_outcome
-from postbacks.core.providers.base import RenderedRequest
-from postbacks.emit import synthetic_conversions
-
-BODY = b'{"schema_version":1,"type":"conversion","data":{"x":"' + b"a" * 540 + b'"}}'
 
 
 def build(n: int) -> dict[str, list[dict[str, Any]]]:
-    eps = [Endpoint(f"ep_ab_{i}", f"app_ab_{i}", "https://example.test/hook",
-                    frozenset({"*"})) for i in range(50)]
-    now = int(time.time() * 1000)
     out: dict[str, list[dict[str, Any]]] = {"Delivery": [], "Attempt": [], "Outcome": []}
-    for i, ev in enumerate(synthetic_conversions(n, apps=50, seed=1, now_ms=now,
-                                                 namespace="ab")):
-        ep = eps[i % len(eps)]
-        ev["app_id"] = ep.app_id
-        (d,) = plan_deliveries(ev, [ep], idem_key=b"k" * 32, now_ms=now)
-        req = RenderedRequest("POST", ep.url, {
-            "content-type": "application/json", "user-agent": "postbacks/1",
-            "webhook-id": d["idempotency_key"], "webhook-timestamp": str(now // 1000),
-            "webhook-signature": "v1,abc", "idempotency-key": d["idempotency_key"]}, BODY)
+    for d, a, o in delivered_records(n, seed=1, namespace="ab"):
         out["Delivery"].append(dict(d))
-        out["Attempt"].append(dict(make_attempt(
-            d, now_ms=now, result="delivered", req=req, status=200, queue_ms=3.5,
-            platform_ms=0.4, wire_ms=1.2, excerpt=b'{"ok":true}')))
-        out["Outcome"].append(dict(make_outcome(d, "delivered", now_ms=now + 1)))
+        out["Attempt"].append(dict(a))
+        out["Outcome"].append(dict(o))
     return out
 
 

@@ -34,17 +34,11 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import own_cpu_s, say, scratch_database
-from postbacks.core.endpoint import Endpoint
-from postbacks.core.fanout import plan_deliveries
-from postbacks.core.outcomes import make_attempt, make_outcome
-from postbacks.core.providers.base import RenderedRequest
-from postbacks.emit import synthetic_conversions
+from bench.harness import delivered_records, own_cpu_s, say, scratch_database
 from postbacks.settings import load_settings
 from postbacks.sinks.tables import TABLES, column_types, use_orjson
 
 ORDER = ("deliveries", "attempts", "outcomes")
-BODY = b'{"schema_version":1,"type":"conversion","data":{"x":"' + b"a" * 540 + b'"}}'
 INDEX_VARIANTS: dict[str, list[str]] = {
     "as_shipped": [],
     "no_identity": ["ALTER TABLE deliveries DROP CONSTRAINT deliveries_identity"],
@@ -60,23 +54,8 @@ INDEX_VARIANTS: dict[str, list[str]] = {
 
 def build_rows(n: int, seed: int) -> dict[str, list[tuple[Any, ...]]]:
     """n deliveries' rows, as the sink builds them from the records it reads."""
-    eps = [Endpoint(f"ep_cb{seed}_{i}", f"app_cb_{i}", "https://example.test/hook",
-                    frozenset({"*"})) for i in range(50)]
-    now = int(time.time() * 1000)
     rows: dict[str, list[tuple[Any, ...]]] = {k: [] for k in ORDER}
-    for i, ev in enumerate(synthetic_conversions(n, apps=50, seed=seed, now_ms=now,
-                                                 namespace=f"cb{seed}")):
-        ep = eps[i % len(eps)]
-        ev["app_id"] = ep.app_id
-        (d,) = plan_deliveries(ev, [ep], idem_key=b"k" * 32, now_ms=now)
-        req = RenderedRequest("POST", ep.url, {
-            "content-type": "application/json", "user-agent": "postbacks/1",
-            "webhook-id": d["idempotency_key"], "webhook-timestamp": str(now // 1000),
-            "webhook-signature": "v1,abc", "idempotency-key": d["idempotency_key"],
-            "postback-attempt": "1"}, BODY)
-        a = make_attempt(d, now_ms=now, result="delivered", req=req, status=200,
-                         queue_ms=3.5, platform_ms=0.4, wire_ms=1.2, excerpt=b'{"ok":true}')
-        o = make_outcome(d, "delivered", now_ms=now + 1)
+    for d, a, o in delivered_records(n, seed, f"cb{seed}"):
         row = TABLES["deliveries"].row(d)
         rows["deliveries"].append((*row[:11], "delivered", row[10], None, None, 1, None))
         rows["attempts"].append(TABLES["attempts"].row(a))

@@ -271,3 +271,32 @@ def fast_receiver(*args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     finally:
         rx.terminate()
         rx.wait(10)
+
+
+SIGNED_BODY = b'{"schema_version":1,"type":"conversion","data":{"x":"' + b"a" * 540 + b'"}}'
+
+
+def delivered_records(n: int, seed: int, namespace: str,
+                      n_endpoints: int = 50) -> Iterator[tuple[Any, Any, Any]]:
+    """n (Delivery, Attempt, Outcome) records of delivered postbacks, as the stages make
+    them: deliveries planned by fan-out's code from synthetic conversions, each attempt
+    carrying a realistic signed request (~600-byte body)."""
+    from postbacks.core.outcomes import make_attempt, make_outcome
+    from postbacks.core.providers.base import RenderedRequest
+
+    eps = [Endpoint(f"ep_{namespace}_{i}", f"app_{namespace}_{i}", "https://example.test/hook",
+                    frozenset({"*"})) for i in range(n_endpoints)]
+    now = int(time.time() * 1000)
+    for i, ev in enumerate(synthetic_conversions(n, apps=n_endpoints, seed=seed, now_ms=now,
+                                                 namespace=namespace)):
+        ep = eps[i % len(eps)]
+        ev["app_id"] = ep.app_id
+        (d,) = plan_deliveries(ev, [ep], idem_key=b"k" * 32, now_ms=now)
+        req = RenderedRequest("POST", ep.url, {
+            "content-type": "application/json", "user-agent": "postbacks/1",
+            "webhook-id": d["idempotency_key"], "webhook-timestamp": str(now // 1000),
+            "webhook-signature": "v1,abc", "idempotency-key": d["idempotency_key"],
+            "postback-attempt": "1"}, SIGNED_BODY)
+        a = make_attempt(d, now_ms=now, result="delivered", req=req, status=200,
+                         queue_ms=3.5, platform_ms=0.4, wire_ms=1.2, excerpt=b'{"ok":true}')
+        yield d, a, make_outcome(d, "delivered", now_ms=now + 1)
