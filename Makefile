@@ -26,6 +26,11 @@ help:
 	@echo "make bench-copy      the sink's write path alone (bench/copy_rows.py)"
 	@echo "make bench-avro      the Avro codec alone, C against fastavro (bench/avro_codec.py)"
 
+# The Avro codec's extension is built by the install: gone (make clean, a fresh clone), reinstall.
+ifeq ($(wildcard postbacks/avro_c.*.so),)
+$(shell rm -f $(STAMP))
+endif
+
 $(STAMP): pyproject.toml setup.py postbacks/avro_c.pyx
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
 	$(PYTHON) -m venv $(VENV)
