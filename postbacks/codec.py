@@ -13,9 +13,10 @@ each version pair both ways).
 
 Encoding, and decoding a record written with any known version, run in C
 (:mod:`postbacks.avro_c`, built from ``avro_c.pyx`` at install: 4-9x the speed of the
-Python-compiled codecs it replaced, 4-15x fastavro's, the same bytes as fastavro). A record of an older writer
-version is read with that version's schema first -- every int and long held to its range
--- and then resolved to ours by fastavro's resolving reader (field defaults, promotions).
+Python-compiled codecs it replaced, 4-15x fastavro's, the same bytes as fastavro). A
+record of an older writer version is read with that version's schema first -- every int
+and long held to its range -- and then resolved to ours by fastavro's resolving reader
+(field defaults, promotions).
 
 Anything that is not a known record — garbage, a truncated body, an unknown fingerprint, a
 record of another type — raises :class:`UndecodableRecord`; stages send it to the DLQ with
