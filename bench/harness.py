@@ -22,8 +22,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from postbacks.codec import codec_for
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.fanout import plan_deliveries
+from postbacks.core.outcomes import make_attempt, make_outcome
+from postbacks.core.providers.base import RenderedRequest
 from postbacks.db.migrate import migrate
 from postbacks.emit import synthetic_conversions
+from postbacks.records import AttemptRecord, DeliveryRecord, OutcomeRecord
 from postbacks.settings import Settings, load_settings
 from postbacks.tools.procs import free_port, http_json, metrics_page, wait_for
 from postbacks.topics import TOPICS
@@ -210,16 +213,10 @@ class DispatchWriter:
         topics = [s.topic(TOPICS.dispatch.base)]
         if also_deliveries:
             topics.insert(0, s.topic(TOPICS.deliveries.base))
-        events = list(synthetic_conversions(per_endpoint * len(endpoints), apps=1, seed=seed,
-                                            namespace=s.instance_id,
-                                            now_ms=int(time.time() * 1000)))
-        for i, ev in enumerate(events):
-            ep = endpoints[i % len(endpoints)]
-            ev["app_id"] = ep.app_id
-            for d in plan_deliveries(ev, [ep], idem_key=s.idempotency_key.reveal().encode(),
-                                     now_ms=int(time.time() * 1000)):
-                yield (d["idempotency_key"], topics, self.codec.encode(d),
-                       d["endpoint_id"].encode())
+        for d in planned_deliveries(endpoints, per_endpoint * len(endpoints), seed=seed,
+                                    namespace=s.instance_id,
+                                    idem_key=s.idempotency_key.reveal().encode()):
+            yield d["idempotency_key"], topics, self.codec.encode(d), d["endpoint_id"].encode()
 
     def produce(self, records: Iterable[Prepared], *,
                 partition: int | None = None, flush: bool = True) -> dict[str, int]:
@@ -276,23 +273,28 @@ def fast_receiver(*args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
 SIGNED_BODY = b'{"schema_version":1,"type":"conversion","data":{"x":"' + b"a" * 540 + b'"}}'
 
 
-def delivered_records(n: int, seed: int, namespace: str,
-                      n_endpoints: int = 50) -> Iterator[tuple[Any, Any, Any]]:
-    """n (Delivery, Attempt, Outcome) records of delivered postbacks, as the stages make
-    them: deliveries planned by fan-out's code from synthetic conversions, each attempt
-    carrying a realistic signed request (~600-byte body)."""
-    from postbacks.core.outcomes import make_attempt, make_outcome
-    from postbacks.core.providers.base import RenderedRequest
-
-    eps = [Endpoint(f"ep_{namespace}_{i}", f"app_{namespace}_{i}", "https://example.test/hook",
-                    frozenset({"*"})) for i in range(n_endpoints)]
-    now = int(time.time() * 1000)
-    for i, ev in enumerate(synthetic_conversions(n, apps=n_endpoints, seed=seed, now_ms=now,
-                                                 namespace=namespace)):
-        ep = eps[i % len(eps)]
+def planned_deliveries(endpoints: list[Endpoint], n: int, *, seed: int, namespace: str,
+                       idem_key: bytes) -> Iterator[DeliveryRecord]:
+    """n deliveries planned by fan-out's own code from synthetic conversions, one per
+    conversion, to ``endpoints`` in turn (each conversion takes its endpoint's app)."""
+    for i, ev in enumerate(synthetic_conversions(n, apps=1, seed=seed, namespace=namespace,
+                                                 now_ms=int(time.time() * 1000))):
+        ep = endpoints[i % len(endpoints)]
         ev["app_id"] = ep.app_id
-        (d,) = plan_deliveries(ev, [ep], idem_key=b"k" * 32, now_ms=now)
-        req = RenderedRequest("POST", ep.url, {
+        yield from plan_deliveries(ev, [ep], idem_key=idem_key, now_ms=int(time.time() * 1000))
+
+
+def delivered_records(n: int, seed: int, namespace: str, n_endpoints: int = 50,
+                      ) -> Iterator[tuple[DeliveryRecord, AttemptRecord, OutcomeRecord]]:
+    """n (Delivery, Attempt, Outcome) records of delivered postbacks, as the stages make
+    them (:func:`planned_deliveries`), each attempt carrying a realistic signed request
+    (~600-byte body)."""
+    url = "https://example.test/hook"
+    eps = [Endpoint(f"ep_{namespace}_{i}", f"app_{namespace}_{i}", url, frozenset({"*"}))
+           for i in range(n_endpoints)]
+    now = int(time.time() * 1000)
+    for d in planned_deliveries(eps, n, seed=seed, namespace=namespace, idem_key=b"k" * 32):
+        req = RenderedRequest("POST", url, {
             "content-type": "application/json", "user-agent": "postbacks/1",
             "webhook-id": d["idempotency_key"], "webhook-timestamp": str(now // 1000),
             "webhook-signature": "v1,abc", "idempotency-key": d["idempotency_key"],

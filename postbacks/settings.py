@@ -96,8 +96,8 @@ class Settings:
     # waiting the default 5 ms shows in the gate's latency tail.
     gate_switch_interval_s: float = 0.001
     # How long the gate's producer lets dispatch.v1 records wait to share a request: each
-    # ms is up to a ms of added latency; 10 instead of 2 took the broker's CPU from 290 to
-    # 213-239 µs per delivery in the whole pipeline (2 runs each, docs/performance.md).
+    # ms is up to a ms of added latency; 10 instead of 2 took the broker's CPU from 285-290
+    # to 213-239 µs per delivery in the whole pipeline (2 runs each, docs/performance.md).
     gate_linger_ms: int = 2
     # Replay console (postbacks console serve; see postbacks/console).
     console_host: str = "127.0.0.1"
