@@ -280,7 +280,12 @@ def test_a_wrong_value_is_a_type_or_value_error(field: str, value: Any,
     datum = {"s": "x", "b": b"", "f": 0.0, "d": 0.0, "t": True, "n": None, "m": {}}
     with pytest.raises(error):
         plan(R_ALL).encode({**datum, field: value})
-    with pytest.raises(KeyError):
+
+
+def test_a_missing_field_without_default_is_a_key_error() -> None:
+    datum = {"s": "x", "b": b"", "f": 0.0, "d": 0.0, "t": True, "n": None, "m": {}}
+    assert plan(R_ALL).encode(datum)  # complete, and "i" takes its default
+    with pytest.raises(KeyError, match="'s'"):
         plan(R_ALL).encode({k: v for k, v in datum.items() if k != "s"})
 
 
