@@ -21,7 +21,7 @@ __all__ = ["main"]
 
 def _stage(name: str) -> Callable[[Settings, argparse.Namespace], int]:
     def run(settings: Settings, _args: argparse.Namespace) -> int:
-        from postbacks.streams.runtime import setup_process
+        from postbacks.streams.runtime import settle_gc, setup_process
 
         stop = setup_process(name, settings)
         if name == "fanout":
@@ -34,6 +34,7 @@ def _stage(name: str) -> Callable[[Settings, argparse.Namespace], int]:
             from postbacks.streams.relay import run_relay as runner
         else:
             from postbacks.sinks.postgres import run_sink as runner
+        settle_gc(settings.gc_gen0_threshold)  # after the runner's imports
         try:
             runner(settings, stop)
         except KafkaException as exc:

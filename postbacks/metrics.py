@@ -104,6 +104,10 @@ GC_PAUSE = Histogram(
     "postbacks_gc_pause_seconds", "Python garbage-collection pauses, by generation",
     ["generation"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
 )
+GC_FROZEN = Gauge("postbacks_gc_frozen_objects",
+                  "Start-up objects frozen out of the garbage collector's way (gc.freeze)")
+GC_GEN0_THRESHOLD = Gauge("postbacks_gc_gen0_threshold",
+                          "Net allocations between young-generation collections")
 HALTED_SCOPES = Gauge("postbacks_anomaly_halted_scopes", "Scopes currently tripped", ["scope"])
 HELD_DEPTH = Gauge("webhook_held_depth", "Deliveries currently held")
 HELD_OLDEST_AGE = Gauge("webhook_held_oldest_age_seconds",

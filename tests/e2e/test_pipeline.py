@@ -3,6 +3,7 @@ every signature with the `standardwebhooks` library."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -73,6 +74,13 @@ def test_ten_thousand_conversions_delivered_signed_and_recorded(
     assert scalar(settings, "SELECT count(*) FROM deliveries WHERE endpoint_id LIKE %s"
                   " AND idempotency_key = ANY(%s)", (like, list(keys))) == p.expected
     assert not stack.dead()
+    for stage in ("sink", "relay", "agent", "gate", "fanout"):  # each settled its collector
+        proc = stack.procs[stage]
+        page = proc.metrics(timeout=5) or ""
+        frozen = re.search(r"^postbacks_gc_frozen_objects (\S+)$", page, re.M)
+        threshold = re.search(r"^postbacks_gc_gen0_threshold (\S+)$", page, re.M)
+        assert frozen and float(frozen[1]) > 10_000, (proc.name, frozen)
+        assert threshold and float(threshold[1]) == settings.gc_gen0_threshold, proc.name
     print(f"10k e2e: {p.expected} deliveries in {time.monotonic() - start:.1f}s "
           f"({s['received'] - s['unique_ids']} duplicates)")
 

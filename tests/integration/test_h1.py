@@ -547,6 +547,52 @@ def test_transport_maps_timeout_refused_and_retry_after() -> None:
     run(main)
 
 
+def test_transport_deadline_ends_a_slow_exchange_within_a_tick_and_leaves_nothing_armed() -> None:
+    async def main() -> None:
+        async with web_server() as srv, HttpTransport(timeout_s=0.2, allow_loopback=True) as t:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            slow, ok = await asyncio.gather(
+                t.send(_req(f"http://127.0.0.1:{srv.port}/slow?s=1.5")),
+                t.send(_req(f"http://127.0.0.1:{srv.port}/ok")))
+            took = loop.time() - started
+            assert slow.http.error_class == "timeout" and ok.http.status == 200
+            assert 0.2 <= took < 1.0, took  # the deadline (+ a 20-ms tick), not the 1.5 s
+            assert not t._live  # every exchange's deadline is disarmed
+            await asyncio.sleep(0.1)
+            assert t._ticker is None  # no sweep while nothing is in flight
+            for _ in range(50):  # many quick exchanges: none left behind, none timed out
+                r = await t.send(_req(f"http://127.0.0.1:{srv.port}/ok"))
+                assert r.http.status == 200
+            assert not t._live
+
+    run(main)
+
+
+def test_transport_cancelled_by_its_caller_stays_cancelled() -> None:
+    async def main() -> None:
+        async with web_server() as srv, HttpTransport(timeout_s=5, allow_loopback=True) as t:
+            url = f"http://127.0.0.1:{srv.port}/slow?s=3"
+            task = asyncio.create_task(t.send(_req(url)))
+            await asyncio.sleep(0.2)
+            task.cancel()  # before the deadline: not a timeout
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert not t._live
+
+            task = asyncio.create_task(t.send(_req(url)))
+            await asyncio.sleep(0.2)
+            (deadline,) = t._live
+            deadline.at = 0.0  # due now ...
+            t._expire_due()  # ... the sweep cancels it,
+            task.cancel()  # and so does its caller in the same tick: the caller wins
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert deadline.fired and not t._live
+
+    run(main)
+
+
 def test_transport_resolves_names_and_reuses_connections() -> None:
     async def main() -> None:
         async with web_server() as srv, HttpTransport(timeout_s=5, allow_loopback=True) as t:
