@@ -14,6 +14,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from postbacks.metrics_local import LocalCounter, LocalHistogram
+
 __all__ = [
     "ANOMALY_BASELINE",
     "ANOMALY_SIGNALS",
@@ -47,10 +49,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ATTEMPTS_TOTAL = Counter(
+# Updated for every delivery: plain numbers read at scrape (postbacks.metrics_local).
+ATTEMPTS_TOTAL = LocalCounter(
     "webhook_delivery_attempts_total", "HTTP delivery attempts by result", ["result"]
 )
-LATENCY = Histogram(
+LATENCY = LocalHistogram(
     "webhook_delivery_latency_seconds", "Delivery latency split by phase", ["phase"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
@@ -68,9 +71,10 @@ BREAKER_OPEN = Gauge(
 )
 QUARANTINED = Counter("webhook_quarantined_total", "Deliveries diverted to quarantine",
                       ["reason"])
+# Read at scrape from the agent's lanes (Lanes sets its function).
 IN_FLIGHT = Gauge("postbacks_agent_in_flight", "HTTP requests in flight in this agent")
 UNFINISHED = Gauge("postbacks_agent_unfinished", "Consumed deliveries not yet finished")
-OUTCOMES_TOTAL = Counter("webhook_outcomes_total", "Outcome events produced", ["kind"])
+OUTCOMES_TOTAL = LocalCounter("webhook_outcomes_total", "Outcome events produced", ["kind"])
 STAGE_RECORDS = Counter("postbacks_stage_records_total", "Records consumed by stage", ["stage"])
 SINK_ROWS = Counter("postbacks_sink_rows_total", "Rows written to PostgreSQL", ["table"])
 SINK_WAITING = Gauge("postbacks_sink_waiting_rows",

@@ -93,6 +93,8 @@ class Lanes:
 
     def __post_init__(self) -> None:
         self._codec = codec_for("Delivery")
+        tasks = self.tasks
+        IN_FLIGHT.set_function(lambda: len(tasks))  # a task per delivery in flight
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -145,7 +147,6 @@ class Lanes:
             lane.breaker = state
             work = lane.pop()
             lane.in_flight += 1
-            IN_FLIGHT.inc()
             task = asyncio.get_running_loop().create_task(self._run(lane, work, decision.probe))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -183,7 +184,6 @@ class Lanes:
         finally:
             lane.in_flight -= 1
             lane.observe(time.monotonic() - started)
-            IN_FLIGHT.dec()
         before = lane.breaker.state
         lane.breaker = on_result(self.policy, lane.breaker, self._now_ms(), failed=unhealthy,
                                  probe=probe)
