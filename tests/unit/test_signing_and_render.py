@@ -83,3 +83,19 @@ def test_verify_rejects_stale_timestamps_and_tampering() -> None:
     assert verify(key, "msg_1", 1000, b"body", sig, now_s=1000)
     assert not verify(key, "msg_1", 1000, b"body!", sig, now_s=1000)
     assert not verify(key, "msg_1", 1000, b"body", sig, now_s=1000 + 301)
+
+
+@pytest.mark.parametrize("key_len", [1, 16, 32, 63, 64, 65, 100, 200])
+def test_sign_is_hmac_sha256_for_every_key_length(key_len: int) -> None:
+    import base64
+    import hashlib
+    import hmac as hmac_mod
+
+    from postbacks.core.signing import sign
+
+    key = bytes((7 * i + key_len) % 256 for i in range(key_len))
+    for body in (b"", b"{}", bytes(range(256)) * 5):
+        for _ in range(2):  # the second time from the cached key states
+            want = hmac_mod.new(key, b"msg_x.1700000000." + body, hashlib.sha256).digest()
+            got = sign(key, "msg_x", 1700000000, body)
+            assert got == "v1," + base64.b64encode(want).decode()
