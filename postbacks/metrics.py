@@ -27,6 +27,8 @@ __all__ = [
     "DLQ_TOTAL",
     "GATE_BATCH_SECONDS",
     "GATE_DECISIONS",
+    "GC_FROZEN",
+    "GC_GEN0_THRESHOLD",
     "HALTED_SCOPES",
     "HELD_DEPTH",
     "HELD_OLDEST_AGE",

@@ -8,8 +8,8 @@ samples.
 
 One writer thread per process: ``+=`` on a Python attribute is not atomic across threads,
 so a child must only be updated from one thread (the stage's event loop). A scrape reads
-from the metrics server's thread; a histogram's sum may trail its buckets by one
-observation in a scrape, as Prometheus tolerates.
+from the metrics server's thread, so a histogram's sum and its buckets may be a few
+observations apart in one scrape (the next scrape has them all).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class _HistogramChild:
 
     def observe(self, amount: float) -> None:
         self.sum += amount
-        self.counts[bisect.bisect_left(self.bounds, amount)] += 1  # le: first bound >= it
+        if amount == amount:  # NaN joins the sum only (as in prometheus_client)
+            self.counts[bisect.bisect_left(self.bounds, amount)] += 1  # first bound >= it
 
 
 class _OneLabel(Collector):
@@ -94,7 +95,7 @@ class LocalCounter(_OneLabel):
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
-        for value, c in list(self._children.items()):
+        for value, c in self._children.copy().items():
             family.add_metric([value], c.value)
         yield family
 
@@ -105,7 +106,9 @@ class LocalHistogram(_OneLabel):
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
                  buckets: Sequence[float], registry: CollectorRegistry | None = REGISTRY,
                  ) -> None:
-        bounds = sorted(float(b) for b in buckets)
+        bounds = [float(b) for b in buckets]
+        if bounds != sorted(set(bounds)):
+            raise ValueError("buckets must be in increasing order, each once")
         if not bounds or bounds[-1] != math.inf:
             bounds.append(math.inf)
         self._bounds = bounds
@@ -125,7 +128,7 @@ class LocalHistogram(_OneLabel):
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
-        for value, h in list(self._children.items()):
+        for value, h in self._children.copy().items():
             counts, total = list(h.counts), h.sum
             cumulative, buckets = 0, []
             for le, n in zip(self._les, counts, strict=True):

@@ -100,8 +100,8 @@ class Settings:
     # to 213-239 µs per delivery in the whole pipeline (2 runs each, docs/performance.md).
     gate_linger_ms: int = 2
     # Allocations between young-generation garbage collections in every stage process
-    # (Python's default is 700). With start-up objects frozen (gc.freeze), collections took
-    # 4.6 % of the agent's CPU at 700 and 0.2 % at 7,000 (docs/performance.md, stop 18).
+    # (Python's default is 700). Collections took 4.6 % of the agent's CPU at 700, and with
+    # start-up objects frozen (gc.freeze) 0.2 % at 7,000 (docs/performance.md, stop 18).
     gc_gen0_threshold: int = 10_000
     # Replay console (postbacks console serve; see postbacks/console).
     console_host: str = "127.0.0.1"

@@ -246,8 +246,8 @@ class HttpTransport:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
+        if self._ticker is not None and not self._live:
+            self._ticker.cancel()  # (exchanges still in flight keep their deadlines)
             self._ticker = None
         if self._pool is not None:
             await self._pool.close()
@@ -327,8 +327,10 @@ class HttpTransport:
                         raise
         except asyncio.CancelledError:
             # Ours (the deadline passed) unless someone else cancelled the task too.
-            if deadline.fired and task.uncancel() <= cancelling:
-                return SendResult(HttpResult(None, "timeout"), 0.0, None)
+            if deadline.fired:
+                deadline.fired = False  # its cancel is taken back here, once
+                if task.uncancel() <= cancelling:
+                    return SendResult(HttpResult(None, "timeout"), 0.0, None)
             raise
         except BlockedAddress as exc:
             return SendResult(HttpResult(None, "blocked_address"), 0.0, None, str(exc))
@@ -340,6 +342,8 @@ class HttpTransport:
             return SendResult(HttpResult(None, "connection_error"), 0.0, None)
         finally:
             self._live.pop(deadline, None)
+            if deadline.fired:  # fired, but what arrived was not its CancelledError
+                task.uncancel()
         return _reply(resp)
 
     # -- deadlines -------------------------------------------------------------------------

@@ -583,12 +583,32 @@ def test_transport_cancelled_by_its_caller_stays_cancelled() -> None:
             task = asyncio.create_task(t.send(_req(url)))
             await asyncio.sleep(0.2)
             (deadline,) = t._live
+            assert t._ticker is not None
+            t._ticker.cancel()  # the sweep is run by hand below
             deadline.at = 0.0  # due now ...
             t._expire_due()  # ... the sweep cancels it,
             task.cancel()  # and so does its caller in the same tick: the caller wins
             with pytest.raises(asyncio.CancelledError):
                 await task
-            assert deadline.fired and not t._live
+            assert not t._live and task.cancelling() == 1  # the sweep's cancel taken back
+
+    run(main)
+
+
+def test_transport_deadline_covers_name_resolution_and_leaves_the_task_uncancelled() -> None:
+    async def slow_dns(host: str) -> list[str]:
+        await asyncio.sleep(3)
+        return ["127.0.0.1"]
+
+    async def main() -> None:
+        async with HttpTransport(timeout_s=0.2, allow_loopback=True, lookup=slow_dns) as t:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            r = await t.send(_req("http://slow-dns.example/x"))
+            assert r.http.error_class == "timeout" and loop.time() - started < 1.0
+            task = asyncio.current_task()
+            assert task is not None and task.cancelling() == 0  # as asyncio.timeout leaves it
+            await asyncio.sleep(0.05)  # and no stray cancellation arrives later
 
     run(main)
 

@@ -60,9 +60,23 @@ def test_local_metrics_refuse_what_prometheus_refuses() -> None:
         m.labels("a", "b")
     with pytest.raises(ValueError):
         LocalHistogram("y", "y", ["a", "b"], buckets=(1,), registry=None)
+    with pytest.raises(ValueError):
+        LocalHistogram("y", "y", ["a"], buckets=(2, 1), registry=None)
+    with pytest.raises(ValueError):
+        LocalHistogram("y", "y", ["a"], buckets=(1, 1, 2), registry=None)
     h = LocalHistogram("y", "y", ["a"], buckets=(1, math.inf), registry=None)
     h.labels("z").observe(2)
     assert h.labels("z").counts == [0, 1]  # +Inf given once is not doubled
+
+
+def test_nan_is_counted_as_prometheus_client_counts_it() -> None:
+    ref, mine = CollectorRegistry(), CollectorRegistry()
+    h = Histogram("lat_seconds", "x", ["phase"], buckets=BUCKETS, registry=ref)
+    m = LocalHistogram("lat_seconds", "x", ["phase"], buckets=BUCKETS, registry=mine)
+    for v in (0.3, math.nan):
+        h.labels("wire").observe(v)
+        m.labels("wire").observe(v)
+    assert _page(mine) == _page(ref)
 
 
 def test_a_name_taken_twice_in_one_registry_is_refused() -> None:

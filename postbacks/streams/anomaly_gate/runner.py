@@ -59,7 +59,7 @@ from postbacks.codec import codec_for
 from postbacks.core.anomaly import PartitionPartial
 from postbacks.kafka.clients import make_producer
 from postbacks.kafka.watchdog import restart_in_place
-from postbacks.metrics import GATE_BATCH_SECONDS, STAGE_RECORDS, child
+from postbacks.metrics import GATE_BATCH_SECONDS, GC_FROZEN, STAGE_RECORDS, child
 from postbacks.records import PayoutPartialRecord
 from postbacks.settings import Settings
 from postbacks.streams.anomaly_gate.aggregate import GlobalAggregator
@@ -339,6 +339,7 @@ class GateProcess:
                  (self.control.run(), self.writer.run(), self.refresher.run(self.halts))]
         await self.app.start()
         gc.freeze()  # start-up objects out of the collector's way (see the module docstring)
+        GC_FROZEN.set(gc.get_freeze_count())
         log.info("gate running (instance %s)", self.settings.instance_id)
         self._tick = time.monotonic()
         threading.Thread(target=self._watch_progress, args=(stop,), name="gate-progress",
