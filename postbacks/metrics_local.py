@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client import utils as _utils
@@ -24,6 +25,8 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 
 __all__ = ["LocalCounter", "LocalHistogram"]
+
+C = TypeVar("C")
 
 _go_float: Callable[[float], str] = _utils.floatToGoString  # how prometheus writes `le`
 
@@ -54,7 +57,9 @@ class _HistogramChild:
             self.counts[bisect.bisect_left(self.bounds, amount)] += 1  # first bound >= it
 
 
-class _OneLabel(Collector):
+class _OneLabel(Collector, Generic[C]):
+    """One label, children made on first use; subclasses say how to make and expose them."""
+
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
                  registry: CollectorRegistry | None) -> None:
         if len(labelnames) != 1:
@@ -62,45 +67,56 @@ class _OneLabel(Collector):
         self.name = name
         self.documentation = documentation
         self.label = labelnames[0]
+        self._children: dict[str, C] = {}
         if registry is not None:
             registry.register(self)
 
-    def _value_of(self, args: tuple[str, ...], kwargs: dict[str, str]) -> str:
-        if kwargs:
-            if args or set(kwargs) != {self.label}:
+    def _new_child(self) -> C:
+        raise NotImplementedError
+
+    def _family(self) -> Metric:
+        raise NotImplementedError
+
+    def labels(self, *values: str, **labels: str) -> C:
+        if labels:
+            if values or set(labels) != {self.label}:
                 raise ValueError(f"{self.name}: the label is {self.label!r}")
-            return str(kwargs[self.label])
-        if len(args) != 1:
+            value = str(labels[self.label])
+        elif len(values) != 1:
             raise ValueError(f"{self.name}: one label value")
-        return str(args[0])
+        else:
+            value = str(values[0])
+        got = self._children.get(value)
+        if got is None:
+            got = self._children[value] = self._new_child()
+        return got
+
+    def describe(self) -> list[Metric]:
+        return [self._family()]
 
 
-class LocalCounter(_OneLabel):
+class LocalCounter(_OneLabel[_CounterChild]):
     """A one-label counter (``name`` ends in ``_total``); see the module doc."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
                  registry: CollectorRegistry | None = REGISTRY) -> None:
-        self._children: dict[str, _CounterChild] = {}
         super().__init__(name, documentation, labelnames, registry)
 
-    def labels(self, *values: str, **labels: str) -> _CounterChild:
-        value = self._value_of(values, labels)
-        got = self._children.get(value)
-        if got is None:
-            got = self._children[value] = _CounterChild()
-        return got
+    def _new_child(self) -> _CounterChild:
+        return _CounterChild()
 
-    def describe(self) -> list[Metric]:
-        return [CounterMetricFamily(self.name, self.documentation, labels=[self.label])]
+    def _family(self) -> Metric:
+        return CounterMetricFamily(self.name, self.documentation, labels=[self.label])
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        family = self._family()
+        assert isinstance(family, CounterMetricFamily)
         for value, c in self._children.copy().items():
             family.add_metric([value], c.value)
         yield family
 
 
-class LocalHistogram(_OneLabel):
+class LocalHistogram(_OneLabel[_HistogramChild]):
     """A one-label histogram; see the module doc."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
@@ -113,21 +129,17 @@ class LocalHistogram(_OneLabel):
             bounds.append(math.inf)
         self._bounds = bounds
         self._les = [_go_float(b) for b in bounds]
-        self._children: dict[str, _HistogramChild] = {}
         super().__init__(name, documentation, labelnames, registry)
 
-    def labels(self, *values: str, **labels: str) -> _HistogramChild:
-        value = self._value_of(values, labels)
-        got = self._children.get(value)
-        if got is None:
-            got = self._children[value] = _HistogramChild(self._bounds)
-        return got
+    def _new_child(self) -> _HistogramChild:
+        return _HistogramChild(self._bounds)
 
-    def describe(self) -> list[Metric]:
-        return [HistogramMetricFamily(self.name, self.documentation, labels=[self.label])]
+    def _family(self) -> Metric:
+        return HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
 
     def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+        family = self._family()
+        assert isinstance(family, HistogramMetricFamily)
         for value, h in self._children.copy().items():
             counts, total = list(h.counts), h.sum
             cumulative, buckets = 0, []
