@@ -26,7 +26,8 @@ from prometheus_client.registry import Collector
 
 __all__ = ["LocalCounter", "LocalHistogram"]
 
-C = TypeVar("C")
+C = TypeVar("C")  # a child
+F = TypeVar("F", CounterMetricFamily, HistogramMetricFamily)  # its family
 
 _go_float: Callable[[float], str] = _utils.floatToGoString  # how prometheus writes `le`
 
@@ -57,7 +58,7 @@ class _HistogramChild:
             self.counts[bisect.bisect_left(self.bounds, amount)] += 1  # first bound >= it
 
 
-class _OneLabel(Collector, Generic[C]):
+class _OneLabel(Collector, Generic[C, F]):
     """One label, children made on first use; subclasses say how to make and expose them."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
@@ -74,7 +75,10 @@ class _OneLabel(Collector, Generic[C]):
     def _new_child(self) -> C:
         raise NotImplementedError
 
-    def _family(self) -> Metric:
+    def _family(self) -> F:
+        raise NotImplementedError
+
+    def _add(self, family: F, value: str, child: C) -> None:
         raise NotImplementedError
 
     def labels(self, *values: str, **labels: str) -> C:
@@ -94,8 +98,14 @@ class _OneLabel(Collector, Generic[C]):
     def describe(self) -> list[Metric]:
         return [self._family()]
 
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for value, c in self._children.copy().items():  # one call: no resize mid-copy
+            self._add(family, value, c)
+        yield family
 
-class LocalCounter(_OneLabel[_CounterChild]):
+
+class LocalCounter(_OneLabel[_CounterChild, CounterMetricFamily]):
     """A one-label counter (``name`` ends in ``_total``); see the module doc."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
@@ -105,18 +115,14 @@ class LocalCounter(_OneLabel[_CounterChild]):
     def _new_child(self) -> _CounterChild:
         return _CounterChild()
 
-    def _family(self) -> Metric:
+    def _family(self) -> CounterMetricFamily:
         return CounterMetricFamily(self.name, self.documentation, labels=[self.label])
 
-    def collect(self) -> Iterator[Metric]:
-        family = self._family()
-        assert isinstance(family, CounterMetricFamily)
-        for value, c in self._children.copy().items():
-            family.add_metric([value], c.value)
-        yield family
+    def _add(self, family: CounterMetricFamily, value: str, child: _CounterChild) -> None:
+        family.add_metric([value], child.value)
 
 
-class LocalHistogram(_OneLabel[_HistogramChild]):
+class LocalHistogram(_OneLabel[_HistogramChild, HistogramMetricFamily]):
     """A one-label histogram; see the module doc."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
@@ -134,17 +140,13 @@ class LocalHistogram(_OneLabel[_HistogramChild]):
     def _new_child(self) -> _HistogramChild:
         return _HistogramChild(self._bounds)
 
-    def _family(self) -> Metric:
+    def _family(self) -> HistogramMetricFamily:
         return HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
 
-    def collect(self) -> Iterator[Metric]:
-        family = self._family()
-        assert isinstance(family, HistogramMetricFamily)
-        for value, h in self._children.copy().items():
-            counts, total = list(h.counts), h.sum
-            cumulative, buckets = 0, []
-            for le, n in zip(self._les, counts, strict=True):
-                cumulative += n
-                buckets.append((le, float(cumulative)))
-            family.add_metric([value], buckets, total)
-        yield family
+    def _add(self, family: HistogramMetricFamily, value: str, child: _HistogramChild) -> None:
+        counts, total = list(child.counts), child.sum
+        cumulative, buckets = 0, []
+        for le, n in zip(self._les, counts, strict=True):
+            cumulative += n
+            buckets.append((le, float(cumulative)))
+        family.add_metric([value], buckets, total)

@@ -55,6 +55,7 @@ from postbacks.core.ssrf import (
     redirect_refused_reason,
     url_blocked_reason,
 )
+from postbacks.transport.deadlines import Deadlines
 from postbacks.transport.h1 import (
     BODY_LIMIT,
     ConnectError,
@@ -71,7 +72,6 @@ EXCERPT_BYTES = 256
 BODY_BYTES = BODY_LIMIT  # 64 KiB
 
 DNS_TTL_S = 30.0
-DEADLINE_TICK_S = 0.05
 IDLE_TIMEOUT_S = 30.0
 _DNS_CACHE_MAX = 4096
 
@@ -220,12 +220,10 @@ class HttpTransport:
     TLS name); idle keep-alive connections are closed after 30 s.
 
     Each exchange (resolve, connect, write, read) ends with ``timeout`` at ``timeout_s``,
-    up to one tick later (``min(50 ms, timeout_s / 10)``): a sweep every tick, while
-    exchanges are in flight, cancels those past their deadline. It replaces an
-    ``asyncio.timeout`` per request, whose timer cost ~12 µs of CPU per delivery on a slow
-    host against ~1 µs for this (docs/performance.md, stop 18). A task cancelled by
-    someone else at the same time stays cancelled (the ``uncancel`` count, as
-    ``asyncio.timeout`` does it).
+    up to one tick later (``min(50 ms, timeout_s / 10)``), by
+    :class:`~postbacks.transport.deadlines.Deadlines` (a sweep instead of an
+    ``asyncio.timeout`` per request: ~1 against ~12 µs of CPU on a slow host). A task
+    cancelled by someone else at the same time stays cancelled.
     """
 
     def __init__(self, *, timeout_s: float, allow_loopback: bool, limit: int = 512,
@@ -235,10 +233,7 @@ class HttpTransport:
         self._limit = limit
         self._resolver = VettingResolver(allow_loopback, lookup=lookup)
         self._pool: H1Pool | None = None
-        # Exchanges in flight by deadline (insertion order is deadline order: one timeout).
-        self._live: dict[_Deadline, None] = {}
-        self._tick_s = min(DEADLINE_TICK_S, timeout_s / 10)
-        self._ticker: asyncio.TimerHandle | None = None
+        self._deadlines = Deadlines(timeout_s)
 
     async def __aenter__(self) -> HttpTransport:
         self._pool = H1Pool(max_per_key=self._limit, max_total=self._limit,
@@ -246,9 +241,7 @@ class HttpTransport:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        if self._ticker is not None and not self._live:
-            self._ticker.cancel()  # (exchanges still in flight keep their deadlines)
-            self._ticker = None
+        self._deadlines.close()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -309,8 +302,7 @@ class HttpTransport:
         tls_name = host.rstrip(".") if target.scheme == "https" else None
         task = asyncio.current_task()
         assert task is not None
-        deadline = self._arm(task)
-        cancelling = task.cancelling()
+        deadline = self._deadlines.arm(task)
         try:
             addresses = await self._resolver.resolve(host)
             last = len(addresses) - 1
@@ -326,12 +318,9 @@ class HttpTransport:
                     if i == last:
                         raise
         except asyncio.CancelledError:
-            # Ours (the deadline passed) unless someone else cancelled the task too.
-            if deadline.fired:
-                deadline.fired = False  # its cancel is taken back here, once
-                if task.uncancel() <= cancelling:
-                    return SendResult(HttpResult(None, "timeout"), 0.0, None)
-            raise
+            if self._deadlines.timed_out(deadline):
+                return SendResult(HttpResult(None, "timeout"), 0.0, None)
+            raise  # the caller cancelled (too)
         except BlockedAddress as exc:
             return SendResult(HttpResult(None, "blocked_address"), 0.0, None, str(exc))
         except InvalidRequest as exc:
@@ -341,52 +330,8 @@ class HttpTransport:
         except OSError:
             return SendResult(HttpResult(None, "connection_error"), 0.0, None)
         finally:
-            self._live.pop(deadline, None)
-            if deadline.fired:  # fired, but what arrived was not its CancelledError
-                task.uncancel()
+            self._deadlines.disarm(deadline)
         return _reply(resp)
-
-    # -- deadlines -------------------------------------------------------------------------
-
-    def _arm(self, task: asyncio.Task[Any]) -> _Deadline:
-        """Start ``task``'s deadline for one exchange (see the class doc)."""
-        loop = asyncio.get_running_loop()
-        deadline = _Deadline(loop.time() + self._timeout_s, task)
-        self._live[deadline] = None
-        if self._ticker is None:
-            self._ticker = loop.call_later(self._tick_s, self._expire_due)
-        return deadline
-
-    def _expire_due(self) -> None:
-        """Cancel every exchange past its deadline (the oldest come first: one timeout)."""
-        self._ticker = None
-        live = self._live
-        if not live:
-            return
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        due: list[_Deadline] = []
-        for deadline in live:
-            if deadline.at > now:
-                break
-            due.append(deadline)
-        for deadline in due:
-            del live[deadline]
-            deadline.fired = True
-            deadline.task.cancel()
-        if live:
-            self._ticker = loop.call_later(self._tick_s, self._expire_due)
-
-
-class _Deadline:
-    """One exchange's deadline: when, whose, and whether it was the one that cancelled."""
-
-    __slots__ = ("at", "fired", "task")
-
-    def __init__(self, at: float, task: asyncio.Task[Any]) -> None:
-        self.at = at
-        self.task = task
-        self.fired = False
 
 
 def _reply(resp: H1Response) -> _Reply:

@@ -558,13 +558,13 @@ def test_transport_deadline_ends_a_slow_exchange_within_a_tick_and_leaves_nothin
             took = loop.time() - started
             assert slow.http.error_class == "timeout" and ok.http.status == 200
             assert 0.2 <= took < 1.0, took  # the deadline (+ a 20-ms tick), not the 1.5 s
-            assert not t._live  # every exchange's deadline is disarmed
+            assert not t._deadlines.live  # every exchange's deadline is disarmed
             await asyncio.sleep(0.1)
-            assert t._ticker is None  # no sweep while nothing is in flight
+            assert t._deadlines.ticker is None  # no sweep while nothing is in flight
             for _ in range(50):  # many quick exchanges: none left behind, none timed out
                 r = await t.send(_req(f"http://127.0.0.1:{srv.port}/ok"))
                 assert r.http.status == 200
-            assert not t._live
+            assert not t._deadlines.live
 
     run(main)
 
@@ -578,19 +578,19 @@ def test_transport_cancelled_by_its_caller_stays_cancelled() -> None:
             task.cancel()  # before the deadline: not a timeout
             with pytest.raises(asyncio.CancelledError):
                 await task
-            assert not t._live
+            assert not t._deadlines.live
 
             task = asyncio.create_task(t.send(_req(url)))
             await asyncio.sleep(0.2)
-            (deadline,) = t._live
-            assert t._ticker is not None
-            t._ticker.cancel()  # the sweep is run by hand below
+            (deadline,) = t._deadlines.live
+            assert t._deadlines.ticker is not None
+            t._deadlines.ticker.cancel()  # the sweep is run by hand below
             deadline.at = 0.0  # due now ...
-            t._expire_due()  # ... the sweep cancels it,
+            t._deadlines._expire_due()  # ... the sweep cancels it,
             task.cancel()  # and so does its caller in the same tick: the caller wins
             with pytest.raises(asyncio.CancelledError):
                 await task
-            assert not t._live and task.cancelling() == 1  # the sweep's cancel taken back
+            assert not t._deadlines.live and task.cancelling() == 1  # the sweep's cancel taken back
 
     run(main)
 

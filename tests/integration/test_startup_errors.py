@@ -41,6 +41,13 @@ def test_bad_setting_is_a_clear_error() -> None:
     assert "POSTBACKS_ENDPOINT_CONCURRENCY='lots' is not a valid int" in r.stderr
 
 
+def test_a_stage_with_a_bad_gc_threshold_stops_with_a_clear_error() -> None:
+    r = _run(["agent"], POSTBACKS_GC_GEN0_THRESHOLD="5")
+    assert r.returncode == 2, r.stderr
+    assert "POSTBACKS_GC_GEN0_THRESHOLD must be between 100 and 1000000" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_gate_without_its_database_or_topics_is_a_clear_error(settings: Settings) -> None:
     """The gate must know its modes and halts before it consumes anything."""
     r = _run(["gate"], KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers,
