@@ -43,7 +43,7 @@ $(STAMP): pyproject.toml setup.py postbacks/avro_c.pyx
 install: $(STAMP)
 
 lint: install
-	$(BIN)/ruff check postbacks tests bench
+	$(BIN)/ruff check postbacks streams topics sinks replay_console schemas tests bench
 
 typecheck: install
 	$(BIN)/mypy

@@ -82,7 +82,7 @@ def main() -> int:
         "log_dir": str(log_dir),
         "console_code": {p.name: time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                time.gmtime(p.stat().st_mtime))
-                         for p in sorted((ROOT / "postbacks" / "console").glob("*.py"))},
+                         for p in sorted((ROOT / "replay_console").glob("*.py"))},
     }
     t0 = time.perf_counter()
     if not args.skip_list:

@@ -17,11 +17,11 @@ from urllib.parse import urlencode
 import orjson
 
 from bench.harness import cpu_s, env_for, pct, say
-from postbacks.console import queries as q
-from postbacks.console.auth import Principal, create_token, lookup_token
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, free_port, http_json, wait_for
+from replay_console import queries as q
+from replay_console.auth import Principal, create_token, lookup_token
 
 DAY_MS = 86_400_000
 STATUS_MIX = (("delivered", 0.92), ("dead_lettered", 0.02), ("failing", 0.015),

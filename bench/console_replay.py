@@ -16,22 +16,22 @@ from bench.console_list import copy_rows, row, stats
 from bench.first_attempts import Stream, per_second, read_topic
 from bench.harness import cpu_s, env_for, say
 from postbacks.codec import codec_for
-from postbacks.console import queries as q
-from postbacks.console.auth import Principal
 from postbacks.core.signing import generate_secret
 from postbacks.db.connect import connect
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoints import add_secret, upsert_endpoint
 from postbacks.settings import Settings, load_settings
 from postbacks.tools.procs import Stack, free_port, http_json, wait_for
-from postbacks.topics import TOPICS
-from postbacks.topics.admin import create_topics, delete_prefixed_topics
+from replay_console import queries as q
+from replay_console.auth import Principal
+from topics import TOPICS
+from topics.admin import create_topics, delete_prefixed_topics
 
 
 def drain_lock_holder(s: Settings) -> list[Any]:
     """Backends holding this deployment's drain lock: pg_try_advisory_lock(DRAIN_LOCK,
     hashtext(topic prefix)), i.e. classid/objid/objsubid = key1/key2/2."""
-    from postbacks.console.drain import DRAIN_LOCK
+    from replay_console.drain import DRAIN_LOCK
 
     with connect(s.database_url) as conn:
         return conn.execute(
@@ -49,7 +49,7 @@ class _Explained(Exception):
 def explain_tick(s: Settings) -> dict[str, Any]:
     """The drainer's own SELECT (whatever ``Drainer.tick`` sends now), EXPLAIN ANALYZEd
     and timed on the live queue; nothing is published or marked (the tick is aborted)."""
-    from postbacks.console.drain import Drainer
+    from replay_console.drain import Drainer
 
     captured: dict[str, Any] = {}
 
@@ -99,7 +99,7 @@ def _proc_cpu(pid: int | None) -> float | None:
 
 
 def run_replay(base: Settings, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
-    from postbacks.console.actions import create_replay, job_status
+    from replay_console.actions import create_replay, job_status
 
     tag = f"r{secrets.token_hex(4)}"
     s = load_settings({}, kafka_bootstrap_servers=base.kafka_bootstrap_servers,

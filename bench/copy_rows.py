@@ -2,7 +2,7 @@
 outcome) of PostgreSQL's backend and of the writing client, in alternating rounds.
 
 Parts:
-  formats   the sink's binary COPY (``postbacks.sinks.tables``) against text COPY of the
+  formats   the sink's binary COPY (``sinks.tables``) against text COPY of the
             same rows (what the sink sent before stop 16);
   indexes   binary COPY into databases migrated as shipped, without the redundant
             ``deliveries_identity`` constraint, and without it with the two status
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import delivered_records, own_cpu_s, say, scratch_database
 from postbacks.settings import load_settings
-from postbacks.sinks.tables import TABLES, column_types, use_orjson
+from sinks.tables import TABLES, column_types, use_orjson
 
 ORDER = ("deliveries", "attempts", "outcomes")
 INDEX_VARIANTS: dict[str, list[str]] = {

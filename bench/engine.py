@@ -33,9 +33,9 @@ from bench.harness import (
 )
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
-from postbacks.sinks.tables import ts_from_ms
 from postbacks.tools.procs import Stack, http_json, metrics_page, wait_for
 from postbacks.tools.seed import seed_endpoints
+from sinks.tables import ts_from_ms
 
 __all__ = ["FELL_BEHIND", "KEPT_UP", "lag_trend", "run_engine", "verdict"]
 
@@ -195,7 +195,7 @@ def run_engine(base: Settings, n: int, n_endpoints: int, seed: int,
     produced, as behind fan-out and the gate; every process's CPU is counted from before
     the backlog, per delivery. ``catch_up``: both start after the backlog is on the topics
     (a sink catching up after a restart projects every row it reads, see
-    ``postbacks.sinks.waiting``); CPU from the first postback. The rate is always from the
+    ``sinks.waiting``); CPU from the first postback. The rate is always from the
     first postback to the last row on record.
 
     ``offered``: instead of a backlog, the deliveries are produced at this steady rate (as

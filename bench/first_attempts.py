@@ -13,8 +13,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from bench.harness import send_record
 from postbacks.codec import codec_for
 from postbacks.settings import Settings
-from postbacks.topics import TOPICS
 from tests.unit.factories import make_conversion, make_delivery
+from topics import TOPICS
 
 __all__ = ["Stream", "per_second", "read_topic"]
 

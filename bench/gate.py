@@ -40,9 +40,9 @@ from postbacks.db.connect import connect
 from postbacks.db.migrate import migrate
 from postbacks.settings import Settings, load_settings
 from postbacks.tools.procs import Stack, metrics_page
-from postbacks.topics import TOPICS
-from postbacks.topics.admin import delete_prefixed_topics
 from tests.unit.factories import make_conversion, make_delivery
+from topics import TOPICS
+from topics.admin import delete_prefixed_topics
 
 
 def arm(s: Settings, endpoints: list[str]) -> None:

@@ -29,8 +29,8 @@ from postbacks.emit import synthetic_conversions
 from postbacks.records import AttemptRecord, DeliveryRecord, OutcomeRecord
 from postbacks.settings import Settings, load_settings
 from postbacks.tools.procs import free_port, http_json, metrics_page, wait_for
-from postbacks.topics import TOPICS
-from postbacks.topics.admin import create_topics, delete_prefixed_topics
+from topics import TOPICS
+from topics.admin import create_topics, delete_prefixed_topics
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,7 +28,7 @@ from postbacks.emit import ConversionProducer, synthetic_conversions
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, http_json, wait_for
 from postbacks.tools.seed import seed_endpoints
-from postbacks.topics import TOPICS
+from topics import TOPICS
 
 
 def run_pipeline_latency(base: Settings, rate: float, seconds: float, log_dir: Path,

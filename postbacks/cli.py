@@ -21,19 +21,19 @@ __all__ = ["main"]
 
 def _stage(name: str) -> Callable[[Settings, argparse.Namespace], int]:
     def run(settings: Settings, _args: argparse.Namespace) -> int:
-        from postbacks.streams.runtime import settle_gc, setup_process
+        from postbacks.runtime import settle_gc, setup_process
 
         stop = setup_process(name, settings)
         if name == "fanout":
-            from postbacks.streams.fanout import run_fanout as runner
+            from streams.fanout import run_fanout as runner
         elif name == "gate":
-            from postbacks.streams.gate import run_gate as runner
+            from streams.gate import run_gate as runner
         elif name == "agent":
-            from postbacks.streams.agent import run_agent as runner
+            from streams.agent import run_agent as runner
         elif name == "relay":
-            from postbacks.streams.relay import run_relay as runner
+            from streams.relay import run_relay as runner
         else:
-            from postbacks.sinks.postgres import run_sink as runner
+            from sinks.postgres import run_sink as runner
         settle_gc(settings.gc_gen0_threshold)  # after the runner's imports
         try:
             runner(settings, stop)
@@ -61,8 +61,8 @@ def _migrate(settings: Settings, _args: argparse.Namespace) -> int:
 def _retention(settings: Settings, args: argparse.Namespace) -> int:
     import datetime as dt
 
+    from postbacks.cli_output import print_table
     from postbacks.db.retention import drop_expired
-    from postbacks.tools.cli_output import print_table
 
     keep = settings.attempt_retention_days if args.keep_days is None else args.keep_days
     if keep < 2:
@@ -87,7 +87,7 @@ def _retention(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _topics(settings: Settings, args: argparse.Namespace) -> int:
-    from postbacks.topics.admin import create_topics, verify_topics
+    from topics.admin import create_topics, verify_topics
 
     if args.action == "create":
         created = create_topics(settings)
@@ -229,7 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="leave the replay console running at the end (Ctrl-C stops it)")
     sp.set_defaults(func=_demo)
 
-    from postbacks.tools import anomaly_admin, console_cli, held
+    from replay_console import cli as console_cli
+    from replay_console import held
+    from streams.anomaly_gate import admin as anomaly_admin
 
     held.add_parser(sub)
     anomaly_admin.add_parser(sub)

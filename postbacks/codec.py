@@ -31,7 +31,6 @@ import re
 import struct
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from typing import Any, cast
 
 import fastavro
@@ -39,6 +38,7 @@ from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
 from postbacks.avro_c import Node, plan
 from postbacks.errors import UndecodableRecord
+from schemas import avro_folder
 
 __all__ = [
     "MAGIC",
@@ -78,7 +78,7 @@ class SchemaVersion:
 def _raw_versions() -> dict[str, dict[int, dict[str, Any]]]:
     out: dict[str, dict[int, dict[str, Any]]] = {}
     stem_to_record = {v: k for k, v in RECORD_FILES.items()}
-    folder = resources.files("postbacks") / "schemas" / "avro"
+    folder = avro_folder()
     for entry in folder.iterdir():
         m = _FILE_RE.match(entry.name)
         if not m:

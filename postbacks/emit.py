@@ -20,7 +20,7 @@ from postbacks.ids import new_id
 from postbacks.kafka.clients import make_producer
 from postbacks.records import ConversionEvent
 from postbacks.settings import Settings
-from postbacks.topics import TOPICS
+from topics import TOPICS
 
 __all__ = ["ConversionProducer", "synthetic_conversions"]
 

@@ -103,7 +103,7 @@ class Settings:
     # (Python's default is 700). Collections took 4.6 % of the agent's CPU at 700, and with
     # start-up objects frozen (gc.freeze) 0.2 % at 7,000 (docs/performance.md, stop 18).
     gc_gen0_threshold: int = 10_000
-    # Replay console (postbacks console serve; see postbacks/console).
+    # Replay console (postbacks console serve; see replay_console).
     console_host: str = "127.0.0.1"
     console_port: int = 8790
     # HMAC key of console session cookies; empty = a random key per process (sessions end

@@ -77,7 +77,7 @@ def settings(migrated: dict[str, str], namespace: str) -> Iterator[Settings]:
     The test's topics are deleted afterwards: a broker holding every test's partitions
     runs out of file descriptors (3 per partition) long before the suite ends.
     """
-    from postbacks.topics.admin import create_topics, delete_prefixed_topics
+    from topics.admin import create_topics, delete_prefixed_topics
 
     s = load_settings(
         migrated, topic_prefix=f"{namespace}.", instance_id=namespace,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from postbacks.topics.registry import RETRY_TIERS
+from topics.registry import RETRY_TIERS
 
 __all__ = ["DeadLetter", "RetryPolicy", "ScheduleRetry", "next_step"]
 

@@ -33,7 +33,7 @@ from postbacks.kafka.watchdog import guard, subscribe_watched
 from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS, observe_backlog
 from postbacks.records import DeadLetterRecord
 from postbacks.settings import Settings
-from postbacks.topics import TOPICS
+from topics import TOPICS
 
 __all__ = ["Emit", "Output", "commit_batch", "dead_letter_for", "run_stage"]
 

@@ -22,7 +22,7 @@ from postbacks.kafka.clients import check_broker
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, free_port, http_json, wait_for
 from postbacks.tools.seed import seed_endpoints
-from postbacks.topics.admin import create_topics
+from topics.admin import create_topics
 
 __all__ = ["run_demo"]
 
@@ -71,7 +71,7 @@ def _console_phase(stack: Stack, settings: Settings, namespace: str, base: str,
     import json
     import urllib.request
 
-    from postbacks.console.auth import create_token
+    from replay_console.auth import create_token
 
     port = free_port()
     stack.start("console", "console", "serve", "--port", str(port))

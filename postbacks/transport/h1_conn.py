@@ -7,14 +7,11 @@ from __future__ import annotations
 import asyncio
 import collections
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import NamedTuple, Protocol, cast
 
 import httptools
 
 from postbacks import __version__
-
-if TYPE_CHECKING:
-    from postbacks.transport.h1 import H1Pool
 
 __all__ = [
     "BODY_LIMIT",
@@ -24,6 +21,7 @@ __all__ = [
     "H1Response",
     "InvalidRequest",
     "PoolKey",
+    "PoolSide",
     "ProtocolError",
     "ServerDisconnected",
     "encode_request",
@@ -129,6 +127,19 @@ class _Slot:
         self.waiters: collections.deque[asyncio.Future[_Conn | None]] = collections.deque()
 
 
+class PoolSide(Protocol):
+    """What a connection needs of the pool that owns it (:class:`~postbacks.transport.h1.
+    H1Pool`): its loop, its set of open connections, and its reading limits."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    conns: set[_Conn]
+    wanted: frozenset[bytes]
+    body_limit: int
+    discard_limit: int
+
+
 class _Conn(asyncio.Protocol):
     __slots__ = (
         "_body", "_complete", "_extra", "_framed", "_fut", "_head", "_headers", "_interim",
@@ -136,7 +147,7 @@ class _Conn(asyncio.Protocol):
         "_truncated", "_until_eof", "closed", "idle_since", "slot", "transport", "uses",
     )
 
-    def __init__(self, pool: H1Pool, slot: _Slot) -> None:
+    def __init__(self, pool: PoolSide, slot: _Slot) -> None:
         self._pool = pool
         self.slot = slot
         self.transport: asyncio.Transport | None = None

@@ -13,7 +13,7 @@ from postbacks import records
 from postbacks.codec import RECORD_FILES, load_schema_versions
 from postbacks.schema_compat import compatibility_errors
 
-AVRO = Path(__file__).resolve().parents[2] / "postbacks" / "schemas" / "avro"
+AVRO = Path(__file__).resolve().parents[2] / "schemas" / "avro"
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from postbacks.codec import load_schema_versions
-from postbacks.topics import RETRY_TIERS, TOPICS, all_topics
+from topics import RETRY_TIERS, TOPICS, all_topics
 
 DESIGN_TOPICS = {
     "conversions.v1", "deliveries.v1", "dispatch.v1", "held.v1", "quarantine.v1", "dlq.v1",

@@ -13,8 +13,8 @@ from confluent_kafka import Consumer, Producer
 from postbacks.codec import codec_for
 from postbacks.settings import Settings
 from postbacks.tools.procs import wait_for
-from postbacks.topics import TOPICS
 from tests.unit.factories import make_conversion, make_delivery
+from topics import TOPICS
 
 HOUR_MS = 3_600_000
 _DELIVERY = codec_for("Delivery")

@@ -18,12 +18,12 @@ from postbacks.db.connect import connect
 from postbacks.emit import ConversionProducer
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, free_port, wait_for
-from postbacks.topics import TOPICS
 from tests.e2e.gate_util import GateFeed, metric
 from tests.e2e.harness import Harness
 from tests.integration.anomaly_helpers import run_cli
 from tests.kafka_util import decode, read_topic
 from tests.unit.factories import make_conversion, make_delivery
+from topics import TOPICS
 
 DAY_MS = 86_400_000
 

@@ -31,7 +31,8 @@ from postbacks.core.anomaly import ENDPOINT_THRESHOLDS, GLOBAL_THRESHOLDS
 from postbacks.db.anomaly import set_mode
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
-from postbacks.tools.history import (
+from postbacks.tools.procs import Stack, wait_for
+from streams.anomaly_gate.history import (
     COHORT_KEY,
     DEFAULT_RATE_PER_S,
     BroadShallow,
@@ -39,9 +40,8 @@ from postbacks.tools.history import (
     endpoint_for_app,
     generate,
 )
-from postbacks.tools.procs import Stack, wait_for
-from postbacks.topics import TOPICS
 from tests.unit.factories import make_delivery
+from topics import TOPICS
 
 RATE = 0.3  # events/s: below this the global floor scaled to volume meets Poisson noise
 PACE = 2500  # deliveries/s produced at most while the gate runs

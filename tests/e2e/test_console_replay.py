@@ -11,9 +11,9 @@ from postbacks.codec import codec_for
 from postbacks.kafka.publish import publish_acked
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, http_json, wait_for
-from postbacks.topics import TOPICS
 from tests.e2e.harness import Harness
 from tests.integration.anomaly_helpers import held_delivery, insert_deliveries
+from topics import TOPICS
 
 
 def _redrive(settings: Settings, h: Harness, ep: str, n: int, override: str | None) -> str:

@@ -9,9 +9,9 @@ import pytest
 
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
-from postbacks.topics import TOPICS
 from tests.e2e.harness import Harness
 from tests.kafka_util import murmur2_partition, read_topic
+from topics import TOPICS
 
 
 @pytest.fixture()

@@ -15,7 +15,7 @@ from postbacks.cli import main
 from postbacks.db.connect import connect
 from postbacks.records import DeliveryRecord
 from postbacks.settings import Settings
-from postbacks.sinks.tables import TABLES, ts_from_ms
+from sinks.tables import TABLES, ts_from_ms
 from tests.unit.factories import make_conversion, make_delivery
 
 

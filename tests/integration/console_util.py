@@ -17,11 +17,11 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from postbacks.console.auth import create_token
-from postbacks.console.web import make_app
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
 from postbacks.tools.procs import free_port
+from replay_console.auth import create_token
+from replay_console.web import make_app
 
 _CSRF = re.compile(r'name="csrf" value="([0-9a-f]+)"')
 

@@ -17,10 +17,10 @@ from postbacks.db import anomaly as db
 from postbacks.db.connect import connect
 from postbacks.errors import ServiceUnavailable
 from postbacks.settings import Settings
-from postbacks.tools import anomaly_admin
-from postbacks.topics import TOPICS
+from streams.anomaly_gate import admin as anomaly_admin
 from tests.integration.anomaly_helpers import audit_rows, run_cli, topic_size
 from tests.kafka_util import decode, read_topic
+from topics import TOPICS
 
 CONTROL = TOPICS.anomaly_control.base
 

@@ -13,9 +13,9 @@ from postbacks.emit import ConversionProducer
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack
 from postbacks.tools.seed import app_id_for, seed_endpoints
-from postbacks.topics import TOPICS
 from tests.kafka_util import decode, read_topic
 from tests.unit.factories import make_conversion, make_delivery
+from topics import TOPICS
 
 
 def test_bad_events_are_dead_lettered_and_the_partition_keeps_flowing(

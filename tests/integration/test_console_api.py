@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 
-from postbacks.console.drain import Drainer
 from postbacks.core.endpoint import EndpointConfig
 from postbacks.db.connect import connect
 from postbacks.db.endpoints import upsert_endpoint
 from postbacks.settings import Settings
-from postbacks.topics import TOPICS
+from replay_console.drain import Drainer
 from tests.integration.anomaly_helpers import (
     held_delivery,
     insert_deliveries,
@@ -23,6 +22,7 @@ from tests.integration.anomaly_helpers import (
 )
 from tests.integration.console_util import Client, console_server, token
 from tests.kafka_util import decode, read_topic
+from topics import TOPICS
 
 RETRY_5S = TOPICS.retry_tier("5s").base
 
@@ -366,8 +366,8 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(
 def test_the_drainer_publishes_at_the_per_endpoint_cap(settings: Settings, namespace: str) -> None:
     from dataclasses import replace
 
-    from postbacks.console.actions import create_replay
-    from postbacks.console.auth import Principal
+    from replay_console.actions import create_replay
+    from replay_console.auth import Principal
 
     ns = namespace
     s = replace(settings, console_replay_rate_per_endpoint=4.0, console_replay_rate_total=100.0)
@@ -383,7 +383,7 @@ def test_the_drainer_publishes_at_the_per_endpoint_cap(settings: Settings, names
     now = [1000.0]
     admin = Principal("tok_test", "bulk", "admin", ())
     with connect(s.database_url) as conn:
-        from postbacks.console.queries import DeliveryFilter
+        from replay_console.queries import DeliveryFilter
 
         job = create_replay(conn, s, admin, flt=DeliveryFilter(app=f"app_{ns}"), confirm=13)
         conn.commit()
@@ -504,8 +504,8 @@ def test_rotation_test_send_and_dead_letter_resolution(
 def test_sign_in_is_hardened(settings: Settings, namespace: str) -> None:
     import hashlib
 
-    from postbacks.console.auth import session_cookie
     from postbacks.settings import _DEV_SECRETS_KEY
+    from replay_console.auth import session_cookie
 
     ns = namespace
     tok = token(settings, f"adm-{ns}", "admin")
@@ -600,7 +600,7 @@ def test_the_held_page_says_when_it_leaves_cohorts_and_holds_out(
     """The held page shows the oldest holds first, at most HELD_PAGE_LIMIT cohorts and
     deliveries; past that it says more are held and how to see them (a newer cohort left
     off the page without a word looks resolved)."""
-    import postbacks.console.web as web_module
+    import replay_console.web as web_module
 
     w = _world(settings, namespace)  # app a: one held delivery (d3), "retrodated"
     more = held_delivery(namespace, 9, endpoint=w["ep_a"], app=w["a"])

@@ -10,7 +10,7 @@ from confluent_kafka import Producer
 
 from postbacks.kafka.clients import consume_ready, make_consumer
 from postbacks.settings import Settings
-from postbacks.topics import TOPICS
+from topics import TOPICS
 
 
 def test_a_lone_record_does_not_wait_for_a_full_batch(settings: Settings) -> None:

@@ -12,9 +12,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from postbacks.kafka.clients import make_transactional_producer
 from postbacks.settings import Settings
-from postbacks.streams.anomaly_gate.stall import ProgressWatch
 from postbacks.tools.procs import wait_for
-from postbacks.topics import TOPICS
+from streams.anomaly_gate.stall import ProgressWatch
+from topics import TOPICS
 
 
 def _leaders_known(watch: ProgressWatch, settings: Settings) -> None:
@@ -94,7 +94,7 @@ def test_an_event_loop_that_stops_turning_restarts_the_gate_from_the_watch_threa
     import time
     import types
 
-    from postbacks.streams.anomaly_gate import runner
+    from streams.anomaly_gate import runner
 
     calls: list[tuple[str, bool]] = []
 

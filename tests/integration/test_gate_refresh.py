@@ -13,8 +13,8 @@ from postbacks.db.anomaly import set_mode
 from postbacks.db.connect import connect
 from postbacks.errors import ServiceUnavailable
 from postbacks.settings import Settings
-from postbacks.streams.anomaly_gate.config import HaltBook
-from postbacks.streams.anomaly_gate.refresh import Refresher
+from streams.anomaly_gate.config import HaltBook
+from streams.anomaly_gate.refresh import Refresher
 
 
 def _set(settings: Settings, ep: str, mode: str) -> None:

@@ -15,7 +15,6 @@ import pytest
 from postbacks.db.anomaly import held_deliveries, publisher_deliveries
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
-from postbacks.topics import TOPICS
 from tests.integration.anomaly_helpers import (
     audit_rows,
     held_delivery,
@@ -24,6 +23,7 @@ from tests.integration.anomaly_helpers import (
     topic_size,
 )
 from tests.kafka_util import decode, read_topic
+from topics import TOPICS
 
 RETRY_5S = TOPICS.retry_tier("5s").base
 

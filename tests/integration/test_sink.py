@@ -8,9 +8,9 @@ from postbacks.codec import codec_for
 from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
-from postbacks.topics import TOPICS
 from tests.kafka_util import scalar
 from tests.unit.factories import make_conversion, make_delivery
+from topics import TOPICS
 
 
 def _produce(settings: Settings, n: int, namespace: str) -> int:

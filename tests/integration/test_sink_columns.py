@@ -16,10 +16,10 @@ from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.core.providers.base import RenderedRequest
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
-from postbacks.sinks.postgres import PostgresSink
-from postbacks.sinks.tables import TABLES, column_types
-from postbacks.topics import TOPICS
+from sinks.postgres import PostgresSink
+from sinks.tables import TABLES, column_types
 from tests.unit.factories import make_conversion, make_delivery
+from topics import TOPICS
 
 T0 = 1_750_000_000_123
 

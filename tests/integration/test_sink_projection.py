@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message, TopicPartition
 
-import postbacks.sinks.projection as projection_module
-import postbacks.sinks.waiting as waiting_module
+import sinks.projection as projection_module
+import sinks.waiting as waiting_module
 from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
-from postbacks.sinks.postgres import PostgresSink
 from postbacks.tools.procs import wait_for
-from postbacks.topics import TOPICS
+from sinks.postgres import PostgresSink
 from tests.unit.factories import make_conversion, make_delivery
+from topics import TOPICS
 
 T0 = 1_750_000_000_000
 
@@ -175,7 +175,7 @@ def test_a_held_delivery_shows_its_hold(settings: Settings, namespace: str) -> N
 def _attempt_partitions_read(settings: Settings, ids: list[str]) -> list[str]:
     """The attempts partitions the projection statement reads for ``ids``, by EXPLAIN
     ANALYZE inside a rolled-back transaction."""
-    from postbacks.sinks.projection import PROJECT
+    from sinks.projection import PROJECT
 
     with connect(settings.database_url) as conn:
         (plan,), = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + PROJECT,
@@ -463,7 +463,7 @@ def test_rows_written_settled_match_the_projection_in_any_arrival_order(
         if rng.random() < 0.05:
             f.flush()
     f.flush(everything=True)
-    from postbacks.sinks.projection import PROJECT
+    from sinks.projection import PROJECT
 
     with connect(settings.database_url) as conn:
         changed = conn.execute(PROJECT, {"ids": list(want)}).rowcount

@@ -6,8 +6,8 @@ from __future__ import annotations
 from confluent_kafka.admin import AdminClient
 
 from postbacks.settings import Settings, load_settings
-from postbacks.topics.admin import create_topics, delete_prefixed_topics
-from postbacks.topics.registry import all_topics
+from topics.admin import create_topics, delete_prefixed_topics
+from topics.registry import all_topics
 
 
 def test_created_topics_are_led_in_the_brokers_metadata_when_create_returns(

@@ -12,9 +12,9 @@ from postbacks.core.anomaly.detectors import RateThresholds
 from postbacks.core.anomaly.modes import GateModes
 from postbacks.core.anomaly.windows import DAY_MS
 from postbacks.records import ConversionEvent, DeliveryRecord
-from postbacks.tools import calibrate
-from postbacks.tools.calibrate import ReplayConfig, format_report, replay
-from postbacks.tools.history import (
+from streams.anomaly_gate import calibrate
+from streams.anomaly_gate.calibrate import ReplayConfig, format_report, replay
+from streams.anomaly_gate.history import (
     START_MS,
     Concentrated,
     HistoryConfig,

@@ -12,8 +12,9 @@ import pytest
 from postbacks.core.anomaly.detectors import retrodated
 from postbacks.core.anomaly.windows import DAY_MS, HOUR_MS, day_of_week, hour_of_day
 from postbacks.records import ConversionEvent
-from postbacks.tools import history
-from postbacks.tools.history import (
+from postbacks.tools.seed import app_id_for
+from streams.anomaly_gate import history
+from streams.anomaly_gate.history import (
     COHORT_KEY,
     START_MS,
     BroadShallow,
@@ -27,7 +28,6 @@ from postbacks.tools.history import (
     seasonality,
     write_jsonl,
 )
-from postbacks.tools.seed import app_id_for
 
 SMALL = HistoryConfig(weeks=1, apps=30, mean_rate_per_s=0.05)
 

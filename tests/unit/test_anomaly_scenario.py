@@ -8,7 +8,7 @@ to see the figures.
 
 from __future__ import annotations
 
-from postbacks.tools.calibrate import run_scenario
+from streams.anomaly_gate.calibrate import run_scenario
 
 
 def test_broad_but_shallow_scenario_under_enforce() -> None:

@@ -6,8 +6,6 @@ import json
 
 import pytest
 
-from postbacks.console.auth import check_csrf, csrf_for, session_cookie
-from postbacks.console.queries import FilterError, parse_filter
 from postbacks.core.endpoint import Endpoint, EndpointConfig
 from postbacks.core.override import (
     MAX_OVERRIDE_BYTES,
@@ -17,6 +15,8 @@ from postbacks.core.override import (
     parse_override,
 )
 from postbacks.core.render import render
+from replay_console.auth import check_csrf, csrf_for, session_cookie
+from replay_console.queries import FilterError, parse_filter
 from tests.unit.factories import make_delivery
 
 EP = Endpoint("ep_1", "app_1", "https://pub.example/hook", frozenset({"*"}),

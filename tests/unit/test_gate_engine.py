@@ -25,9 +25,9 @@ from postbacks.core.anomaly import (
 from postbacks.core.anomaly.persist import restore_scope
 from postbacks.core.anomaly.windows import DAY_MS, HOUR_MS
 from postbacks.db.anomaly import AnomalyRow
-from postbacks.streams.anomaly_gate.aggregate import UNHEARD_GRACE_MS, GlobalAggregator
-from postbacks.streams.anomaly_gate.config import HaltBook, StateChange, build_config, core_scope
-from postbacks.streams.anomaly_gate.engine import BatchOut, GateEngine, In, hist_key, open_key
+from streams.anomaly_gate.aggregate import UNHEARD_GRACE_MS, GlobalAggregator
+from streams.anomaly_gate.config import HaltBook, StateChange, build_config, core_scope
+from streams.anomaly_gate.engine import BatchOut, GateEngine, In, hist_key, open_key
 from tests.unit.factories import make_conversion, make_delivery
 
 GKEY = "unit-global"

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from postbacks.core.breaker import BreakerPolicy, BreakerState, Divert, Send, admit, on_result
-from postbacks.streams.offsets import Tracker, decode_done, encode_done
+from streams.offsets import Tracker, decode_done, encode_done
 
 
 def test_every_finished_record_is_drained_with_a_commit_that_covers_it() -> None:

@@ -10,7 +10,7 @@ import sys
 
 CHILD = """
 import gc, json
-from postbacks.streams.runtime import settle_gc
+from postbacks.runtime import settle_gc
 from postbacks.metrics import GC_FROZEN, GC_GEN0_THRESHOLD
 before = gc.get_freeze_count()
 settle_gc(5000)

@@ -1,12 +1,12 @@
 """When a delivery row projected from what the sink folded into it is final, so the sink
-can skip the projection statement for it (``postbacks.sinks.tables.settled``)."""
+can skip the projection statement for it (``sinks.tables.settled``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from postbacks.core.outcomes import make_attempt, make_outcome
-from postbacks.sinks.tables import TABLES, settled
+from sinks.tables import TABLES, settled
 from tests.unit.factories import make_delivery
 
 T0 = 1_750_000_000_000

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from postbacks.errors import ServiceUnavailable
-from postbacks.topics.admin import _wait_led
+from topics.admin import _wait_led
 
 
 def _md(**topics: list[int]) -> Any:

@@ -16,7 +16,7 @@ Why the global multiple is lower than the per-endpoint one: a sum over thousands
 deliveries an hour is far steadier than one endpoint's total, so a small relative excess
 is already far outside its normal variation. That is what lets broad-but-shallow excesses
 (each endpoint well below its own multiple) trip the global scope. Both are calibration
-values (``postbacks.tools.calibrate``), stored per scope in ``payout_anomaly_settings``.
+values (``streams.anomaly_gate.calibrate``), stored per scope in ``payout_anomaly_settings``.
 """
 
 from __future__ import annotations

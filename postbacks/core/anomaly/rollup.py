@@ -3,7 +3,7 @@
 Each gate instance keeps, per partition of ``deliveries.v1`` it owns, the *cumulative*
 payout of the partition's current window (:class:`PartitionPartial`) and publishes it, with
 the offset of the last delivery counted, to ``anomaly.partials.v1``. The one aggregator
-(:mod:`postbacks.streams.anomaly_gate.aggregate`) keeps each partition's latest partial,
+(:mod:`streams.anomaly_gate.aggregate`) keeps each partition's latest partial,
 sums them per window and feeds closed windows to the global baseline.
 """
 

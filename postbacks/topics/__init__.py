@@ -1,5 +1,0 @@
-"""Topic registry and the ``topics create|verify`` command."""
-
-from postbacks.topics.registry import RETRY_TIERS, TOPICS, TopicSpec, all_topics
-
-__all__ = ["RETRY_TIERS", "TOPICS", "TopicSpec", "all_topics"]

@@ -1,0 +1,319 @@
+"""The console's replay and delivery mutations (endpoint actions: :mod:`.endpoints`),
+shared by the web handlers, the JSON API and the CLI.
+
+Every action checks the principal's right, refuses bad input with a :class:`ActionError`
+(status 400/403/404/409/429 and a message for the person) before changing anything, and
+writes ``audit_log`` rows (actor, time, before/after) in the same PostgreSQL transaction
+as its own change.
+
+**Replays** (:func:`create_replay`) never publish directly: they record a job and its
+deliveries (``replay_jobs``/``replay_items``); the :class:`~replay_console.drain.Drainer`
+publishes them to the first retry tier at a per-endpoint cap, each with its original
+``delivery_id`` and idempotency key, ``trigger="manual"``, ``triggered_by`` = the actor,
+and a ``replayed`` outcome — so a bulk replay of 10,000 drains at the cap and never
+starves first attempts. Held, rejected, pending and suppressed deliveries are never
+replayed (a held one is released by a reviewer; a pending one is still in flight).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from postbacks.core.override import Override, apply_override, override_diff
+from postbacks.ids import new_id
+from postbacks.settings import Settings
+from replay_console.auth import Principal, may
+from replay_console.endpoints import check_target, load_endpoint, save_endpoint
+from replay_console.queries import DeliveryFilter, NotFound, count_deliveries, filter_sql
+from replay_console.rules import ActionError, Lookup, audit, require
+
+__all__ = [
+    "REPLAYABLE",
+    "ReplayJob",
+    "create_replay",
+    "job_status",
+    "preview_edit",
+    "replay_preview",
+    "resolve_dead_letter",
+    "suppress_delivery",
+]
+
+# Statuses a replay may re-drive: terminal ones (delivered too: "replay of already-delivered
+# events"). A failing, quarantined, released or replayed delivery still has a live copy in
+# the retry topics; replaying it would start a second chain beside it.
+REPLAYABLE = ("delivered", "exhausted", "dead_lettered")
+_SUPPRESSIBLE = ("exhausted", "dead_lettered")
+
+# --- replay -----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ReplayJob:
+    job_id: str
+    total: int
+    skipped: dict[str, int]  # status -> how many matched but may not be replayed
+    diff: list[tuple[str, str, str]]  # edit-and-replay: what the override changes
+
+
+def _rate_check(conn: psycopg.Connection[Any], settings: Settings, p: Principal,
+                per_app: dict[str, int]) -> None:
+    limit = settings.console_replay_per_app_hour
+    if limit == 0 or may(p, "unlimited_replay"):
+        return
+    used = dict(conn.execute(
+        "SELECT i.app_id, count(*) FROM replay_items i JOIN replay_jobs j USING (job_id)"
+        " WHERE i.app_id = ANY(%s) AND j.role <> 'admin'"
+        " AND i.queued_at > now() - interval '1 hour' GROUP BY i.app_id", (list(per_app),),
+    ).fetchall())
+    for app, n in sorted(per_app.items()):
+        left = max(0, limit - int(used.get(app, 0)))
+        if n > left:
+            raise ActionError(
+                f"replay limit: {limit} deliveries per app per hour; app {app} has {left} "
+                f"left this hour and this replay needs {n}", 429, app=app, left=left)
+
+
+def create_replay(
+    conn: psycopg.Connection[Any], settings: Settings, p: Principal, *,
+    delivery_ids: Sequence[str] = (), flt: DeliveryFilter | None = None,
+    override: Override | None = None, note: str | None = None, confirm: int | None = None,
+    promote: bool = False, confirm_token: str | None = None, lookup: Lookup | None = None,
+) -> ReplayJob:
+    """Queue a replay of ``delivery_ids`` or of every delivery matching ``flt`` (bulk: more
+    than ``console_bulk_confirm_above`` need ``confirm`` = the previewed count). With an
+    ``override`` (edit & replay: one endpoint only, URL SSRF-checked), optionally promoted
+    to the endpoint's config (admin, step-up for a URL). Raises ActionError."""
+    require(p, "replay", "replay deliveries")
+    if bool(delivery_ids) == (flt is not None):
+        raise ActionError("replay either delivery ids or a filter")
+    ids = list(dict.fromkeys(delivery_ids))
+    if flt is not None:
+        where, args = filter_sql(p, replace(flt, cursor=None), paging=False)
+        kind = "bulk_replay"
+        cap = settings.console_bulk_max
+        n = count_deliveries(conn, p, replace(flt, cursor=None), cap)
+        if n > cap:
+            raise ActionError(f"more than {cap} deliveries match; narrow the filter", 400)
+    else:
+        where, args = "d.delivery_id = ANY(%s)", [ids]
+        kind = "edit_replay" if override else "replay"
+        if len(ids) > settings.console_bulk_max:
+            raise ActionError(f"at most {settings.console_bulk_max} ids per replay")
+    rows = conn.execute(
+        "SELECT d.delivery_id, d.endpoint_id, d.app_id, d.status, d.created_at,"
+        " EXISTS (SELECT 1 FROM postback_suppressions s WHERE s.delivery_id = d.delivery_id)"
+        f" FROM deliveries d WHERE {where} ORDER BY d.created_at, d.delivery_id", args,
+    ).fetchall()
+    if ids:
+        missing = sorted(set(ids) - {r[0] for r in rows})
+        if missing:
+            raise ActionError(f"no such delivery: {', '.join(missing[:10])}"
+                              + (" ..." if len(missing) > 10 else ""), 404)
+    ok: list[Any] = []
+    skipped: dict[str, int] = {}
+    for r in rows:
+        status = "suppressed" if r[5] else r[3]
+        if status in REPLAYABLE:
+            ok.append(r)
+        else:
+            skipped[status] = skipped.get(status, 0) + 1
+    if ids and skipped:
+        raise ActionError(
+            "not replayable: " + ", ".join(f"{n} {s}" for s, n in sorted(skipped.items()))
+            + " (only delivered, exhausted or dead-lettered deliveries are replayed: held ones"
+            " are released by a reviewer; pending, failing, quarantined, released and replayed"
+            " ones are still in flight; rejected and suppressed ones are never sent)", 409)
+    if not ok:
+        raise ActionError("no replayable deliveries match; nothing was replayed", 404)
+    diff: list[tuple[str, str, str]] = []
+    if override is not None:
+        endpoints = {r[1] for r in ok}
+        if len(endpoints) != 1:
+            raise ActionError("an edit applies to one endpoint's deliveries")
+        ep = load_endpoint(conn, endpoints.pop())
+        diff = override_diff(ep, override)
+        if not diff:
+            raise ActionError("the edit changes nothing compared with the endpoint's config")
+        edited = apply_override(ep, override)
+        from postbacks.core.endpoint_check import endpoint_problems
+
+        problems = endpoint_problems(edited, now_ms=int(time.time() * 1000))
+        if override.url is not None:
+            why = check_target(override.url,
+                                     allow_loopback=settings.allow_loopback_targets,
+                                     lookup=lookup)
+            if why:
+                problems.append(why)
+        if problems:
+            raise ActionError("edit refused: " + "; ".join(problems), 400, problems=problems)
+    if kind == "bulk_replay" and len(ok) > settings.console_bulk_confirm_above \
+            and confirm != len(ok):
+        raise ActionError(
+            f"{len(ok)} deliveries would be replayed: confirm with that count", 409,
+            needs_confirmation=len(ok))
+    per_app: dict[str, int] = {}
+    for r in ok:
+        per_app[r[2]] = per_app.get(r[2], 0) + 1
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_REPLAY_LOCK,))
+    _rate_check(conn, settings, p, per_app)
+    if promote and override is not None:
+        ep_id = ok[0][1]
+        ep = load_endpoint(conn, ep_id)
+        cfg = ep.config.to_json()
+        if override.fields is not None:
+            cfg["fields"] = list(override.fields)
+        if override.aliases is not None:
+            cfg["aliases"] = dict(override.aliases)
+        problems = save_endpoint(conn, settings, p, ep_id, url=override.url, config=cfg,
+                                       confirm_token=confirm_token, lookup=lookup,
+                                       note=f"promoted from an edit & replay: {note or ''}")
+        if problems:
+            raise ActionError("promote refused: " + "; ".join(problems), 400)
+    job_id = new_id("rpl", int(time.time() * 1000))
+    selection: dict[str, Any] = ({"filter": flt.to_params()} if flt is not None
+                                 else {"delivery_ids": ids})
+    conn.execute(
+        "INSERT INTO replay_jobs (job_id, topic_prefix, actor, role, kind, selection, override,"
+        " note, total) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (job_id, settings.topic_prefix, p.actor, p.role, kind, Jsonb(selection),
+         None if override is None else Jsonb(json.loads(override.to_json())), note, len(ok)),
+    )
+    # Interleave endpoints in seq order, so any window of pending items is a fair mix.
+    by_ep: dict[str, list[Any]] = {}
+    for r in ok:
+        by_ep.setdefault(r[1], []).append(r)
+    order: list[Any] = []
+    queues = list(by_ep.values())
+    i = 0
+    while len(order) < len(ok):
+        for q in queues:
+            if i < len(q):
+                order.append(q[i])
+        i += 1
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO replay_items (job_id, seq, delivery_id, endpoint_id, app_id)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            [(job_id, seq, r[0], r[1], r[2]) for seq, r in enumerate(order)],
+        )
+        after: dict[str, Any] = {"job_id": job_id, "kind": kind, "trigger": "manual"}
+        if diff:
+            after["override"] = {w: {"from": a, "to": b} for w, a, b in diff}
+        cur.executemany(
+            "INSERT INTO audit_log (actor, action, target_type, target_id, before, after,"
+            " note) VALUES (%s, %s, 'delivery', %s, %s, %s, %s)",
+            [(p.actor, f"delivery.{kind}", r[0], Jsonb({"status": r[3]}), Jsonb(after), note)
+             for r in ok],
+        )
+    audit(conn, p, f"replay.{kind}", "replay_job", job_id, None,
+           {"total": len(ok), "skipped": skipped, "selection": selection,
+            **({"override": after["override"]} if diff else {})}, note)
+    return ReplayJob(job_id, len(ok), skipped, diff)
+
+
+_REPLAY_LOCK = 7_424_611_002  # serialises replay creation (the per-app limit is checked)
+
+
+def preview_edit(conn: psycopg.Connection[Any], settings: Settings, p: Principal,
+                 delivery_id: str, override: Override, *, lookup: Lookup | None = None,
+                 ) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+    """An edit & replay's first step: the delivery and what the edit changes (URL
+    SSRF-checked), nothing queued yet."""
+    from replay_console.queries import delivery_detail
+
+    require(p, "replay", "replay deliveries")
+    d = delivery_detail(conn, p, delivery_id)
+    if override.url is not None:
+        why = check_target(override.url, allow_loopback=settings.allow_loopback_targets,
+                           lookup=lookup)
+        if why:
+            raise ActionError(f"edit refused: {why}", 400)
+    return d, override_diff(load_endpoint(conn, d["endpoint_id"]), override)
+
+
+def replay_preview(conn: psycopg.Connection[Any], p: Principal, flt: DeliveryFilter,
+                   settings: Settings) -> dict[str, Any]:
+    """What a bulk replay of ``flt`` would re-drive: counts by status (replayable or not)
+    and whether a confirmation is needed."""
+    require(p, "replay", "replay deliveries")
+    where, args = filter_sql(p, replace(flt, cursor=None), paging=False)
+    cap = settings.console_bulk_max
+    counts = dict(conn.execute(
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM postback_suppressions s"
+        "  WHERE s.delivery_id = x.delivery_id) THEN 'suppressed' ELSE x.status END, count(*)"
+        f" FROM (SELECT d.delivery_id, d.status FROM deliveries d WHERE {where} LIMIT %s) x"
+        " GROUP BY 1", (*args, cap + 1),
+    ).fetchall())
+    replayable = sum(n for s, n in counts.items() if s in REPLAYABLE)
+    return {"by_status": counts, "replayable": replayable, "replayable_statuses": REPLAYABLE,
+            "needs_confirmation": replayable > settings.console_bulk_confirm_above,
+            "too_many": sum(counts.values()) > cap, "filter": flt.to_params()}
+
+
+def job_status(conn: psycopg.Connection[Any], job_id: str) -> dict[str, Any]:
+    row = conn.execute(
+        "SELECT job_id, actor, kind, total, published, state, created_at, finished_at,"
+        " (SELECT count(*) FROM replay_items i WHERE i.job_id = j.job_id"
+        "  AND i.error IS NOT NULL) FROM replay_jobs j WHERE job_id = %s", (job_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no replay job {job_id!r}")
+    errors = [{"delivery_id": e[0], "error": e[1]} for e in conn.execute(
+        "SELECT delivery_id, error FROM replay_items WHERE job_id = %s AND error IS NOT NULL"
+        " ORDER BY seq LIMIT 100", (job_id,))] if row[8] else []
+    return {"job_id": row[0], "actor": row[1], "kind": row[2], "total": row[3],
+            "published": row[4] - int(row[8]), "not_published": int(row[8]),
+            "not_published_examples": errors, "state": row[5],
+            "created_at_ms": int(row[6].timestamp() * 1000),
+            "finished_at_ms": None if row[7] is None else int(row[7].timestamp() * 1000)}
+
+
+# --- suppress / resolve -----------------------------------------------------------------
+
+def suppress_delivery(conn: psycopg.Connection[Any], p: Principal, delivery_id: str,
+                      reason: str) -> None:
+    """Mark a poison delivery as never to be sent again (replays skip it). Only
+    deliveries that are not in flight: exhausted or dead-lettered."""
+    require(p, "suppress", "suppress deliveries")
+    if not reason.strip():
+        raise ActionError("a suppression needs a reason")
+    row = conn.execute("SELECT endpoint_id, status FROM deliveries WHERE delivery_id = %s"
+                       " FOR UPDATE", (delivery_id,)).fetchone()
+    if row is None:
+        raise ActionError(f"no delivery {delivery_id!r}", 404)
+    if row[1] not in _SUPPRESSIBLE:
+        raise ActionError(f"delivery {delivery_id} is {row[1]}; only {', '.join(_SUPPRESSIBLE)}"
+                          " deliveries can be suppressed", 409)
+    done = conn.execute(
+        "INSERT INTO postback_suppressions (delivery_id, endpoint_id, reason, created_by)"
+        " VALUES (%s, %s, %s, %s) ON CONFLICT (delivery_id) DO NOTHING RETURNING 1",
+        (delivery_id, row[0], reason.strip(), p.actor)).fetchone()
+    if done is None:
+        raise ActionError(f"delivery {delivery_id} is already suppressed", 409)
+    audit(conn, p, "delivery.suppress", "delivery", delivery_id, {"status": row[1]},
+           {"suppressed": True, "reason": reason.strip()})
+
+
+def resolve_dead_letter(conn: psycopg.Connection[Any], p: Principal, dead_letter_id: str,
+                        note: str | None) -> None:
+    """Mark a dead letter handled (it stays, with who resolved it and when)."""
+    require(p, "suppress", "resolve dead letters")
+    row = conn.execute(
+        "UPDATE dead_letters SET resolved_at = now(), resolved_by = %s"
+        " WHERE dead_letter_id = %s AND resolved_at IS NULL RETURNING reason",
+        (p.actor, dead_letter_id)).fetchone()
+    if row is None:
+        exists = conn.execute("SELECT 1 FROM dead_letters WHERE dead_letter_id = %s",
+                              (dead_letter_id,)).fetchone()
+        raise ActionError(f"dead letter {dead_letter_id} is already resolved" if exists
+                          else f"no dead letter {dead_letter_id!r}", 409 if exists else 404)
+    audit(conn, p, "dead_letter.resolve", "dead_letter", dead_letter_id,
+           {"resolved": False, "reason": row[0]}, {"resolved": True}, note)
+
+
+

@@ -1,0 +1,154 @@
+"""Reading a console request: the bounded form or JSON body, typed fields, the edit and
+the bulk filter it carries, and :class:`Problem` (an error shown as is on the page and in
+the API)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from postbacks.core.override import Override, OverrideError, parse_override
+from replay_console import queries as q
+
+__all__ = [
+    "MAX_BODY",
+    "Problem",
+    "body_of",
+    "filter_from",
+    "flag",
+    "id_list",
+    "is_api",
+    "override_from",
+    "text",
+    "whole",
+]
+
+BODY = web.RequestKey("body", dict)
+MAX_BODY = 64 * 1024  # forms and JSON bodies; an edit is far smaller
+
+
+class Problem(Exception):
+    """An error the page and the API show as is."""
+
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.extra = extra
+
+
+def is_api(request: web.Request) -> bool:
+    return request.path.startswith("/api/")
+
+
+async def body_of(request: web.Request) -> dict[str, Any]:
+    """The request's form or JSON body as a dict (bounded; parsed once per request)."""
+    if BODY in request:
+        cached: dict[str, Any] = request[BODY]
+        return cached
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        raise Problem(413, f"request body larger than {MAX_BODY} bytes")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise Problem(413, f"request body larger than {MAX_BODY} bytes") from exc
+    request[BODY] = out = _parse_body(request, raw)
+    return out
+
+
+def _parse_body(request: web.Request, raw: bytes) -> dict[str, Any]:
+    if not raw:
+        return {}
+    if request.content_type == "application/json":
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise Problem(400, f"body is not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise Problem(400, "body must be a JSON object")
+        return data
+    from urllib.parse import parse_qs
+
+    try:
+        form = parse_qs(raw.decode(), keep_blank_values=True, strict_parsing=False)
+    except UnicodeDecodeError as exc:
+        raise Problem(400, "form is not UTF-8") from exc
+    return {k: (v if len(v) > 1 else v[0]) for k, v in form.items()}
+
+
+def text(body: Mapping[str, Any], key: str) -> str | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, list):
+        raise Problem(400, f"{key} given more than once")
+    if not isinstance(v, str | int):
+        raise Problem(400, f"{key} must be a string")
+    text = str(v).strip()
+    return text or None
+
+
+def flag(body: Mapping[str, Any], key: str) -> bool:
+    """A checkbox or a JSON boolean."""
+    v = body.get(key)
+    if isinstance(v, bool):
+        return v
+    return isinstance(v, str | int) and str(v).strip().lower() in ("1", "true", "on", "yes")
+
+
+def id_list(body: Mapping[str, Any], key: str) -> list[str]:
+    v = body.get(key)
+    if v is None:
+        return []
+    items = v if isinstance(v, list) else str(v).replace(",", " ").split()
+    out = [str(i).strip() for i in items if str(i).strip()]
+    if len(out) > 10_000:
+        raise Problem(400, f"{key}: at most 10000 ids")
+    return out
+
+
+def whole(body: Mapping[str, Any], key: str) -> int | None:
+    v = text(body, key)
+    if v is None:
+        return None
+    if not (v.isascii() and v.isdigit()) or len(v) > 12:
+        raise Problem(400, f"{key} must be a whole number")
+    return int(v)
+
+
+def override_from(body: Mapping[str, Any]) -> Override | None:
+    """An edit from a JSON ``override`` object or the form's url/fields/aliases fields."""
+    try:
+        if isinstance(body.get("override"), dict):
+            return parse_override(body["override"])
+        raw: dict[str, Any] = {}
+        url = text(body, "url")
+        if url:
+            raw["url"] = url
+        fields = text(body, "fields")
+        if fields:
+            raw["fields"] = [f.strip() for f in fields.split(",") if f.strip()]
+        aliases = text(body, "aliases")
+        if aliases:
+            try:
+                raw["aliases"] = json.loads(aliases)
+            except ValueError as exc:
+                raise OverrideError(f"aliases must be a JSON object: {exc}") from exc
+        return parse_override(raw) if raw else None
+    except OverrideError as exc:
+        raise Problem(400, str(exc)) from exc
+
+
+def filter_from(body: Mapping[str, Any]) -> q.DeliveryFilter:
+    raw = body.get("filter") if isinstance(body.get("filter"), dict) else {
+        k: v for k, v in body.items() if k in ("app", "endpoint", "status", "error", "since",
+                                               "until")}
+    if not isinstance(raw, dict):
+        raise Problem(400, "filter must be an object")
+    params = {str(k): str(v) for k, v in raw.items() if v not in (None, "")}
+    if not params:
+        raise Problem(400, "a bulk replay needs at least one filter (app, endpoint, status, "
+                      "error, since, until)")
+    return q.parse_filter(params)

@@ -1,0 +1,214 @@
+"""The console's actions: the state-changing requests (replay, edit & replay, suppress,
+resolve a dead letter, release or reject held deliveries, save an endpoint, rotate its
+secret, test-send). Each names its action (counted ``ok`` or ``refused``), checks the
+principal's role, runs the action in :mod:`.actions` / :mod:`.endpoints` on the pool, and
+answers JSON for the API or a redirect / page for the browser."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp import web
+
+from replay_console import actions as act
+from replay_console import endpoints as eps
+from replay_console import queries as q
+from replay_console.auth import may
+from replay_console.forms import (
+    Problem,
+    body_of,
+    filter_from,
+    flag,
+    id_list,
+    is_api,
+    override_from,
+    text,
+    whole,
+)
+from replay_console.http import ACTION, Console, Handler, counted, doing, done, me
+
+__all__ = ["endpoint_save", "replay_bulk", "replay_one", "resolve", "resolve_dl",
+           "rotate", "send_test", "suppress"]
+
+def replay_one(c: Console) -> Handler:
+    """Replay one delivery; with url/fields/aliases it is an edit & replay: the first POST
+    (without ``confirm=1``) shows the diff, the second queues it."""
+    async def h(request: web.Request) -> web.StreamResponse:
+        p = me(request)
+        did = request.match_info["id"]
+        body = await body_of(request)
+        override = override_from(body)
+        note = text(body, "note")
+        promote = flag(body, "promote")
+        confirmed = flag(body, "confirm") or is_api(request)
+        doing(request, "edit_replay" if override else "replay")
+        if not may(p, "replay"):
+            raise Problem(403, f"a {p.role} may not replay deliveries")
+        if override is not None and not confirmed:
+            d, diff = await c.pool.run(lambda conn: act.preview_edit(
+                conn, c.settings, p, did, override, lookup=c.lookup))
+            return c.render(request, "delivery.html", d=d, diff=diff,
+                            edit={"url": override.url or "",
+                                  "fields": ",".join(override.fields or ()),
+                                  "aliases": json.dumps(dict(override.aliases))
+                                  if override.aliases is not None else "",
+                                  "note": note or "", "promote": promote})
+        job = await c.pool.run(lambda conn: act.create_replay(
+            conn, c.settings, p, delivery_ids=[did], override=override, note=note,
+            promote=promote, confirm_token=text(body, "confirm_token"), lookup=c.lookup))
+        return done(request, {"job_id": job.job_id, "total": job.total,
+                              "diff": [list(x) for x in job.diff]},
+                    f"/replays/{job.job_id}", status=202)
+    return h
+
+
+def replay_bulk(c: Console) -> Handler:
+    async def h(request: web.Request) -> web.StreamResponse:
+        p = me(request)
+        body = await body_of(request)
+        ids = id_list(body, "delivery_ids")
+        doing(request, "replay" if ids else "bulk_replay")
+        flt = None if ids else filter_from(body)
+        job = await c.pool.run(lambda conn: act.create_replay(
+            conn, c.settings, p, delivery_ids=ids, flt=flt, note=text(body, "note"),
+            confirm=whole(body, "confirm"), lookup=c.lookup))
+        return done(request, {"job_id": job.job_id, "total": job.total,
+                              "skipped": job.skipped},
+                    f"/replays/{job.job_id}", status=202)
+    return h
+
+
+def suppress(c: Console) -> Handler:
+    async def h(request: web.Request) -> web.StreamResponse:
+        p = me(request)
+        did = request.match_info["id"]
+        doing(request, "suppress")
+        body = await body_of(request)
+        await c.pool.run(lambda conn: act.suppress_delivery(conn, p, did,
+                                                            text(body, "reason") or ""))
+        return done(request, {"suppressed": did}, f"/deliveries/{did}")
+    return h
+
+
+def resolve_dl(c: Console) -> Handler:
+    async def h(request: web.Request) -> web.StreamResponse:
+        p = me(request)
+        dl = request.match_info["id"]
+        doing(request, "resolve_dead_letter")
+        body = await body_of(request)
+        await c.pool.run(lambda conn: act.resolve_dead_letter(conn, p, dl, text(body, "note")))
+        return done(request, {"resolved": dl}, "/dead-letters")
+    return h
+
+
+def resolve(c: Console, kind: str) -> Handler:
+    async def h(request: web.Request) -> web.StreamResponse:
+        from replay_console.held import HeldError, NeedsConfirmation, resolve_held
+
+        p = me(request)
+        doing(request, f"held_{kind}")
+        if not may(p, "resolve_held"):
+            raise Problem(403, f"only a reviewer may release or reject held deliveries "
+                          f"(you are {p.role})")
+        body = await body_of(request)
+        ids = id_list(body, "delivery_ids")
+        kw = {k: text(body, k) for k in ("endpoint", "reason", "app")}
+        try:
+            r = await asyncio.to_thread(
+                resolve_held, c.settings, kind=kind, actor=p.actor, note=text(body, "note"),
+                delivery_ids=ids, endpoint=kw["endpoint"], reason=kw["reason"],
+                app=kw["app"], all_=flag(body, "all"),
+                confirm=whole(body, "confirm"))
+        except NeedsConfirmation as exc:
+            raise Problem(409, str(exc), needs_confirmation=exc.count) from exc
+        except HeldError as exc:
+            raise Problem(400 if exc.code == 2 else 409, str(exc)) from exc
+        counted(request[ACTION], "ok")
+        data = {"kind": r.kind, "delivery_ids": list(r.delivery_ids),
+                "skipped": list(r.skipped), "limit_reached": r.limit_reached}
+        if is_api(request):
+            return web.json_response(data)
+        return c.render(request, "resolved.html", r=data)
+    return h
+
+
+def endpoint_save(c: Console) -> Handler:
+    async def h(request: web.Request) -> web.StreamResponse:
+        p = me(request)
+        doing(request, "endpoint_save")
+        eid = request.match_info["id"]
+        body = await body_of(request)
+        config = body.get("config")
+        if isinstance(config, str):
+            try:
+                config = json.loads(config) if config.strip() else None
+            except ValueError as exc:
+                raise Problem(400, f"config is not JSON: {exc}") from exc
+        if config is not None and not isinstance(config, dict):
+            raise Problem(400, "config must be a JSON object")
+        raw_types = body.get("event_types")
+        if isinstance(raw_types, list) and is_api(request):
+            types: list[str] | None = [str(t) for t in raw_types]
+        else:
+            listed = text(body, "event_types")
+            types = listed.split(",") if listed else None
+        problems = await c.pool.run(lambda conn: eps.save_endpoint(
+            conn, c.settings, p, eid, url=text(body, "url"), config=config,
+            event_types=types,
+            confirm_token=text(body, "confirm_token"), note=text(body, "note"),
+            lookup=c.lookup))
+        if problems:
+            counted(request[ACTION], "refused")
+            if is_api(request):
+                return web.json_response({"error": "endpoint not saved", "problems": problems},
+                                         status=422)
+            e = await c.pool.run(lambda conn: q.endpoint_detail(conn, p, eid))
+            return c.render(request, "endpoint.html", status=422, e=e, problems=problems,
+                            sent=None)
+        return done(request, {"saved": eid}, f"/endpoints/{eid}")
+    return h
+
+
+def rotate(c: Console) -> Handler:
+    async def h(request: web.Request) -> web.StreamResponse:
+        p = me(request)
+        doing(request, "rotate_secret")
+        eid = request.match_info["id"]
+        body = await body_of(request)
+        secret = text(body, "secret")
+        if not secret:
+            raise Problem(400, "secret is required (whsec_...)")
+        overlap = whole(body, "overlap_s")
+        sid = await c.pool.run(lambda conn: eps.add_secret(
+            conn, c.settings, p, eid, secret,
+            overlap_s=float(overlap if overlap is not None else 86400)))
+        return done(request, {"secret_id": sid}, f"/endpoints/{eid}")
+    return h
+
+
+def send_test(c: Console) -> Handler:
+    async def h(request: web.Request) -> web.StreamResponse:
+        p = me(request)
+        doing(request, "test_send")
+        eid = request.match_info["id"]
+        if not may(p, "test_send"):
+            raise Problem(403, f"a {p.role} may not test-send")
+        body = await body_of(request)
+        override = override_from(body)
+        if override is not None and override.url is not None:
+            why = await asyncio.to_thread(eps.check_target, override.url,
+                                          allow_loopback=c.settings.allow_loopback_targets,
+                                          lookup=c.lookup)
+            if why:
+                raise Problem(400, f"test-send refused: {why}")
+        ep = await c.pool.run(lambda conn: eps.load_for_test_send(conn, c.settings, p, eid))
+        sent = await eps.test_send(c.settings, ep, override=override)
+
+        await c.pool.run(lambda conn: eps.audit_test_send(conn, p, eid, sent))
+        counted(request[ACTION], "ok" if sent["ok"] else "refused")
+        if is_api(request):
+            return web.json_response(sent)
+        e = await c.pool.run(lambda conn: q.endpoint_detail(conn, p, eid))
+        return c.render(request, "endpoint.html", e=e, problems=[], sent=sent)
+    return h

@@ -1,0 +1,190 @@
+"""Delivery agent: dispatch.v1 -> HTTP -> attempts.v1, outcomes.v1, retry.*, held.v1,
+quarantine.v1, dlq.v1.
+
+Consumption, lanes and commits run side by side on one event loop: records are consumed
+in batches (on a single Kafka thread), spread over per-endpoint lanes (see lanes.py), and
+every ``commit_interval_ms`` the outputs of every finished record are produced in **one
+Kafka transaction** with the commit that covers them: the lowest unfinished offset plus
+the finished records above it, in the commit metadata (see offsets.py). HTTP is
+at-least-once: a crash after a send and before its commit re-sends the delivery with the
+same idempotency key; everything between topics is exactly-once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from postbacks.core.endpoint import Endpoint
+from postbacks.db.crypto import SecretBox
+from postbacks.db.endpoint_cache import EndpointCache
+from postbacks.errors import PostbacksError
+from postbacks.kafka.clients import (
+    check_broker,
+    consume_ready,
+    make_consumer,
+    make_transactional_producer,
+    records,
+)
+from postbacks.kafka.stage import Output, commit_batch
+from postbacks.kafka.watchdog import subscribe_watched
+from postbacks.metrics import STAGE_RECORDS, UNFINISHED, observe_backlog
+from postbacks.policies import breaker_policy, retry_policy
+from postbacks.settings import Settings
+from postbacks.transport.http import HttpTransport
+from streams.delivery import Deliverer
+from streams.lanes import Lanes
+from streams.offsets import Tracker, decode_done
+from topics import TOPICS
+
+__all__ = ["run_agent"]
+
+log = logging.getLogger(__name__)
+
+GROUP = "postbacks-agent"
+
+
+class _Endpoints:
+    """Endpoint lookup with a rate-limited reload when an id is not (yet) known."""
+
+    def __init__(self, cache: EndpointCache) -> None:
+        self._cache = cache
+        self._last_reload = 0.0
+
+    def __call__(self, endpoint_id: str) -> Endpoint | None:
+        ep = self._cache.get(endpoint_id)
+        if ep is None and time.monotonic() - self._last_reload > 1.0:
+            self._last_reload = time.monotonic()
+            try:
+                self._cache.load()
+            except PostbacksError as exc:
+                log.warning("endpoint reload failed: %s", exc)
+            ep = self._cache.get(endpoint_id)
+        return ep
+
+
+async def _run(settings: Settings, stop: threading.Event) -> None:
+    cache = EndpointCache(
+        settings.database_url, SecretBox(settings.secrets_key.reveal()), settings.config_refresh_s
+    )
+    cache.start()
+    consumer = make_consumer(settings, GROUP)
+    producer = make_transactional_producer(settings, "agent")
+    revoked: list[TopicPartition] = []
+    skip: dict[tuple[str, int], set[int]] = {}  # finished above the committed offset
+
+    def on_assign(c: Consumer, partitions: list[TopicPartition]) -> None:
+        _load_skips(c, partitions, skip)
+
+    def on_revoke(_c: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked.extend(partitions)
+
+    subscribe_watched(consumer, [settings.topic(TOPICS.dispatch.base)], settings, GROUP, stop,
+                      on_assign=on_assign, on_revoke=on_revoke)
+    kafka = ThreadPoolExecutor(1, thread_name_prefix="kafka")  # every Kafka call, serialized
+    loop = asyncio.get_running_loop()
+    tracker = Tracker()
+    processed = STAGE_RECORDS.labels(stage="agent")
+    interval = settings.commit_interval_ms / 1000
+    try:
+        async with HttpTransport(
+            timeout_s=settings.http_timeout_s, allow_loopback=settings.allow_loopback_targets
+        ) as transport:
+            deliverer = Deliverer(transport, retry_policy(settings), settings.failing_after)
+            lanes = Lanes(deliverer, _Endpoints(cache), breaker_policy(settings),
+                          settings.endpoint_budget_s, settings.endpoint_max_queue,
+                          settings.quarantine_delay_s)
+            last_commit = time.monotonic()
+            last_wake = last_commit
+            while not stop.is_set():
+                room = settings.max_buffered - tracker.unfinished()
+                UNFINISHED.set(tracker.unfinished())
+                if room <= 0:
+                    await loop.run_in_executor(kafka, consumer.pause, consumer.assignment())
+                    msgs = await loop.run_in_executor(kafka, consumer.consume, 1, interval)
+                    await loop.run_in_executor(kafka, consumer.resume, consumer.assignment())
+                else:
+                    msgs = await loop.run_in_executor(
+                        kafka, consume_ready, consumer, min(settings.batch_size, room), interval
+                    )
+                if revoked:
+                    gone = {(tp.topic, tp.partition) for tp in revoked}
+                    revoked.clear()
+                    for topic, partition in gone:
+                        tracker.forget(topic, partition)
+                        skip.pop((topic, partition), None)
+                    lanes.drop_partitions(gone)
+                now_ms = int(time.time() * 1000)
+                observe_backlog(msgs, now_ms)
+                for m in records(msgs, "agent"):
+                    topic, partition, offset = m.topic() or "", m.partition() or 0, m.offset() or 0
+                    slot = tracker.track(topic, partition, offset)
+                    done = skip.get((topic, partition))
+                    if done and offset in done:
+                        done.discard(offset)  # finished and committed before a restart
+                        slot.finish([])
+                        continue
+                    lanes.submit(m, slot)
+                processed.inc(len(msgs))
+                await asyncio.sleep(0)  # let finished sends fill their slots
+                now = time.monotonic()
+                if now - last_wake >= 1.0:
+                    lanes.wake()
+                    last_wake = now
+                if now - last_commit >= interval:
+                    last_commit = now
+                    await _commit(loop, kafka, settings, consumer, producer, tracker, lanes,
+                                  skip)
+            await _drain(loop, kafka, settings, consumer, producer, tracker, lanes, skip)
+    finally:
+        cache.stop()
+        await loop.run_in_executor(kafka, consumer.close)
+        kafka.shutdown()
+
+
+def _load_skips(c: Consumer, partitions: list[TopicPartition],
+                skip: dict[tuple[str, int], set[int]]) -> None:
+    """Read the committed offsets' metadata: records above them that already finished."""
+    if not partitions:
+        return
+    for tp in c.committed(partitions, timeout=30):
+        done = decode_done(tp.offset, tp.metadata) if tp.offset >= 0 else set()
+        skip[(tp.topic, tp.partition)] = done
+
+
+async def _commit(loop: asyncio.AbstractEventLoop, kafka: ThreadPoolExecutor,
+                  settings: Settings, consumer: Consumer, producer: Producer, tracker: Tracker,
+                  lanes: Lanes, skip: dict[tuple[str, int], set[int]]) -> None:
+    items, commits = tracker.drain()
+    if not commits:
+        return
+    committed = await loop.run_in_executor(
+        kafka, commit_batch, "agent", settings, consumer, producer, Output(items), commits
+    )
+    if not committed:  # aborted and rewound: everything consumed will be seen again
+        tracker.clear()
+        lanes.clear()
+        await loop.run_in_executor(kafka, _load_skips, consumer, consumer.assignment(), skip)
+
+
+async def _drain(loop: asyncio.AbstractEventLoop, kafka: ThreadPoolExecutor,
+                 settings: Settings, consumer: Consumer, producer: Producer, tracker: Tracker,
+                 lanes: Lanes, skip: dict[tuple[str, int], set[int]],
+                 timeout_s: float = 15.0) -> None:
+    """On shutdown: stop taking work, let in-flight sends finish, commit what finished."""
+    lanes.clear()
+    if lanes.tasks:
+        await asyncio.wait(list(lanes.tasks), timeout=timeout_s)
+    await _commit(loop, kafka, settings, consumer, producer, tracker, lanes, skip)
+
+
+def run_agent(settings: Settings, stop: threading.Event) -> None:
+    check_broker(settings)
+    import uvloop
+
+    uvloop.run(_run(settings, stop))

@@ -1,0 +1,234 @@
+"""``postbacks anomaly status | set-mode | close``: arming modes and durable halts.
+
+``close`` is the only way a tripped scope resumes: a named person, a note, an audit row,
+then a ``closed`` BreakerState on ``anomaly.control.v1`` that every gate applies. The
+PostgreSQL change commits only after Kafka has acknowledged that record, so a failed publish
+leaves the halt tripped in both places (run the command again).
+:func:`publish_state` is also what the gate uses to publish its trips.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from postbacks.cli_output import fail, iso, print_json, print_table
+from postbacks.core.anomaly.modes import Detector, Mode
+from postbacks.errors import ServiceUnavailable
+from postbacks.records import BreakerStateRecord
+from postbacks.settings import Settings
+
+if TYPE_CHECKING:
+    from confluent_kafka import Producer
+
+    from postbacks.db.anomaly import AnomalyRow
+
+__all__ = [
+    "add_parser",
+    "breaker_record",
+    "close_cmd",
+    "control_key",
+    "publish_state",
+    "set_mode_cmd",
+    "status_cmd",
+]
+
+_MICROS_PER_USD = 1_000_000
+_MS_PER_DAY = 86_400_000
+
+
+def control_key(scope: str, scope_key: str, detector: str) -> bytes:
+    """The control-topic key of a scope's halt state."""
+    return f"{scope}/{scope_key}/{detector}".encode()
+
+
+def breaker_record(
+    state: AnomalyRow | Mapping[str, Any], *, actor: str | None = None,
+    observed: float | None = None, baseline: float | None = None, now_ms: int | None = None,
+) -> BreakerStateRecord:
+    """A BreakerState from a settings row (``changed_at`` = its ``state_changed_at``, else
+    ``now_ms``) or from a mapping of the record's fields (missing optional fields: null)."""
+    from postbacks.db.anomaly import AnomalyRow
+
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    if isinstance(state, AnomalyRow):
+        return BreakerStateRecord(
+            scope=state.scope, scope_key=state.scope_key, detector=state.detector,
+            state=state.state, changed_at=state.state_changed_at_ms or now,
+            reason=state.state_reason, actor=actor, observed_value=observed,
+            baseline_value=baseline,
+        )
+    rec = dict(state)
+    return BreakerStateRecord(
+        scope=rec["scope"], scope_key=rec["scope_key"], detector=rec["detector"],
+        state=rec["state"], changed_at=rec.get("changed_at") or now,
+        reason=rec.get("reason"), actor=rec.get("actor", actor),
+        observed_value=rec.get("observed_value", observed),
+        baseline_value=rec.get("baseline_value", baseline),
+    )
+
+
+def publish_state(
+    settings: Settings, state: AnomalyRow | Mapping[str, Any], *, actor: str | None = None,
+    observed: float | None = None, baseline: float | None = None, now_ms: int | None = None,
+    timeout_s: float = 30.0, producer: Producer | None = None,
+) -> BreakerStateRecord:
+    """Publish a scope's halt state on ``anomaly.control.v1`` (key
+    ``scope/scope_key/detector``) and wait for the broker's acknowledgement; raises
+    :class:`~postbacks.errors.ServiceUnavailable` when it is not acknowledged in
+    ``timeout_s``. Blocking: from asyncio code, run it in an executor. Pass ``producer``
+    to reuse one (it is flushed)."""
+    from postbacks.codec import codec_for
+    from postbacks.kafka.publish import publish_acked
+    from topics import TOPICS
+
+    rec = breaker_record(state, actor=actor, observed=observed, baseline=baseline,
+                         now_ms=now_ms)
+    value = codec_for("BreakerState").encode(rec)
+    topic = settings.topic(TOPICS.anomaly_control.base)
+    key = control_key(rec["scope"], rec["scope_key"], rec["detector"])
+    publish_acked(settings, [(topic, key, value)], timeout_s=timeout_s, producer=producer)
+    return rec
+
+
+def status_cmd(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.db.anomaly import load_rows
+    from postbacks.db.connect import connect
+
+    with connect(settings.database_url) as conn:
+        rows = load_rows(conn)
+    if args.json:
+        print_json([r.to_json() for r in rows])
+        return 0
+    if not rows:
+        print("no anomaly settings rows: every detector is off everywhere")
+        return 0
+    tripped = [r for r in rows if r.state == "tripped"]
+    print_table(
+        ["SCOPE", "KEY", "DETECTOR", "MODE", "STATE", "SINCE", "PARAMS", "REASON"],
+        [[r.scope, r.scope_key, r.detector, r.mode,
+          "TRIPPED <<" if r.state == "tripped" else r.state, iso(r.state_changed_at_ms),
+          ",".join(f"{k}={v}" for k, v in sorted(r.params.items())) or "-", r.state_reason]
+         for r in rows],
+    )
+    if tripped:
+        print(f"\n{len(tripped)} TRIPPED halt(s): everything in those scopes is held. "
+              "Close one with `postbacks anomaly close --scope S --key K --detector D "
+              "--actor YOU --note WHY`.")
+    else:
+        print("\nno halts tripped")
+    return 0
+
+
+def _key(settings: Settings, args: argparse.Namespace) -> str | None:
+    if args.key is not None:
+        return str(args.key)
+    return settings.anomaly_global_key if args.scope == "global" else None
+
+
+def set_mode_cmd(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.db.anomaly import endpoint_exists, set_mode
+    from postbacks.db.connect import connect
+
+    key = _key(settings, args)
+    if key is None:
+        return fail(args, "--key (the endpoint id) is required for --scope endpoint", 2)
+    params: dict[str, Any] = {}
+    if args.multiple is not None:
+        params["multiple"] = args.multiple
+    if args.floor_usd is not None:
+        params["floor_micros"] = round(args.floor_usd * _MICROS_PER_USD)
+    if args.window_days is not None:
+        params["window_ms"] = round(args.window_days * _MS_PER_DAY)
+    with connect(settings.database_url) as conn:
+        try:
+            row = set_mode(conn, scope=args.scope, scope_key=key, detector=args.detector,
+                           mode=args.mode, params=params, actor=args.actor, note=args.note)
+        except ValueError as exc:
+            return fail(args, str(exc), 2)
+        if args.scope == "endpoint" and not endpoint_exists(conn, key):
+            print(f"postbacks anomaly set-mode: warning: no endpoint {key!r} is configured "
+                  "(a typo?); the setting is stored anyway", file=sys.stderr)
+    print(f"{row.target_id}: mode {row.mode}, params {row.params or '{}'}, "
+          f"state {row.state} (unchanged)")
+    return 0
+
+
+def close_cmd(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.db.anomaly import NotTripped, close_halt
+    from postbacks.db.connect import connect
+
+    key = _key(settings, args)
+    if key is None:
+        return fail(args, "--key (the endpoint id) is required for --scope endpoint", 2)
+    with connect(settings.database_url) as conn, conn.transaction():
+        try:
+            row = close_halt(conn, scope=args.scope, scope_key=key, detector=args.detector,
+                             actor=args.actor, note=args.note)
+        except NotTripped as exc:
+            return fail(args, str(exc), 1)
+        except ValueError as exc:
+            return fail(args, str(exc), 2)
+        # Commit only once the control topic has it: a failure rolls the close back.
+        try:
+            publish_state(settings, row, actor=args.actor)
+        except ServiceUnavailable as exc:
+            raise ServiceUnavailable(f"{exc}; the halt stays tripped (nothing changed)") from exc
+    print(f"{row.target_id}: closed by {args.actor} at {iso(row.state_changed_at_ms)}; "
+          "published on the control topic")
+    return 0
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``anomaly`` and its actions to the top-level subparsers."""
+    sub = cast(argparse._SubParsersAction, subparsers)  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "anomaly", help="anomaly gate modes and halts (status, set-mode, close)",
+        description="Show and change the anomaly gate's arming modes and durable halts "
+        "(payout_anomaly_settings). Every change is audited.",
+    )
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sp = actions.add_parser("status", help="modes and halt states (tripped highlighted)",
+                            description="Every settings row: mode, params and halt state. "
+                            "A missing row reads as off.")
+    sp.add_argument("--json", action="store_true", help="JSON instead of a table")
+    sp.set_defaults(func=status_cmd)
+
+    scopes = ["endpoint", "global"]
+    detectors = [d.value for d in Detector]
+
+    def target(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--scope", required=True, choices=scopes)
+        sp.add_argument("--key", help="the endpoint id (scope endpoint); for global it "
+                        "defaults to POSTBACKS_ANOMALY_GLOBAL_KEY ('*')")
+        sp.add_argument("--detector", required=True, choices=detectors)
+        sp.add_argument("--actor", required=True, help="who you are (recorded in the audit log)")
+
+    sp = actions.add_parser(
+        "set-mode", help="set a detector's mode and params for a scope",
+        description="Set the mode (off: skip, detect: metrics only, enforce: hold) and params "
+        "of one (scope, detector). Given params are merged over the stored ones. Never "
+        "changes the halt state.",
+    )
+    target(sp)
+    sp.add_argument("--mode", required=True, choices=[m.value for m in Mode])
+    sp.add_argument("--multiple", type=float,
+                    help="value_rate: trip above this multiple of the baseline")
+    sp.add_argument("--floor-usd", type=float,
+                    help="value_rate: and above this absolute window total (USD)")
+    sp.add_argument("--window-days", type=float,
+                    help="retrodating: hold when created - completed exceeds this")
+    sp.add_argument("--note", help="why (recorded in the audit log)")
+    sp.set_defaults(func=set_mode_cmd)
+
+    sp = actions.add_parser(
+        "close", help="close a tripped halt (a person, with a note)",
+        description="Move a tripped scope back to closed, audited, and publish the closed "
+        "state on the control topic so every gate resumes. Only a person can do this.",
+    )
+    target(sp)
+    sp.add_argument("--note", required=True, help="why it is safe to resume")
+    sp.set_defaults(func=close_cmd)

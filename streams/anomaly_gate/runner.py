@@ -1,0 +1,392 @@
+"""The anomaly gate process: a Faust app (agents, tables, changelog recovery, rebalancing)
+around the synchronous :class:`GateEngine` and :class:`GlobalAggregator`.
+
+Processing guarantee (measured against the broker, docs/research/faust-streaming-spike.md):
+Faust's exactly_once is unusable in faust-streaming 0.15, so the gate is **at-least-once
+with effectively-once state**:
+
+- a batch's outputs and the table writes for its state (both through one idempotent,
+  acks=all confluent-kafka producer; the table writes go to the tables' Faust changelog
+  topics in Faust's own JSON encoding, so Faust recovers the tables from them as usual)
+  are acknowledged by the broker before Faust commits the offsets covering them: nothing
+  is lost;
+- after a crash the uncommitted tail is decided again; its records are duplicates that the
+  agent (same idempotency key) and the sink (primary keys) absorb, and its payouts are not
+  counted twice (offsets persisted with the state);
+- a failed produce or changelog write restarts the process in place before Faust can
+  commit anything past it; SIGTERM finishes the batch in flight, commits, and exits.
+
+Latency (bench/gate.py, measured): the changelog writes used to go through Faust's
+``send_changelog`` -- one Faust/aiokafka send (futures, callbacks, serialisation) per
+changed scope on the agents' event loop, about 300 per commit at 2,000 deliveries/s over
+300 endpoints. That burst and the wait for its futures stalled the agents every commit
+interval (a commit took 30-70 ms; p99 added latency 116-182 ms against a p50 of 20 ms).
+Produced through the confluent producer (C, its own thread) the same writes cost a few
+ms. A full (generation 2) garbage collection over Faust's and the libraries' start-up
+objects took up to 90 ms; they are frozen after start-up (``gc.freeze``), so a full
+collection only walks what the gate allocated since.
+
+Transactional input is read committed (:func:`patch_faust_read_committed`: Faust reads
+uncommitted records unless it runs its own exactly_once).
+
+Offset commits over transactional input (faust-streaming 0.15 bug, patched here): a
+transaction marker leaves a gap in the offsets the gate reads (fan-out writes
+``deliveries.v1`` in transactions). Faust records the gap after read offset ``r`` up to
+the next record ``o`` as ``[r + 1, o]`` -- ``o`` included, though ``o`` is acked too -- and
+the duplicate ``o`` in its acked list ends the run of consecutive offsets it commits up
+to. Each commit then advanced one transaction per partition: behind fan-out at 2,000/s
+the committed offset fell ~1,000 records further behind every second (measured), and a
+restart would have decided all of them again. :func:`patch_faust_gaps` records the gap
+as ``[r + 1, o - 1]``; ``tests/e2e/test_anomaly_gate.py`` checks the commits keep up.
+Upstream: faust-streaming/faust#606, robinhood/faust#625.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import faust
+from confluent_kafka import KafkaError, Message, Producer
+from faust.serializers import codecs as faust_codecs
+
+from postbacks.codec import codec_for
+from postbacks.core.anomaly import PartitionPartial
+from postbacks.kafka.clients import make_producer
+from postbacks.kafka.watchdog import restart_in_place
+from postbacks.metrics import GATE_BATCH_SECONDS, GC_FROZEN, STAGE_RECORDS, child
+from postbacks.records import PayoutPartialRecord
+from postbacks.settings import Settings
+from streams.anomaly_gate.aggregate import GlobalAggregator
+from streams.anomaly_gate.config import HaltBook
+from streams.anomaly_gate.control import ControlReader, TripWriter
+from streams.anomaly_gate.engine import BatchOut, GateEngine, In
+from streams.anomaly_gate.refresh import Refresher
+from streams.anomaly_gate.stall import ProgressWatch
+from topics import TOPICS
+
+__all__ = ["GateProcess"]
+
+log = logging.getLogger("postbacks.gate")
+
+
+def patch_faust_gaps() -> None:
+    """Make Faust's gap record exclude the record after the gap (see the module docstring)."""
+    from faust.transport.consumer import Consumer as FaustConsumer
+
+    original = FaustConsumer._add_gap
+    if getattr(original, "postbacks_patched", False):
+        return
+
+    async def add_gap(self: Any, tp: Any, offset_from: int, offset_to: int) -> None:
+        if offset_to - 1 >= offset_from:  # offset_to is a record read (and acked) itself
+            await original(self, tp, offset_from, offset_to - 1)
+
+    add_gap.postbacks_patched = True  # type: ignore[attr-defined]
+    FaustConsumer._add_gap = add_gap  # type: ignore[method-assign]
+
+
+def patch_faust_read_committed() -> None:
+    """Make Faust's stream consumer read committed records only.
+
+    faust-streaming 0.15 reads ``read_uncommitted`` unless the app runs its own (broken)
+    exactly_once; fan-out writes deliveries.v1 in transactions, so the gate dispatched --
+    and counted into its baselines -- deliveries of transactions that were later aborted
+    (a fan-out crash mid-batch: the conversion is fanned out again, so the postback went
+    twice and its payout was counted twice; a conversion never committed was paid for).
+    aiokafka's fetcher takes the level from the consumer when it starts."""
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    original = AIOKafkaConsumerThread._create_worker_consumer
+    if getattr(original, "postbacks_patched", False):
+        return
+
+    def create(self: Any, transport: Any) -> Any:
+        consumer = original(self, transport)
+        consumer._isolation_level = "read_committed"
+        return consumer
+
+    create.postbacks_patched = True  # type: ignore[attr-defined]
+    AIOKafkaConsumerThread._create_worker_consumer = create  # type: ignore[method-assign]
+
+
+patch_faust_gaps()
+patch_faust_read_committed()
+# The tables' changelog serializer (Faust's "json" codec for keys and values): records
+# produced with it are read back by Faust's table recovery exactly like its own.
+_CHANGELOG_CODEC = faust_codecs.get_codec("json")
+
+
+def faust_settings(settings: Settings) -> dict[str, Any]:
+    """Faust settings that start fast and quietly on a small cluster (see the spike)."""
+    return dict(
+        broker=f"kafka://{settings.kafka_bootstrap_servers}",
+        store="memory://",
+        web_enabled=False,
+        topic_replication_factor=1,
+        topic_partitions=TOPICS.deliveries.partitions,
+        topic_disable_leader=True,
+        table_standby_replicas=0,
+        broker_session_timeout=max(6.0, settings.consumer_session_timeout_ms / 1000),
+        broker_heartbeat_interval=1.0,
+        broker_rebalance_timeout=10.0,
+        broker_request_timeout=30.0,
+        broker_commit_every=1 << 40,  # by interval only: a count-based commit runs inside
+                                      # Faust's fetch loop and stalls every partition
+        broker_commit_interval=settings.gate_commit_interval_s,
+        consumer_auto_offset_reset="earliest",
+        producer_linger=0.002,
+        stream_recovery_delay=0.0,
+        processing_guarantee="at_least_once",
+        datadir=os.path.join(os.environ.get("TMPDIR", "/tmp"), "postbacks-gate",
+                             f"{settings.topic_prefix}{settings.instance_id}"),
+    )
+
+
+class GateProcess:
+    def __init__(self, settings: Settings, refresher: Refresher) -> None:
+        self.settings = settings
+        self.halts = HaltBook()
+        self.refresher = refresher
+        cfg = refresher.apply_initial(self.halts)
+        self.engine = GateEngine(
+            cfg, self.halts, partials_interval_ms=int(settings.gate_partials_interval_s * 1000))
+        self.aggregator = GlobalAggregator(cfg, self.halts, settings.anomaly_global_key)
+        refresher.targets = (self.engine, self.aggregator)
+        self.writer = TripWriter(settings, self.halts)
+        self.control = ControlReader(settings, self.halts, self.writer)
+        self.producer: Producer = make_producer(settings, **{"linger.ms": settings.gate_linger_ms})
+        self._failed: list[str] = []
+        self._produced = 0  # records handed to the producer ...
+        self._reported = 0  # ... and delivery reports received for them
+        self._partial_codec = codec_for("PayoutPartial")
+        self._control_codec = codec_for("BreakerState")
+        self.busy = False
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.stopping = False
+        self._tick = time.monotonic()  # the event loop's last turn (the progress watch)
+        self.app = self._build_app()
+
+    # ----------------------------------------------------------------- Faust app
+    def _build_app(self) -> faust.App:
+        s = self.settings
+        app = faust.App(f"{s.topic_prefix}postbacks-gate", **faust_settings(s))
+
+        def raw_topic(name: str) -> Any:
+            return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
+                             value_serializer="raw")
+
+        src = raw_topic(s.topic(TOPICS.deliveries.base))
+        partials = raw_topic(s.topic(TOPICS.anomaly_partials.base))
+        ep_table = app.Table("gate-endpoints", default=None,
+                             partitions=TOPICS.deliveries.partitions)
+        g_table = app.Table("gate-global", default=None,
+                            partitions=TOPICS.anomaly_partials.partitions)
+
+        async def gate(stream: Any) -> None:
+            async for events in stream.take_events(s.gate_batch_max, s.gate_batch_within_s):
+                await self._guarded(self._gate_batch, events, ep_table)
+
+        async def aggregate(stream: Any) -> None:
+            async for events in stream.take_events(1000, 0.02):
+                await self._guarded(self._aggregate_batch, events, g_table)
+
+        app.agent(src, name="gate")(gate)
+        app.agent(partials, name="aggregate")(aggregate)
+
+        self._tables = (ep_table, g_table)
+
+        def forget(*_a: Any, **_k: Any) -> None:
+            self._send_partials(self.engine.take_partials(int(time.time() * 1000)))
+            self._write_states()  # nothing counted is dropped with the cache
+            self.engine.forget()
+            self.aggregator.forget()
+
+        app.on_partitions_revoked.connect(forget)
+        app.on_partitions_assigned.connect(forget)
+        faust_flush = app.producer.flush
+
+        async def flush_all() -> None:  # Faust calls this before it commits offsets
+            await faust_flush()
+            await self.flush()
+
+        app.producer.flush = flush_all  # type: ignore[method-assign]
+        return app
+
+    async def _guarded(self, fn: Any, events: Any, table: Any) -> None:
+        """Run one batch; any failure restarts the process before Faust can commit it."""
+        if self.stopping:
+            await asyncio.Event().wait()  # never processed, never acknowledged: re-read
+        self.busy = True
+        self.idle.clear()
+        try:
+            await fn(events, table)
+        except asyncio.CancelledError:
+            restart_in_place("gate: batch cancelled mid-flight")
+        except Exception as exc:
+            log.exception("gate batch failed")
+            restart_in_place(f"gate: batch failed: {exc!r}", backoff_s=1.0)
+        finally:
+            self.busy = False
+            self.idle.set()
+
+    # ----------------------------------------------------------------- batches
+    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        self._reported += 1
+        if err is not None:
+            self._failed.append(str(err))
+
+    def _produce(self, topic_base: str, key: bytes | None, value: bytes) -> None:
+        self._send(self.settings.topic(topic_base), key, value)
+
+    def _send(self, topic: str, key: bytes | None, value: bytes, partition: int = -1) -> None:
+        """Hand one record to the producer (partition -1: by key); its delivery report is
+        counted in ``flush``."""
+        while True:
+            try:
+                self.producer.produce(topic, value, key, partition=partition,
+                                      on_delivery=self._on_delivery)
+                self._produced += 1
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    async def flush(self) -> None:
+        """Everything produced so far is acknowledged, or the process restarts.
+
+        Runs before every Faust offset commit (``app.producer.flush`` is wrapped), so a
+        batch's offsets are committed only after its outputs and changelog writes are on
+        the broker -- while batches themselves are pipelined (a batch returns as soon as
+        its records are handed to the producer). Faust picks the offsets to commit before
+        it calls this, and the state written here covers every batch processed so far.
+        """
+        self._send_partials(self.engine.take_partials(int(time.time() * 1000)))
+        self._write_states()
+        # Wait for the reports of what was produced *before* this point only: a plain
+        # producer.flush() under steady load waits for a moment the queue is empty.
+        target, deadline = self._produced, time.monotonic() + 60.0
+        while self._reported < target and time.monotonic() < deadline:
+            self.producer.poll(0)
+            await asyncio.sleep(0.002)
+        left = max(0, target - self._reported)
+        if left or self._failed:
+            restart_in_place(f"gate: {left} record(s) unacknowledged, failed: "
+                             f"{self._failed[:3]} (nothing committed past them)", backoff_s=1.0)
+
+    def _write_states(self) -> None:
+        """Changed scope states -> tables (once per scope per commit, not per delivery)."""
+        ep_table, g_table = self._tables
+        for partition, k, v in self.engine.take_writes():
+            self._write_table(ep_table, partition, k, v)
+        for k, v in self.aggregator.take_writes():
+            self._write_table(g_table, 0, k, v)
+
+    def _write_table(self, table: Any, partition: int, key: str, value: Any) -> None:
+        """``table[key] = value`` and its changelog record, as Faust's ``send_changelog``
+        would write it, but through the confluent producer (acknowledged like the outputs)."""
+        table.data[key] = value
+        self._send(table.changelog_topic.get_topic_name(), _CHANGELOG_CODEC.dumps(key),
+                   _CHANGELOG_CODEC.dumps(value), partition)
+
+    async def _gate_batch(self, events: Any, table: Any) -> None:
+        t0 = time.perf_counter()
+        now_ms = int(time.time() * 1000)
+        batch = [In(e.message.topic, e.message.partition, e.message.offset, e.message.key,
+                    e.message.value) for e in events]
+        out: BatchOut = self.engine.process(batch, table.data.get, now_ms)
+        for topic, key, value in out.records:
+            self._produce(topic, key, value)
+        self._send_partials(out.partials)
+        for trip in out.trips:
+            key, state = self.writer.trip(trip, now_ms)
+            self._produce(TOPICS.anomaly_control.base, key, self._control_codec.encode(state))
+        if out.trips:
+            await self.flush()  # a trip is on the control topic before its batch is done
+        self.producer.poll(0)  # serve delivery reports
+        child(STAGE_RECORDS, "gate").inc(len(batch))
+        GATE_BATCH_SECONDS.observe(time.perf_counter() - t0)
+
+    def _send_partials(self, partials: list[tuple[int, PartitionPartial, int]]) -> None:
+        now_ms = int(time.time() * 1000)
+        for partition, part, off in partials:
+            rec = PayoutPartialRecord(partition=partition, window_start=part.window_start or 0,
+                                      total_micros=part.total, source_offset=off,
+                                      produced_at=now_ms)
+            self._produce(TOPICS.anomaly_partials.base, str(partition).encode(),
+                          self._partial_codec.encode(rec))
+
+    async def _aggregate_batch(self, events: Any, table: Any) -> None:
+        now_ms = int(time.time() * 1000)
+        batch = [(e.message.offset, e.message.value) for e in events]
+        trips = self.aggregator.process(batch, table.data.get, now_ms)
+        for trip in trips:
+            key, state = self.writer.trip(trip, now_ms)
+            self._produce(TOPICS.anomaly_control.base, key, self._control_codec.encode(state))
+        if trips:
+            await self.flush()  # a trip is on the control topic before anything else
+
+    # ----------------------------------------------------------------- lifecycle
+    async def run(self, stop: threading.Event) -> None:
+        os.makedirs(self.app.conf.datadir, exist_ok=True)
+        await self.control.start()
+        tasks = [asyncio.create_task(t) for t in
+                 (self.control.run(), self.writer.run(), self.refresher.run(self.halts))]
+        await self.app.start()
+        gc.freeze()  # start-up objects out of the collector's way (see the module docstring)
+        GC_FROZEN.set(gc.get_freeze_count())
+        log.info("gate running (instance %s)", self.settings.instance_id)
+        self._tick = time.monotonic()
+        threading.Thread(target=self._watch_progress, args=(stop,), name="gate-progress",
+                         daemon=True).start()
+        while not stop.is_set():
+            await asyncio.sleep(0.1)
+            self._tick = time.monotonic()
+            crashed = [svc for svc in (self.app, self.app.consumer,
+                                       getattr(self.app, "_fetcher", None))
+                       if svc is not None and svc.crashed]
+            if crashed:  # a crashed Faust service would otherwise stall the partitions
+                restart_in_place(f"gate: Faust {crashed[0]!r} crashed: "
+                                 f"{crashed[0].crash_reason!r}", backoff_s=2.0)
+            for t in tasks:
+                if t.done() and not t.cancelled() and t.exception() is not None:
+                    restart_in_place(f"gate: background task failed: {t.exception()!r}")
+        await self.shutdown()
+
+    def _watch_progress(self, stop: threading.Event) -> None:
+        """On a thread of its own, so that neither a blocked event loop nor a hung check
+        keeps it from firing: a partition whose committed offset stands still with records
+        waiting (:class:`ProgressWatch`), or an event loop that has not turned for
+        ``stall_restart_s``, restarts the process in place -- with every thread's stack in
+        the log, so the stall can be read afterwards."""
+        watch = ProgressWatch(self.settings, self.app.conf.id, self.settings.stall_restart_s)
+        while not stop.wait(5.0):
+            lag = time.monotonic() - self._tick
+            if lag > self.settings.stall_restart_s:
+                restart_in_place(f"gate: the event loop has not turned for {lag:.0f} s",
+                                 dump=True, backoff_s=1.0)
+            stuck = watch.stalled()
+            if stuck and not stop.is_set():
+                restart_in_place(f"gate: no progress: {stuck}", dump=True, backoff_s=1.0)
+
+    async def shutdown(self) -> None:
+        """Finish the batch in flight, commit what is done, leave (nothing half-acknowledged:
+        a graceful Faust stop would acknowledge a cancelled batch)."""
+        self.stopping = True
+        try:
+            await asyncio.wait_for(self.idle.wait(), 30)
+        except TimeoutError:
+            log.warning("batch in flight did not finish within 30 s; leaving it unacknowledged")
+        try:
+            await asyncio.wait_for(self.app.consumer.commit(), 10)
+        except Exception as exc:  # the next owner re-reads from the last commit
+            log.warning("final commit failed: %r", exc)
+        self.producer.flush(10)
+        log.info("gate stopped")
+        logging.shutdown()
+        os._exit(0)

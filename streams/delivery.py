@@ -1,0 +1,201 @@
+"""One delivery attempt, from dispatch record to the records it yields.
+
+render -> sign -> send -> classify -> (attempt, next step, outcome). Everything one attempt
+produces is returned as a list of (topic, key, value) so the agent can commit it together
+with the input's offset. The HTTP call goes through the transport adapter; the decisions
+are the pure core's.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from postbacks.codec import codec_for
+from postbacks.core.classify import Delivered, Permanent, Retryable, Verdict, classify
+from postbacks.core.endpoint import Endpoint
+from postbacks.core.outcomes import make_attempt, make_outcome
+from postbacks.core.override import OverrideError, apply_override, parse_override
+from postbacks.core.redact import redact_request
+from postbacks.core.render import RenderedRequest, RenderError, render
+from postbacks.core.retry import DeadLetter, RetryPolicy, ScheduleRetry, next_step
+from postbacks.core.validators import check_response, effective_validator
+from postbacks.errors import DeadLetterError
+from postbacks.kafka.stage import dead_letter_for
+from postbacks.metrics import (
+    ATTEMPTS_TOTAL,
+    DLQ_TOTAL,
+    LATENCY,
+    OUTCOMES_TOTAL,
+    RENDER_ERRORS,
+    VALIDATION_FAILED,
+    child,
+)
+from postbacks.records import DeliveryRecord
+from postbacks.transport.http import HttpTransport
+from streams.offsets import Item
+from topics import TOPICS
+
+__all__ = ["Attempted", "Deliverer", "ValidationFailed"]
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationFailed:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Attempted:
+    """What one attempt meant for the endpoint's health (for the breaker)."""
+
+    unhealthy: bool
+
+
+@dataclass
+class Deliverer:
+    transport: HttpTransport
+    retry: RetryPolicy
+    failing_after: int = 3
+    clock: Callable[[], float] = time.time
+    rng: random.Random = field(default_factory=random.Random)
+
+    def __post_init__(self) -> None:
+        self._dlv = codec_for("Delivery")
+        self._att = codec_for("Attempt")
+        self._out = codec_for("Outcome")
+        self._dlq = codec_for("DeadLetter")
+
+    # -- records -------------------------------------------------------------------------
+    def attempt(self, out: list[Item], d: DeliveryRecord, now_ms: int, result: str,
+                req: RenderedRequest | None, redact: tuple[str, ...] = (),
+                **kw: object) -> None:
+        child(ATTEMPTS_TOTAL, result).inc()
+        shown = None if req is None else redact_request(req, redact)
+        rec = make_attempt(d, now_ms=now_ms, result=result, req=shown, **kw)  # type: ignore[arg-type]
+        out.append((TOPICS.attempts.base, d["endpoint_id"].encode(), self._att.encode(rec)))
+
+    def outcome(self, out: list[Item], d: DeliveryRecord, kind: str, now_ms: int,
+                reason: str | None = None) -> None:
+        child(OUTCOMES_TOTAL, kind).inc()
+        rec = make_outcome(d, kind, now_ms=now_ms, reason=reason)
+        out.append((TOPICS.outcomes.base, d["endpoint_id"].encode(), self._out.encode(rec)))
+
+    def dead_letter(self, out: list[Item], raw: object, exc: BaseException, reason: str,
+                    now_ms: int, d: DeliveryRecord | None = None) -> None:
+        DLQ_TOTAL.labels(stage="agent", reason=reason).inc()
+        rec = dead_letter_for(raw, "agent", exc, reason, now_ms,  # type: ignore[arg-type]
+                              delivery_id=d["delivery_id"] if d else None,
+                              endpoint_id=d["endpoint_id"] if d else None)
+        key = d["endpoint_id"].encode() if d else None
+        out.append((TOPICS.dlq.base, key, self._dlq.encode(rec)))
+
+    def forward(self, out: list[Item], topic: str, d: DeliveryRecord) -> None:
+        out.append((topic, d["endpoint_id"].encode(), self._dlv.encode(d)))
+
+    # -- decisions -----------------------------------------------------------------------
+    def quarantine(self, out: list[Item], d: DeliveryRecord, reason: str, due_at_ms: int,
+                   now_ms: int) -> None:
+        """Divert without consuming an attempt; it comes back through the relay at due_at."""
+        already = (d["last_error"] or "").startswith("quarantined")
+        q = DeliveryRecord(**{**d, "due_at": due_at_ms, "enqueued_at": now_ms,
+                              "last_error": f"quarantined: {reason}"})
+        self.forward(out, TOPICS.quarantine.base, q)
+        if not already:
+            self.outcome(out, d, "quarantined", now_ms, reason)
+
+    async def deliver(self, raw: object, d: DeliveryRecord, ep: Endpoint,
+                      out: list[Item]) -> Attempted:
+        picked = self.clock()
+        now_ms = int(picked * 1000)
+        queue_ms = max(0.0, float(now_ms - (d["enqueued_at"] or d["created_at"])))
+        try:
+            ep = apply_override(ep, parse_override(d.get("override")))
+            req = render(d, ep, now_ms=now_ms)
+        except (RenderError, OverrideError) as exc:
+            RENDER_ERRORS.inc()
+            self.attempt(out, d, now_ms, "render_failed", None, error_class="render_error",
+                         error_message=str(exc), queue_ms=queue_ms)
+            self.dead_letter(out, raw, exc, "render_failed", now_ms, d)
+            self.outcome(out, d, "suppressed", now_ms, f"render_failed: {exc}")
+            return Attempted(unhealthy=False)
+        sent_at = self.clock()
+        result = await self.transport.send(req, follow_redirects=ep.config.follow_redirects)
+        done = self.clock()
+        now_ms = int(done * 1000)
+        platform_ms = max(0.0, (done - picked) * 1000 - result.wire_ms)
+        verdict: Verdict | ValidationFailed = classify(result.http)
+        if result.blocked is not None:
+            verdict = Permanent(result.http.error_class or "blocked_address")
+        elif isinstance(verdict, Delivered):
+            problem = check_response(effective_validator(ep), verdict.status, result.body or b"")
+            if problem is not None:
+                verdict = ValidationFailed(problem)
+        child(LATENCY, "queue").observe(queue_ms / 1000)
+        child(LATENCY, "wire").observe(result.wire_ms / 1000)
+        child(LATENCY, "platform").observe(platform_ms / 1000)
+        common: dict[str, object] = dict(
+            status=result.http.status, queue_ms=queue_ms, platform_ms=platform_ms,
+            wire_ms=result.wire_ms, excerpt=result.excerpt, attempted_at=int(sent_at * 1000),
+        )
+        redact = ep.config.redact_fields
+        first = d["first_attempt_at"] or int(sent_at * 1000)
+        match verdict:
+            case Delivered():
+                self.attempt(out, d, now_ms, "delivered", req, redact, **common)
+                self.outcome(out, d, "delivered", now_ms)
+                return Attempted(unhealthy=False)
+            case Permanent(error_class=ec):
+                name = ec if ec in ("blocked_address", "invalid_url") else "permanent"
+                self.attempt(out, d, now_ms, name, req, redact, error_class=ec,
+                             error_message=result.blocked, **common)
+                self.dead_letter(out, raw, DeadLetterError(f"permanent failure: {ec}"),
+                                 name, now_ms, d)
+                self.outcome(out, d, "dead_lettered", now_ms, ec)
+                return Attempted(unhealthy=False)
+            case ValidationFailed(reason=why):
+                VALIDATION_FAILED.inc()
+                self.attempt(out, d, now_ms, "validation_failed", req, redact,
+                             error_class="validation_failed", error_message=why, **common)
+                if ep.config.on_validation_failure == "retry":
+                    self._retry_or_exhaust(out, raw, d, ep, "validation_failed", None, first,
+                                           now_ms)
+                else:
+                    held = DeliveryRecord(**{**d, "attempt": d["attempt"] + 1,
+                                             "hold_reason": "validation_failed",
+                                             "enqueued_at": now_ms, "first_attempt_at": first,
+                                             "last_error": why})
+                    self.forward(out, TOPICS.held.base, held)
+                    self.outcome(out, d, "held", now_ms, f"validation_failed: {why}")
+                return Attempted(unhealthy=False)
+            case Retryable(error_class=ec, retry_after_s=after):
+                self.attempt(out, d, now_ms, "retryable", req, redact, error_class=ec,
+                             **common)
+                self._retry_or_exhaust(out, raw, d, ep, ec, after, first, now_ms)
+                return Attempted(unhealthy=True)
+        raise AssertionError(f"unhandled verdict {verdict!r}")
+
+    def _retry_or_exhaust(self, out: list[Item], raw: object, d: DeliveryRecord, ep: Endpoint,
+                          ec: str, after: float | None, first: int, now_ms: int) -> None:
+        attempt_no = d["attempt"] + 1
+        policy = self.retry
+        if ep.config.max_attempts is not None:
+            policy = RetryPolicy(policy.base_s, policy.max_delay_s, policy.ceiling_s,
+                                 policy.jitter, ep.config.max_attempts,
+                                 policy.max_attempts_by_event_type)
+        step = next_step(policy, attempt_no=attempt_no, event_type=d["conversion"]["event_type"],
+                         first_attempt_ms=first, now_ms=now_ms, retry_after_s=after,
+                         rand=self.rng.random())
+        match step:
+            case ScheduleRetry(tier=tier, due_at_ms=due):
+                nxt = DeliveryRecord(**{**d, "attempt": attempt_no, "trigger": "retry",
+                                        "due_at": due, "enqueued_at": now_ms,
+                                        "first_attempt_at": first, "last_error": ec})
+                self.forward(out, TOPICS.retry_tier(tier).base, nxt)
+                if attempt_no == self.failing_after:
+                    self.outcome(out, d, "failing", now_ms, ec)
+            case DeadLetter(reason=reason):
+                self.dead_letter(out, raw, DeadLetterError(f"retries exhausted, last {ec}"),
+                                 reason, now_ms, d)
+                self.outcome(out, d, "exhausted", now_ms, ec)

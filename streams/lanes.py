@@ -1,0 +1,218 @@
+"""Per-endpoint lanes: one slow or broken endpoint never delays another's deliveries.
+
+Every endpoint has its own lane: a queue of buffered work, an in-flight count capped by the
+endpoint's concurrency (and by the breaker's ramp), and a circuit breaker. Work from one
+Kafka partition is spread over many lanes and finishes in any order; the offset tracker
+keeps commits in order. An endpoint over its buffer budget, or whose breaker is open, has
+its deliveries diverted to ``quarantine.v1`` with a ``due_at`` — no attempt consumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from confluent_kafka import Message
+
+from postbacks.codec import codec_for
+from postbacks.core.breaker import BreakerPolicy, BreakerState, Divert, admit, on_result
+from postbacks.core.endpoint import Endpoint
+from postbacks.errors import DeadLetterError
+from postbacks.metrics import BREAKER_OPEN, IN_FLIGHT, QUARANTINED
+from postbacks.records import DeliveryRecord
+from streams.delivery import Deliverer
+from streams.offsets import Item, Slot
+
+__all__ = ["Lane", "Lanes"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Work:
+    msg: Message
+    delivery: DeliveryRecord
+    slot: Slot
+
+
+REDRIVES = frozenset({"manual", "release"})  # console replays and held releases
+REDRIVE_SHARE = 4  # with both kinds waiting, every 4th start is a re-drive
+
+
+@dataclass(slots=True)
+class Lane:
+    """One endpoint's work. Re-drives (replays, releases) wait in their own queue and get
+    every :data:`REDRIVE_SHARE`-th free slot while first attempts and retries wait, so a
+    bulk replay never delays an endpoint's live traffic by more than a quarter of its cap
+    (and is never starved: offsets commit only past finished work)."""
+
+    endpoint_id: str
+    queue: deque[Work] = field(default_factory=deque)
+    redrives: deque[Work] = field(default_factory=deque)
+    in_flight: int = 0
+    starts: int = 0
+    breaker: BreakerState = field(default_factory=BreakerState)
+    latency_s: float = 0.0  # EWMA of attempt durations (0 = none finished yet)
+
+    def observe(self, seconds: float, alpha: float = 0.2) -> None:
+        self.latency_s = seconds if self.latency_s == 0 else (
+            alpha * seconds + (1 - alpha) * self.latency_s)
+
+    def waiting(self) -> int:
+        return len(self.queue) + len(self.redrives)
+
+    def push(self, work: Work) -> None:
+        (self.redrives if work.delivery["trigger"] in REDRIVES else self.queue).append(work)
+
+    def pop(self) -> Work:
+        self.starts += 1
+        if self.redrives and (not self.queue or self.starts % REDRIVE_SHARE == 0):
+            return self.redrives.popleft()
+        return self.queue.popleft()
+
+    def expected_wait_s(self, cap: int) -> float:
+        """How long the newest queued delivery would wait at the current pace."""
+        return (self.waiting() + self.in_flight) * self.latency_s / max(1, cap)
+
+
+@dataclass
+class Lanes:
+    deliverer: Deliverer
+    endpoint: Callable[[str], Endpoint | None]
+    policy: BreakerPolicy
+    budget_s: float
+    max_queue: int
+    quarantine_delay_s: float
+    clock: Callable[[], float] = time.time
+    lanes: dict[str, Lane] = field(default_factory=dict)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self._codec = codec_for("Delivery")
+        tasks = self.tasks
+        IN_FLIGHT.set_function(lambda: len(tasks))  # a task per delivery in flight
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def submit(self, msg: Message, slot: Slot) -> None:
+        """Take one consumed dispatch record; it finishes its slot sooner or later."""
+        now_ms = self._now_ms()
+        out: list[Item] = []
+        try:
+            d: DeliveryRecord = self._codec.decode(msg.value())  # type: ignore[assignment]
+        except DeadLetterError as exc:
+            self.deliverer.dead_letter(out, msg, exc, exc.reason, now_ms)
+            slot.finish(out)
+            return
+        lane = self.lanes.get(d["endpoint_id"])
+        if lane is None:
+            lane = self.lanes[d["endpoint_id"]] = Lane(d["endpoint_id"])
+        if self._over_budget(lane, d["endpoint_id"]):
+            QUARANTINED.labels(reason="over_budget").inc()
+            due = now_ms + int(self.quarantine_delay_s * 1000)
+            self.deliverer.quarantine(out, d, "over_budget", due, now_ms)
+            slot.finish(out)
+            return
+        lane.push(Work(msg, d, slot))
+        self.pump(lane)
+
+    def _over_budget(self, lane: Lane, endpoint_id: str) -> bool:
+        """Budget of buffered work, in time: divert when the backlog would take longer than
+        ``budget_s`` to drain at the endpoint's own pace (a fast endpoint with a burst
+        stays; a slow one spills to quarantine), and never buffer more than ``max_queue``."""
+        if lane.waiting() >= self.max_queue:
+            return True
+        ep = self.endpoint(endpoint_id)
+        cap = ep.concurrency if ep is not None else 1
+        return lane.waiting() >= cap and lane.expected_wait_s(cap) > self.budget_s
+
+    def pump(self, lane: Lane) -> None:
+        """Start queued work while the lane's cap and breaker allow."""
+        while lane.queue or lane.redrives:
+            ep = self.endpoint(lane.endpoint_id)
+            cap = ep.concurrency if ep is not None else 1
+            now_ms = self._now_ms()
+            decision, state = admit(self.policy, lane.breaker, now_ms, cap)
+            if isinstance(decision, Divert):
+                lane.breaker = state
+                self._divert_all(lane, decision, now_ms)
+                return
+            if lane.in_flight >= decision.concurrency:
+                return
+            lane.breaker = state
+            work = lane.pop()
+            lane.in_flight += 1
+            task = asyncio.get_running_loop().create_task(self._run(lane, work, decision.probe))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    def _divert_all(self, lane: Lane, decision: Divert, now_ms: int) -> None:
+        while lane.queue or lane.redrives:
+            work = lane.pop()
+            out: list[Item] = []
+            QUARANTINED.labels(reason=decision.reason).inc()
+            self.deliverer.quarantine(out, work.delivery, decision.reason, decision.due_at_ms,
+                                      now_ms)
+            work.slot.finish(out)
+
+    async def _run(self, lane: Lane, work: Work, probe: bool) -> None:
+        out: list[Item] = []
+        unhealthy = False
+        started = time.monotonic()
+        try:
+            ep = self.endpoint(lane.endpoint_id)
+            if ep is None:
+                exc = DeadLetterError(f"endpoint {lane.endpoint_id} is unknown or disabled")
+                now_ms = self._now_ms()
+                self.deliverer.dead_letter(out, work.msg, exc, "unknown_endpoint", now_ms,
+                                           work.delivery)
+                self.deliverer.outcome(out, work.delivery, "dead_lettered", now_ms,
+                                       "unknown_endpoint")
+            else:
+                result = await self.deliverer.deliver(work.msg, work.delivery, ep, out)
+                unhealthy = result.unhealthy
+        except Exception as exc:  # a bug must not stall the partition: dead-letter it
+            log.exception("agent: unexpected error delivering %s", work.delivery["delivery_id"])
+            out = []
+            self.deliverer.dead_letter(out, work.msg, exc, "internal_error", self._now_ms(),
+                                       work.delivery)
+        finally:
+            lane.in_flight -= 1
+            lane.observe(time.monotonic() - started)
+        before = lane.breaker.state
+        lane.breaker = on_result(self.policy, lane.breaker, self._now_ms(), failed=unhealthy,
+                                 probe=probe)
+        if lane.breaker.state != before:
+            log.info("breaker %s: %s -> %s", lane.endpoint_id, before, lane.breaker.state)
+            if lane.breaker.state == "open":
+                BREAKER_OPEN.labels(endpoint=lane.endpoint_id).set(1)
+            elif lane.breaker.state in ("ramping", "closed") and before in ("open", "half_open"):
+                BREAKER_OPEN.remove(lane.endpoint_id)
+        work.slot.finish(out)
+        self.pump(lane)
+
+    def drop_partitions(self, revoked: set[tuple[str, int]]) -> None:
+        """Forget queued work of revoked partitions (their new owner redoes it)."""
+        for lane in self.lanes.values():
+            lane.queue = deque(
+                w for w in lane.queue if (w.msg.topic(), w.msg.partition()) not in revoked
+            )
+            lane.redrives = deque(
+                w for w in lane.redrives if (w.msg.topic(), w.msg.partition()) not in revoked
+            )
+
+    def clear(self) -> None:
+        for lane in self.lanes.values():
+            lane.queue.clear()
+            lane.redrives.clear()
+
+    def wake(self) -> None:
+        """Re-pump every lane (a breaker may have become ready to probe)."""
+        for lane in self.lanes.values():
+            if lane.queue or lane.redrives:
+                self.pump(lane)

@@ -1,0 +1,128 @@
+"""Delay relay: retry.<tier>.v1 and quarantine.v1 -> dispatch.v1 once ``due_at`` has passed.
+
+Each delay topic holds records in roughly due order, so the relay looks only at a
+partition's head: when it is not yet due, the partition is **paused** and the records
+already fetched behind it are kept, in order, in memory (at most one batch), then released
+as they fall due; the partition resumes when they are gone. The consumer keeps polling
+(so it stays in its group) with a poll timeout no longer than the wait for the earliest
+paused head: records are never released early, and late by about one poll. Republishing
+and the input offsets go in one Kafka transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, Message, TopicPartition
+
+from postbacks.codec import Codec, codec_for
+from postbacks.core.delay import is_due, wait_s
+from postbacks.errors import DeadLetterError
+from postbacks.kafka.clients import (
+    check_broker,
+    consume_ready,
+    make_consumer,
+    make_transactional_producer,
+    records,
+)
+from postbacks.kafka.stage import Output, commit_batch, dead_letter_for
+from postbacks.kafka.watchdog import subscribe_watched
+from postbacks.metrics import DLQ_TOTAL, LATENCY, STAGE_RECORDS, observe_backlog
+from postbacks.records import DeliveryRecord
+from postbacks.settings import Settings
+from topics import TOPICS
+
+__all__ = ["run_relay"]
+
+log = logging.getLogger(__name__)
+
+GROUP = "postbacks-relay"
+
+
+def run_relay(
+    settings: Settings, stop: threading.Event, *, clock: Callable[[], float] = time.time
+) -> None:
+    check_broker(settings)
+    codec = codec_for("Delivery")
+    dlq = codec_for("DeadLetter")
+    # Per paused partition: the records already fetched behind a head that is not due,
+    # kept in order (never re-fetched), released as they fall due.
+    held: dict[tuple[str, int], deque[tuple[Message, DeliveryRecord | DeadLetterError]]] = {}
+
+    def on_revoke(_c: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            held.pop((tp.topic, tp.partition), None)
+
+    consumer = make_consumer(settings, GROUP)
+    producer = make_transactional_producer(settings, "relay")
+    inputs = [settings.topic(t.base) for t in (*TOPICS.retry, TOPICS.quarantine)]
+    subscribe_watched(consumer, inputs, settings, GROUP, stop, on_revoke=on_revoke)
+    processed = STAGE_RECORDS.labels(stage="relay")
+    try:
+        while not stop.is_set():
+            heads = [_due(q[0][1]) or 0 for q in held.values() if q]
+            msgs = consume_ready(consumer, settings.batch_size,
+                                 wait_s(heads, int(clock() * 1000)))
+            batch = _Batch(int(clock() * 1000), codec, dlq)
+            now_ms = batch.now_ms
+            release = batch.release
+            for key, queue in list(held.items()):
+                while queue and is_due(_due(queue[0][1]), now_ms):
+                    release(*queue.popleft())
+                if not queue:
+                    del held[key]
+                    consumer.resume([TopicPartition(*key)])
+            observe_backlog(msgs, now_ms)
+            for m in records(msgs, "relay"):
+                key = (m.topic() or "", m.partition() or 0)
+                d: DeliveryRecord | DeadLetterError
+                try:
+                    d = codec.decode(m.value())  # type: ignore[assignment]
+                except DeadLetterError as exc:
+                    d = exc  # dead-lettered in its turn, so offsets stay in order
+                if key in held:
+                    held[key].append((m, d))
+                elif is_due(_due(d), now_ms):
+                    release(m, d)
+                else:
+                    consumer.pause([TopicPartition(*key)])
+                    held[key] = deque([(m, d)])
+            if batch.offsets:
+                if not commit_batch("relay", settings, consumer, producer, batch.out,
+                                    batch.offsets):
+                    held.clear()  # rewound to committed offsets: everything is re-read
+                    consumer.resume(consumer.assignment())
+                processed.inc(len(batch.offsets))
+    finally:
+        consumer.close()
+
+
+class _Batch:
+    """What one loop turn republishes (or dead-letters) and the offsets it commits."""
+
+    def __init__(self, now_ms: int, codec: Codec, dlq: Codec) -> None:
+        self.now_ms = now_ms
+        self.out = Output()
+        self.offsets: dict[tuple[str, int], int] = {}
+        self._codec = codec
+        self._dlq = dlq
+
+    def release(self, m: Message, d: DeliveryRecord | DeadLetterError) -> None:
+        self.offsets[(m.topic() or "", m.partition() or 0)] = (m.offset() or 0) + 1
+        if isinstance(d, DeadLetterError):
+            DLQ_TOTAL.labels(stage="relay", reason=d.reason).inc()
+            dl = dead_letter_for(m, "relay", d, d.reason, self.now_ms)
+            self.out.add(TOPICS.dlq.base, m.key(), self._dlq.encode(dl))
+            return
+        if d["due_at"] is not None:
+            LATENCY.labels(phase="relay_lateness").observe((self.now_ms - d["due_at"]) / 1000)
+        d["enqueued_at"] = self.now_ms
+        self.out.add(TOPICS.dispatch.base, d["endpoint_id"].encode(), self._codec.encode(d))
+
+
+def _due(d: DeliveryRecord | DeadLetterError) -> int | None:
+    return None if isinstance(d, DeadLetterError) else d["due_at"]
