@@ -93,7 +93,8 @@ def _raw_versions() -> dict[str, dict[int, dict[str, Any]]]:
 def _inline(schema: dict[str, Any], name: str, embedded: dict[str, Any]) -> dict[str, Any]:
     fields = []
     for f in schema["fields"]:
-        if f["type"] == name:
+        t = f["type"]
+        if t == name or (isinstance(t, dict) and t.get("name") == name):
             f = {**f, "type": embedded}
         fields.append(f)
     return {**schema, "fields": fields}

@@ -7,6 +7,7 @@ import json
 import typing
 from pathlib import Path
 
+import fastavro.schema
 import pytest
 
 from postbacks import records
@@ -69,3 +70,49 @@ def test_every_schema_is_documented_and_namespaced(stem: str) -> None:
 def test_typed_views_match_the_latest_schema(record: str, typed: type) -> None:
     latest = load_schema_versions()[record][-1].schema
     assert [f["name"] for f in latest["fields"]] == list(typing.get_type_hints(typed))
+
+
+ALL_FILES = sorted(AVRO.glob("*.avsc"))
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.name)
+def test_every_schema_file_parses_alone_with_plain_fastavro(path: Path) -> None:
+    """A producer in any language can take one file and use it: no named type is left for
+    a registry or a neighbouring file to supply."""
+    parsed = fastavro.schema.load_schema(str(path), _write_hint=False)
+    assert parsed["name"] == "postbacks." + json.loads(path.read_text())["name"]
+
+
+def _undocumented(schema: dict[str, typing.Any], where: str) -> list[str]:
+    missing = [] if schema.get("doc") else [where]
+    for f in schema.get("fields", []):
+        if not f.get("doc"):
+            missing.append(f"{where}.{f['name']}")
+        for t in f["type"] if isinstance(f["type"], list) else [f["type"]]:
+            if isinstance(t, dict) and t.get("type") == "record":
+                missing += _undocumented(t, f"{where}.{f['name']}")
+    return missing
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.name)
+def test_every_record_and_field_has_a_doc_string(path: Path) -> None:
+    schema = json.loads(path.read_text())
+    assert _undocumented(schema, schema["name"]) == []
+
+
+@pytest.mark.parametrize("path", sorted(AVRO.glob("delivery.v*.avsc")), ids=lambda p: p.name)
+def test_an_embedded_record_is_one_of_its_own_versions(path: Path) -> None:
+    """The conversion snapshot inlined in a Delivery file is, byte for byte in JSON terms, one
+    of the ConversionEvent files (the codec combines every Delivery version with every
+    ConversionEvent version; the inlined one keeps the file standalone)."""
+    conversion = next(f["type"] for f in json.loads(path.read_text())["fields"]
+                      if f["name"] == "conversion")
+    assert conversion in _versions("conversion_event")
+
+
+def test_a_field_without_a_doc_is_caught() -> None:
+    schema = {"name": "R", "doc": "r", "fields": [
+        {"name": "a", "type": "string", "doc": "a"},
+        {"name": "inner", "doc": "i", "type": {"type": "record", "name": "I", "doc": "i",
+                                               "fields": [{"name": "b", "type": "int"}]}}]}
+    assert _undocumented(schema, "R") == ["R.inner.b"]
