@@ -1,4 +1,4 @@
-"""Replay-console benchmark (issue 5's two figures; traffic to 127.0.0.1 only).
+"""Replay-console benchmark (request latency and bulk replay; traffic to 127.0.0.1 only).
 
 1. **List page latency over 1 M deliveries**: ``--rows`` deliveries (default 1,000,000:
    ~2,000 endpoints over ~200 apps with a Zipf-like skew, mostly delivered, some failing /

@@ -3,7 +3,7 @@ outcome) of PostgreSQL's backend and of the writing client, in alternating round
 
 Parts:
   formats   the sink's binary COPY (``sinks.tables``) against text COPY of the
-            same rows (what the sink sent before stop 16);
+            same rows (the text format, for comparison);
   indexes   binary COPY into databases migrated as shipped, without the redundant
             ``deliveries_identity`` constraint, and without it with the two status
             indexes partial (``WHERE status <> 'delivered'``): what those indexes cost.
@@ -64,7 +64,7 @@ def build_rows(n: int, seed: int) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def as_text_rows(rows: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
-    """The rows as the sink built them for text COPY before stop 16: jsonb values dumped to
+    """The rows as a text COPY would carry them: jsonb values dumped to
     text by orjson when the row was built (here before the timed window, which favours
     text COPY by that dump: the binary path dumps inside it)."""
     return {name: [tuple(orjson.dumps(v).decode() if isinstance(v, dict) else v for v in r)

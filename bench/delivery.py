@@ -90,8 +90,8 @@ def run_agent_alone(base: Settings, n: int, n_endpoints: int, log_dir: Path) -> 
         own0 = own_cpu_s()
         bare = uvloop.run(_bare(f"{url}/hooks/bare", 20_000))
         bare_cpu = (own_cpu_s() - own0) / 20_000 * 1e6
-        say(f"host: the bare client {bare:.0f} POSTs/s, {bare_cpu:.0f} µs CPU each (the "
-            f"reference machine in docs/performance.md: ~12,000/s with uvloop)")
+        say(f"host: the bare client {bare:.0f} POSTs/s, {bare_cpu:.0f} µs CPU each (every "
+            f"figure below is read as a ratio to it)")
         http_json(f"{url}/_reset", {})
         seeded = seed_endpoints(s, apps=n_endpoints, endpoints_per_app=1, receiver_url=url,
                                 namespace=s.instance_id.replace("-", ""),

@@ -1,4 +1,4 @@
-"""Anomaly gate benchmark: throughput, added latency, CPU per delivery (issue 4 figures).
+"""Anomaly gate benchmark: throughput, added latency, CPU per delivery.
 
 1. **Throughput**: N deliveries are put on ``deliveries.v1`` first, then one gate process
    starts; the rate is N / (time from its first to its last output), and its CPU time per

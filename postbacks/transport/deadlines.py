@@ -1,7 +1,7 @@
 """Deadlines for many concurrent operations that share one timeout, swept in bulk.
 
 An ``asyncio.timeout`` per request cost ~12 µs of CPU on a slow host (a timer handle
-made and cancelled each time); this costs ~1 µs (docs/performance.md, stop 18). Every
+made and cancelled each time); this costs ~1 µs (docs/performance.md). Every
 operation armed here gets the same timeout, so insertion order is deadline order: the
 armed ones sit in an insertion-ordered dict, and a sweep every tick (only while any is
 armed) cancels the tasks of those past their deadline, at most one tick late.

@@ -1,4 +1,4 @@
-"""The anomaly gate against the real broker and PostgreSQL (issue 4's Show list).
+"""The anomaly gate against the real broker and PostgreSQL .
 
 Modes are rows of payout_anomaly_settings written before the gate starts (it reads them
 at start and every 0.5 s here); global rows use the test's namespace as their key.

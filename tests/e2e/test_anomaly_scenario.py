@@ -1,4 +1,4 @@
-"""The IR-307 scenario through the real gate (issue 4): four weeks of seasonal traffic over
+"""The IR-307 scenario through the real gate : four weeks of seasonal traffic over
 120 apps, then a broad-but-shallow cohort over ~40 endpoints with ~29 % retrodated, every
 detector in enforce.
 
@@ -12,7 +12,8 @@ aggregator -> control topic -> gates in wall-clock tenths of a second, which is 
 *tens of minutes* here: the detection delay and the leaked payout are upper bounds of what
 a real-time stream would see. (A backlog read at full speed is another matter: partitions
 race hours apart in event time and a global total is complete only when the slowest one
-gets there -- the README says so; calibrate backlogs with ``postbacks-calibrate``.)
+gets there -- docs/containment.md says so; calibrate backlogs with
+``python -m streams.anomaly_gate.calibrate``.)
 Run with ``-s`` for the figures.
 """
 
