@@ -5,7 +5,7 @@ Against bench/fast_receiver.py in a separate process, POSTs a 600-byte JSON body
 warm-up, through:
 
   a. aiohttp ClientSession (TCPConnector limit = concurrency);
-  b. postbacks.transport.h1.H1Pool (the new client);
+  b. postbacks.transport.h1.H1Pool (the own client);
   c. postbacks.transport.http.HttpTransport.send (allow_loopback=True): the full path the
      agent uses (URL vetting, resolver cache, redirects off, SendResult).
 

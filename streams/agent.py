@@ -33,7 +33,7 @@ from postbacks.kafka.clients import (
 )
 from postbacks.kafka.stage import Output, commit_batch
 from postbacks.kafka.watchdog import subscribe_watched
-from postbacks.metrics import STAGE_RECORDS, UNFINISHED, observe_backlog
+from postbacks.metrics import STAGE_RECORDS, UNFINISHED
 from postbacks.policies import breaker_policy, retry_policy
 from postbacks.settings import Settings
 from postbacks.transport.http import HttpTransport
@@ -93,7 +93,8 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
     interval = settings.commit_interval_ms / 1000
     try:
         async with HttpTransport(
-            timeout_s=settings.http_timeout_s, allow_loopback=settings.allow_loopback_targets
+            timeout_s=settings.http_timeout_s, allow_loopback=settings.allow_loopback_targets,
+            client=settings.http_client,
         ) as transport:
             deliverer = Deliverer(transport, retry_policy(settings), settings.failing_after)
             lanes = Lanes(deliverer, _Endpoints(cache), breaker_policy(settings),
@@ -119,8 +120,6 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                         tracker.forget(topic, partition)
                         skip.pop((topic, partition), None)
                     lanes.drop_partitions(gone)
-                now_ms = int(time.time() * 1000)
-                observe_backlog(msgs, now_ms)
                 for m in records(msgs, "agent"):
                     topic, partition, offset = m.topic() or "", m.partition() or 0, m.offset() or 0
                     slot = tracker.track(topic, partition, offset)

@@ -1,9 +1,9 @@
 """Sending one rendered request, with the SSRF guard before connect and in the resolver.
 
 The wire is :mod:`postbacks.transport.h1`, a small HTTP/1.1 client on an asyncio Protocol
-with the llhttp parser (httptools), chosen by measurement (see bench/http_clients.py):
-aiohttp's ClientSession cost ~110 µs of CPU per keep-alive POST, about half the agent's
-budget per delivery.
+with the llhttp parser (httptools), chosen by measurement on the whole pipeline
+(docs/decisions/0001-http-client.md); ``client="aiohttp"`` or ``"httpx"`` sends through
+that library instead (:mod:`postbacks.transport.wire`).
 
 Two guards, both before any socket is opened:
 
@@ -55,15 +55,16 @@ from postbacks.core.ssrf import (
     redirect_refused_reason,
     url_blocked_reason,
 )
+from postbacks.transport.clients import open_wire
 from postbacks.transport.deadlines import Deadlines
 from postbacks.transport.h1 import (
     BODY_LIMIT,
     ConnectError,
-    H1Pool,
     H1Response,
     InvalidRequest,
     PoolKey,
 )
+from postbacks.transport.wire import Wire
 
 __all__ = ["BODY_BYTES", "EXCERPT_BYTES", "BlockedAddress", "HttpTransport", "SendResult",
            "VettingResolver"]
@@ -217,7 +218,8 @@ class HttpTransport:
     """Sends rendered requests; use as ``async with HttpTransport(...) as t``.
 
     ``limit`` bounds the requests in flight and the connections per (address, port,
-    TLS name); idle keep-alive connections are closed after 30 s.
+    TLS name); idle keep-alive connections are closed after 30 s. ``client`` names the
+    wire (``h1``, ``aiohttp``, ``httpx``; :mod:`postbacks.transport.wire`).
 
     Each exchange (resolve, connect, write, read) ends with ``timeout`` at ``timeout_s``,
     up to one tick later (``min(50 ms, timeout_s / 10)``), by
@@ -227,17 +229,17 @@ class HttpTransport:
     """
 
     def __init__(self, *, timeout_s: float, allow_loopback: bool, limit: int = 512,
-                 lookup: Lookup | None = None) -> None:
+                 lookup: Lookup | None = None, client: str = "h1") -> None:
         self._timeout_s = timeout_s
         self._allow_loopback = allow_loopback
         self._limit = limit
+        self._client = client
         self._resolver = VettingResolver(allow_loopback, lookup=lookup)
-        self._pool: H1Pool | None = None
+        self._pool: Wire | None = None
         self._deadlines = Deadlines(timeout_s)
 
     async def __aenter__(self) -> HttpTransport:
-        self._pool = H1Pool(max_per_key=self._limit, max_total=self._limit,
-                            idle_timeout_s=IDLE_TIMEOUT_S)
+        self._pool = open_wire(self._client, limit=self._limit, idle_timeout_s=IDLE_TIMEOUT_S)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

@@ -1,0 +1,198 @@
+"""HttpTransport over each wire (``h1``, ``aiohttp``, ``httpx``) against a real receiver on
+127.0.0.1: the semantics the agent relies on are the same whichever client sends.
+
+Each test runs under uvloop (what the agent runs). Traffic only ever goes to 127.0.0.1.
+Needs no Kafka or PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import pytest
+import uvloop
+from aiohttp import web
+
+from postbacks.core.classify import HttpResult
+from postbacks.core.render import RenderedRequest
+from postbacks.errors import ConfigError
+from postbacks.settings import load_settings
+from postbacks.transport.clients import open_wire
+from postbacks.transport.h1 import ConnectError, PoolKey
+from postbacks.transport.http import BODY_BYTES, EXCERPT_BYTES, HttpTransport
+from postbacks.transport.wire import CLIENTS
+
+BIG = b"accepted:" + b"x" * (BODY_BYTES + 10_000)
+
+pytestmark = pytest.mark.parametrize("client", CLIENTS)
+
+
+@dataclass
+class Receiver:
+    port: int = 0
+    seen: list[tuple[str, str, dict[str, str], bytes]] = field(default_factory=list)
+    peers: set[tuple[str, int]] = field(default_factory=set)
+    held: asyncio.Event = field(default_factory=asyncio.Event)  # set on teardown
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+
+@asynccontextmanager
+async def receiver() -> AsyncIterator[Receiver]:
+    rec = Receiver()
+
+    @web.middleware
+    async def record(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        assert request.transport is not None
+        rec.peers.add(request.transport.get_extra_info("peername"))
+        headers = {str(k).lower(): v for k, v in request.headers.items()}
+        rec.seen.append((request.method, request.path_qs, headers, await request.read()))
+        return await handler(request)
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.Response(body=BIG)
+
+    async def busy(_: web.Request) -> web.Response:
+        return web.Response(status=503, text="busy", headers={"Retry-After": "7"})
+
+    async def hang(_: web.Request) -> web.Response:
+        await rec.held.wait()
+        return web.Response(text="late")
+
+    async def moved(_: web.Request) -> web.Response:
+        return web.Response(status=302, headers={"Location": "/landing"})
+
+    app = web.Application(middlewares=[record])
+    app.add_routes([web.post("/ok", ok), web.post("/busy", busy), web.post("/hang", hang),
+                    web.post("/moved", moved), web.route("*", "/landing", ok)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    rec.port = runner.addresses[0][1]
+    try:
+        yield rec
+    finally:
+        rec.held.set()
+        await runner.cleanup()
+
+
+def _post(url: str, **headers: str) -> RenderedRequest:
+    return RenderedRequest("POST", url, {"content-type": "application/json", **headers},
+                           b'{"id":"dlv_1"}')
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(main: Callable[[], Awaitable[None]]) -> None:
+    async def wrapped() -> None:
+        await main()
+
+    uvloop.run(wrapped())
+
+
+def test_200_with_body_on_one_kept_alive_connection(client: str) -> None:
+    async def main() -> None:
+        async with receiver() as rec, HttpTransport(timeout_s=5, allow_loopback=True,
+                                                    client=client) as t:
+            first = await t.send(_post(rec.url("/ok"), **{"webhook-id": "msg_1"}))
+            second = await t.send(_post(rec.url("/ok")))
+        for result in (first, second):
+            assert result.http == HttpResult(200, None, None) and result.blocked is None
+            assert result.body == BIG[:BODY_BYTES]
+            assert result.excerpt == BIG[:EXCERPT_BYTES]
+        method, path, headers, body = rec.seen[0]
+        assert (method, path, body) == ("POST", "/ok", b'{"id":"dlv_1"}')
+        assert headers["host"] == f"127.0.0.1:{rec.port}"
+        assert headers["webhook-id"] == "msg_1"
+        assert headers["content-type"] == "application/json"
+        assert headers["user-agent"].startswith("postbacks/")
+        assert len(rec.peers) == 1  # the second request reused the connection
+
+    run(main)
+
+
+def test_5xx_with_retry_after(client: str) -> None:
+    async def main() -> None:
+        async with receiver() as rec, HttpTransport(timeout_s=5, allow_loopback=True,
+                                                    client=client) as t:
+            result = await t.send(_post(rec.url("/busy")))
+        assert result.http == HttpResult(503, None, 7.0)
+        assert result.body == b"busy"
+
+    run(main)
+
+
+def test_a_receiver_that_never_answers_is_a_timeout(client: str) -> None:
+    async def main() -> None:
+        async with receiver() as rec, HttpTransport(timeout_s=0.3, allow_loopback=True,
+                                                    client=client) as t:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            result = await t.send(_post(rec.url("/hang")))
+            took = loop.time() - started
+            after = await t.send(_post(rec.url("/ok")))  # the wire is still usable
+        assert result.http == HttpResult(None, "timeout") and result.blocked is None
+        assert 0.3 <= took < 2.0, took
+        assert after.http.status == 200
+
+    run(main)
+
+
+def test_connection_refused_is_a_connection_error(client: str) -> None:
+    async def main() -> None:
+        port = _free_port()
+        async with HttpTransport(timeout_s=5, allow_loopback=True, client=client) as t:
+            result = await t.send(_post(f"http://127.0.0.1:{port}/ok"))
+        assert result.http == HttpResult(None, "connection_error") and result.blocked is None
+        wire = open_wire(client, limit=4, idle_timeout_s=5)
+        try:
+            with pytest.raises(ConnectError):
+                await wire.request(PoolKey("http", "127.0.0.1", port, None), "POST", "/ok",
+                                   f"127.0.0.1:{port}", {}, b"{}")
+        finally:
+            await wire.close()
+
+    run(main)
+
+
+def test_a_redirect_is_returned_not_followed(client: str) -> None:
+    async def main() -> None:
+        async with receiver() as rec, HttpTransport(timeout_s=5, allow_loopback=True,
+                                                    client=client) as t:
+            result = await t.send(_post(rec.url("/moved")))
+            followed = await t.send(_post(rec.url("/moved")), follow_redirects=True)
+        assert result.http.status == 302
+        assert followed.http.status == 200  # followed by HttpTransport, vetted hop by hop
+        assert [(m, p) for m, p, _, _ in rec.seen] == [
+            ("POST", "/moved"), ("POST", "/moved"), ("GET", "/landing")]
+
+    run(main)
+
+
+def test_header_injection_is_refused_unsent(client: str) -> None:
+    async def main() -> None:
+        async with receiver() as rec, HttpTransport(timeout_s=5, allow_loopback=True,
+                                                    client=client) as t:
+            result = await t.send(_post(rec.url("/ok"), **{"x-note": "a\r\nx-evil: 1"}))
+        assert result.http == HttpResult(None, "invalid_request")
+        assert rec.seen == []
+
+    run(main)
+
+
+def test_the_setting_names_the_client(client: str) -> None:
+    assert load_settings({"POSTBACKS_HTTP_CLIENT": client}).http_client == client
+    with pytest.raises(ConfigError, match="POSTBACKS_HTTP_CLIENT"):
+        load_settings({"POSTBACKS_HTTP_CLIENT": f"{client}2"})
