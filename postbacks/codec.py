@@ -12,11 +12,13 @@ code during a rolling deploy keep working (the evolution gate in ``tests/contrac
 each version pair both ways).
 
 Encoding, and decoding a record written with any known version, run in C
-(:mod:`postbacks.avro_c`, built from ``avro_c.pyx`` at install: 4-9x the speed of the
-Python-compiled codecs it replaced, 4-15x fastavro's, the same bytes as fastavro). A
-record of an older writer version is read with that version's schema first -- every int
-and long held to its range -- and then resolved to ours by fastavro's resolving reader
-(field defaults, promotions).
+(:mod:`postbacks.avro_c`, built from ``avro_c.pyx`` at install; the same bytes as
+fastavro). A record of an older writer version is read with that version's schema first --
+every int and long held to its range -- and then resolved to ours by fastavro's resolving
+reader (field defaults, promotions). ``POSTBACKS_AVRO_CODEC=fastavro`` (read once per
+process) runs plain fastavro instead -- ``schemaless_writer`` / ``schemaless_reader`` with
+the same framing and the same bytes -- so the two can be compared on the whole pipeline
+(``bench/avro_choice.py``; docs/decisions/0002-avro-codec.md).
 
 Anything that is not a known record — garbage, a truncated body, an unknown fingerprint, a
 record of another type — raises :class:`UndecodableRecord`; stages send it to the DLQ with
@@ -37,10 +39,11 @@ import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
 from postbacks.avro_c import Node, plan
-from postbacks.errors import UndecodableRecord
+from postbacks.errors import ConfigError, UndecodableRecord
 from schemas import avro_folder
 
 __all__ = [
+    "CODECS",
     "MAGIC",
     "Codec",
     "SchemaVersion",
@@ -49,6 +52,7 @@ __all__ = [
 ]
 
 MAGIC = b"\xc3\x01"
+CODECS = ("c", "fastavro")  # POSTBACKS_AVRO_CODEC
 _HEADER = struct.Struct("<2sQ")
 _FILE_RE = re.compile(r"^(?P<stem>[a-z_]+)\.v(?P<version>\d+)\.avsc$")
 
@@ -105,8 +109,8 @@ def _make(record: str, version: int, schema: dict[str, Any]) -> SchemaVersion:
     # recognises and does not re-parse on every call) is what reads and writes use.
     canonical = to_parsing_canonical_form(parse_schema(schema, _write_hint=False))
     parsed = parse_schema(schema)
-    fp_hex = fingerprint(canonical, "CRC-64-AVRO")
-    fp = int.from_bytes(bytes.fromhex(fp_hex), "big")
+    # fastavro gives the fingerprint's 8 bytes little-endian, as they go on the wire
+    fp = int.from_bytes(bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")), "little")
     return SchemaVersion(record, version, schema, parsed, fp)
 
 
@@ -134,22 +138,38 @@ def load_schema_versions() -> dict[str, list[SchemaVersion]]:
 
 
 class Codec:
-    """Encode with the latest version of one record; decode any known version of it."""
+    """Encode with the latest version of one record; decode any known version of it.
 
-    def __init__(self, record: str, versions: list[SchemaVersion]) -> None:
+    ``impl``: ``"c"`` (:mod:`postbacks.avro_c`) or ``"fastavro"``; the bytes are the same."""
+
+    def __init__(self, record: str, versions: list[SchemaVersion], impl: str = "c") -> None:
         if not versions:
             raise ValueError(f"no schema versions for {record}")
+        if impl not in CODECS:
+            raise ConfigError(f"POSTBACKS_AVRO_CODEC={impl!r}: expected one of "
+                              f"{', '.join(CODECS)}")
         self.record = record
+        self.impl = impl
+        self._fastavro = impl == "fastavro"
         self.writer = versions[-1]
         self._prefix = _HEADER.pack(MAGIC, self.writer.fingerprint)
-        self._by_fp = {v.fingerprint: v for v in versions}
+        # Each version is also known by its fingerprint's bytes in reverse order (big-endian
+        # on the wire), which records already on the topics may carry.
+        self._by_fp = {fp: v for v in versions for fp in (v.fingerprint, _swapped(v.fingerprint))}
         # Every schema we ship is in avro_c's subset (tests/unit/test_avro_c.py); one that is
         # not is a programming error, raised (Unsupported) when its codec is first built.
-        self._plans: dict[int, Node] = {v.fingerprint: plan(v.parsed) for v in versions}
+        self._plans: dict[int, Node] = {}
+        for fp, v in self._by_fp.items():
+            self._plans[fp] = self._plans.get(_swapped(fp)) or plan(v.parsed)
         self._node = self._plans[self.writer.fingerprint]
 
     def encode(self, datum: dict[str, Any] | Any) -> bytes:
         try:
+            if self._fastavro:
+                buf = io.BytesIO()
+                buf.write(self._prefix)
+                fastavro.schemaless_writer(buf, self.writer.parsed, datum)
+                return buf.getvalue()
             return self._node.encode(datum, self._prefix)
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             raise ValueError(f"{self.record}: cannot encode: {exc}") from exc
@@ -170,6 +190,8 @@ class Codec:
                 f"{self.record}: unknown writer schema fingerprint {fp:016x} "
                 "(a newer producer, or another record type)"
             )
+        if self._fastavro:
+            return self._decode_fastavro(data, fp, node is self._node)
         try:  # read with the writer's own schema: every int and long held to its range
             value, end = node.decode(data, _HEADER.size)
         except ValueError as exc:
@@ -188,10 +210,39 @@ class Codec:
         except Exception as exc:  # fastavro raises many types on corrupt input
             raise UndecodableRecord(f"{self.record}: corrupt body: {exc!r}") from exc
 
+    def _decode_fastavro(self, data: bytes, fp: int, latest: bool) -> dict[str, Any]:
+        buf = io.BytesIO(data)
+        buf.seek(_HEADER.size)
+        try:
+            value = fastavro.schemaless_reader(
+                buf, self._by_fp[fp].parsed, None if latest else self.writer.parsed)
+        except Exception as exc:  # fastavro raises many types on corrupt input
+            raise UndecodableRecord(f"{self.record}: corrupt body: {exc!r}") from exc
+        if buf.tell() != len(data):
+            raise UndecodableRecord(
+                f"{self.record}: {len(data) - buf.tell()} trailing bytes after the record"
+            )
+        return cast(dict[str, Any], value)
+
+
+def _swapped(fp: int) -> int:
+    return int.from_bytes(fp.to_bytes(8, "little"), "big")
+
+
+@cache
+def codec_choice() -> str:
+    """``POSTBACKS_AVRO_CODEC`` of this process (``c`` unless set), read once."""
+    from postbacks.settings import load_settings
+
+    choice = load_settings().avro_codec
+    if choice not in CODECS:
+        raise ConfigError(f"POSTBACKS_AVRO_CODEC={choice!r}: expected one of {', '.join(CODECS)}")
+    return choice
+
 
 @cache
 def codec_for(record: str) -> Codec:
     versions = load_schema_versions().get(record)
     if not versions:
         raise KeyError(f"unknown record {record!r}")
-    return Codec(record, versions)
+    return Codec(record, versions, codec_choice())

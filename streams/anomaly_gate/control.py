@@ -2,7 +2,7 @@
 
 - :class:`ControlReader`: every gate instance reads all of ``anomaly.control.v1`` with a
   group-less consumer (a Faust GlobalTable does not see live updates in faust-streaming
-  0.15: docs/research/faust-streaming-spike.md) and merges each state into the
+  0.15: docs/decisions/0004-faust-gate.md) and merges each state into the
   :class:`HaltBook`. It reads to the end before the gate processes anything.
 - :func:`breaker_state`: the BreakerState record of a trip (the runner produces it in the
   same flush as the batch that tripped, so a trip is on the topic before its batch counts
