@@ -32,6 +32,8 @@ def _stage(name: str) -> Callable[[Settings, argparse.Namespace], int]:
             from streams.agent import run_agent as runner
         elif name == "relay":
             from streams.relay import run_relay as runner
+        elif name == "monitor":
+            from postbacks.monitor import run_monitor as runner
         else:
             from sinks.postgres import run_sink as runner
         settle_gc(settings.gc_gen0_threshold)  # after the runner's imports
@@ -48,6 +50,35 @@ def _stage(name: str) -> Callable[[Settings, argparse.Namespace], int]:
         return 0
 
     return run
+
+
+def _gaps(settings: Settings, args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    from postbacks.cli_output import iso, print_json, print_table
+    from postbacks.db.connect import connect
+    from postbacks.db.gaps import list_gaps
+
+    older = settings.gap_after_s if args.older_than is None else args.older_than
+    now = dt.datetime.now(dt.UTC)
+    with connect(settings.database_url) as conn:
+        gaps = list_gaps(conn, now=now, older_than_s=older, limit=args.limit,
+                         endpoint_id=args.endpoint)
+    if args.json:
+        print_json([{"delivery_id": g.delivery_id, "endpoint_id": g.endpoint_id,
+                     "conversion_id": g.conversion_id, "status": g.status,
+                     "created_at": g.created_at.isoformat(),
+                     "quiet_since": g.quiet_since.isoformat(),
+                     "quiet_s": round((now - g.quiet_since).total_seconds())} for g in gaps])
+    else:
+        print_table(["delivery", "endpoint", "conversion", "status", "quiet since", "quiet"],
+                    [[g.delivery_id, g.endpoint_id, g.conversion_id, g.status,
+                      iso(int(g.quiet_since.timestamp() * 1000)),
+                      f"{(now - g.quiet_since).total_seconds():.0f}s"]
+                     for g in gaps])
+        print(f"{len(gaps)} gap(s) quiet for more than {older:.0f}s"
+              + (f" (first {args.limit})" if len(gaps) == args.limit else ""))
+    return 1 if gaps else 0
 
 
 def _migrate(settings: Settings, _args: argparse.Namespace) -> int:
@@ -147,11 +178,14 @@ def _receiver(_settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _demo(settings: Settings, args: argparse.Namespace) -> int:
-    from postbacks.tools.demo import run_demo
+    from postbacks.tools.demo import DemoOptions, run_demo
 
-    return run_demo(settings, count=args.count, apps=args.apps,
-                    endpoints_per_app=args.endpoints_per_app, rate=args.rate,
-                    keep_console=args.keep_console)
+    return run_demo(settings, DemoOptions(
+        count=args.count, apps=args.apps, endpoints_per_app=args.endpoints_per_app,
+        flaky=args.flaky, dead=args.dead, dead_attempts=args.dead_attempts,
+        cohort=args.cohort, replay=args.replay, rate=args.rate, namespace=args.namespace,
+        keep_console=args.keep_console, start_services=not args.no_services,
+        report_json=args.report_json, timeout_s=args.timeout))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="postbacks",
         description="Kafka pipeline that delivers signed postbacks to ad publishers. "
         "Settings come from the environment (KAFKA_BOOTSTRAP_SERVERS, POSTBACKS_*); "
-        "see README 'Settings'.",
+        "see docs/operators.md.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -169,9 +203,23 @@ def build_parser() -> argparse.ArgumentParser:
         ("agent", "run a delivery agent (dispatch -> HTTP -> attempts, outcomes, retry, dlq)"),
         ("relay", "run the delay relay (retry.*, quarantine -> dispatch when due)"),
         ("sink", "run the PostgreSQL sink (deliveries, attempts, outcomes, dlq -> tables)"),
+        ("monitor", "run the monitor (every stage's lag and backlog age, the gap detector)"),
     ]:
         sp = sub.add_parser(name, help=help_, description=help_)
         sp.set_defaults(func=_stage(name))
+
+    sp = sub.add_parser(
+        "gaps", help="list deliveries that have gone quiet (the gap detector)",
+        description="List deliveries with no outcome at all, or none since a release or "
+        "replay, for longer than --older-than seconds (POSTBACKS_GAP_AFTER_S), quiet "
+        "longest first. Failing, quarantined and held deliveries are not gaps (each has "
+        "its own alert). Exit 1 when there is any gap.")
+    sp.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
+                    help="quiet for longer than this (default: POSTBACKS_GAP_AFTER_S)")
+    sp.add_argument("--endpoint", default=None, help="only this endpoint id")
+    sp.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    sp.add_argument("--json", action="store_true", help="print JSON")
+    sp.set_defaults(func=_gaps)
 
     sp = sub.add_parser("migrate", help="apply database migrations", description="Apply "
                         "pending PostgreSQL migrations (idempotent).")
@@ -218,15 +266,64 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--port", type=int, default=8787)
     sp.set_defaults(func=_receiver)
 
-    sp = sub.add_parser("demo", help="run the whole pipeline on local services",
-                        description="Start services, create topics, migrate, seed, run "
-                        "every stage, emit conversions, show progress and a summary.")
-    sp.add_argument("--count", type=int, default=20_000)
-    sp.add_argument("--apps", type=int, default=10)
-    sp.add_argument("--endpoints-per-app", type=int, default=3)
-    sp.add_argument("--rate", type=float, default=0)
+    sp = sub.add_parser(
+        "demo", help="run the whole pipeline on local services, failures included",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Start Kafka and PostgreSQL (deploy/local/services.sh), migrate, create topics,
+start a signature-verifying receiver, every stage and the console, and send
+conversions to five groups of endpoints:
+  healthy  delivered on the first attempt
+  flaky    503 to each delivery's first attempt, then 200: retried through the
+           retry topics and the relay, delivered on the second attempt
+  dead     always 503: its breaker opens, its last attempts are quarantined,
+           every delivery is dead-lettered after --dead-attempts attempts
+  cohort   retrodated conversions to an endpoint whose retrodating guard
+           enforces: held by the gate, released by a reviewer through the
+           console's API, then delivered
+  replay   delivered healthy postbacks replayed by support through the
+           console's API: they arrive again with their original idempotency keys
+
+The demo's processes run with a shortened schedule (POSTBACKS_RETRY_BASE_S=1,
+POSTBACKS_BREAKER_OPEN_S=1, POSTBACKS_BREAKER_RAMP_S=1,
+POSTBACKS_BREAKER_FAILURE_THRESHOLD = dead x dead-attempts - 2); the product's
+defaults are unchanged. It prints progress while it waits, then one row per
+group -- deliveries, attempts, delivered, retried, quarantined, dead-lettered,
+held, released, replayed (from PostgreSQL) and the requests/unique ids the
+receiver saw -- and where to see each group (console pages, metrics, SQL).
+Exit 1 when a group's counts are not what it should show.""")
+    sp.add_argument("--count", type=int, default=2000,
+                    help="healthy conversions; each goes to every endpoint of its app "
+                    "(default 2000)")
+    sp.add_argument("--apps", type=int, default=10, help="healthy apps (default 10)")
+    sp.add_argument("--endpoints-per-app", type=int, default=3,
+                    help="endpoints per healthy app (default 3)")
+    sp.add_argument("--flaky", type=int, default=20,
+                    help="deliveries to the flaky endpoint (default 20)")
+    sp.add_argument("--dead", type=int, default=10,
+                    help="deliveries to the dead endpoint (default 10)")
+    sp.add_argument("--dead-attempts", type=int, default=3,
+                    help="the dead endpoint's max_attempts, its retry budget (default 3)")
+    sp.add_argument("--cohort", type=int, default=25,
+                    help="retrodated conversions held then released (default 25)")
+    sp.add_argument("--replay", type=int, default=20,
+                    help="delivered healthy postbacks replayed through the console "
+                    "(default 20)")
+    sp.add_argument("--rate", type=float, default=0,
+                    help="healthy conversions/s (0 = as fast as possible)")
+    sp.add_argument("--namespace", default=None,
+                    help="prefix of the demo's app and endpoint ids (default d<unix time>)")
     sp.add_argument("--keep-console", action="store_true",
-                    help="leave the replay console running at the end (Ctrl-C stops it)")
+                    help="after the table, keep the console, the stages and the receiver "
+                    "running (prints the console URL and sign-in tokens; Ctrl-C stops them)")
+    sp.add_argument("--no-services", action="store_true",
+                    help="do not run deploy/local/services.sh up (use the services the "
+                    "environment names)")
+    sp.add_argument("--report-json", metavar="PATH", default=None,
+                    help="also write the table's counts as JSON to PATH")
+    sp.add_argument("--timeout", type=float, default=None,
+                    help="seconds to wait for every group after the emit "
+                    "(default 150 + healthy deliveries / 100)")
     sp.set_defaults(func=_demo)
 
     from replay_console import cli as console_cli

@@ -1,200 +1,385 @@
-"""`postbacks demo`: the whole pipeline on local services, with live progress and a summary.
+"""`postbacks demo`: the whole pipeline on local services, showing what goes wrong and what
+the pipeline does about it, group by group, with live progress and a checked table.
 
-services up -> migrations -> topics -> receiver -> seed endpoints -> fanout, gate, agent,
-sink -> emit conversions -> wait until every delivery reached the receiver and PostgreSQL
--> the replay console: a support token, a replay of 100 delivered postbacks through its
-API (they arrive again with their original idempotency keys) -> summary -> stop everything
-it started (``--keep-console`` leaves the console up until Ctrl-C).
+services up -> migrations -> topics -> a signature-verifying receiver -> endpoints in five
+groups -> fanout, gate, agent, relay, sink and the console -> conversions for each group:
+
+- **healthy**: delivered on the first attempt;
+- **flaky**: the receiver answers 503 to the first attempt of every delivery, then 200:
+  retried through the retry topics and the relay, delivered on the second attempt;
+- **dead**: the receiver always answers 503: the endpoint's breaker opens, the last
+  deliveries are quarantined (no attempt consumed), and after the endpoint's retry budget
+  (its ``max_attempts``) every delivery is dead-lettered;
+- **cohort**: retrodated conversions (completed 30 days before they were recorded) to an
+  endpoint whose retrodating guard is in enforce mode: held by the gate, then released by a
+  reviewer through the console's API, then delivered;
+- **replay**: delivered healthy postbacks replayed by support through the console's API:
+  they arrive again with their original idempotency keys.
+
+The demo's stages run with a shortened schedule (environment of the processes it starts;
+the product's defaults are unchanged): see :func:`demo_env`. It ends with a table of counts
+read from PostgreSQL and cross-checked against the receiver, where to see each group, and
+exits 1 when a group did not show what it should. ``--keep-console`` leaves every process
+it started running (Ctrl-C stops them); Kafka and PostgreSQL stay up either way.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from postbacks.core.endpoint import EndpointConfig
+from postbacks.db.anomaly import set_mode
 from postbacks.db.connect import connect
 from postbacks.db.migrate import migrate
 from postbacks.emit import ConversionProducer, synthetic_conversions
+from postbacks.errors import ConfigError
 from postbacks.kafka.clients import check_broker
 from postbacks.settings import Settings
+from postbacks.tools.demo_report import (
+    Group,
+    Row,
+    check,
+    count_group,
+    progress_counts,
+    progress_line,
+    receiver_view,
+    render_table,
+    sample_ids,
+    where_to_see,
+)
 from postbacks.tools.procs import Stack, free_port, http_json, wait_for
 from postbacks.tools.seed import seed_endpoints
+from replay_console.auth import create_token
 from topics.admin import create_topics
 
-__all__ = ["run_demo"]
+__all__ = ["DemoOptions", "demo_env", "run_demo"]
 
 ROOT = Path(__file__).resolve().parents[2]
+DAY_MS = 86_400_000
+QUARANTINED = 2  # the dead endpoint's breaker opens this many attempts before the last
+STAGES = ("sink", "relay", "agent", "gate", "fanout")
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    count: int = 2000  # healthy conversions (x endpoints_per_app deliveries)
+    apps: int = 10
+    endpoints_per_app: int = 3
+    flaky: int = 20
+    dead: int = 10
+    dead_attempts: int = 3
+    cohort: int = 25
+    replay: int = 20
+    rate: float = 0.0
+    namespace: str | None = None
+    keep_console: bool = False
+    start_services: bool = True
+    report_json: str | None = None
+    timeout_s: float | None = None
 
 
 def _say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
 
-def _pg_counts(settings: Settings, namespace: str) -> tuple[int, int, int, int]:
-    like = f"ep_{namespace}_%"
-    with connect(settings.database_url) as conn:
-        row = conn.execute(
-            "SELECT (SELECT count(*) FROM deliveries WHERE endpoint_id LIKE %(l)s),"
-            " (SELECT count(*) FROM deliveries WHERE endpoint_id LIKE %(l)s"
-            "   AND status = 'delivered'),"
-            " (SELECT count(*) FROM delivery_attempts WHERE endpoint_id LIKE %(l)s),"
-            " (SELECT count(*) FROM dead_letters WHERE endpoint_id LIKE %(l)s)",
-            {"l": like},
-        ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+def breaker_threshold(o: DemoOptions) -> int:
+    return o.dead * o.dead_attempts - QUARANTINED
 
 
-def receiver_with_endpoints(stack: Stack, settings: Settings, namespace: str, *, apps: int,
-                            endpoints_per_app: int, port: int | None = None,
-                            ) -> tuple[str, list[Any]]:
-    """Start the signature-verifying receiver, seed endpoints pointing at it and hand it
-    their secrets; returns (its base URL, the seeded endpoints)."""
-    port = port or free_port()
-    stack.start("receiver", "receiver", "--port", str(port))
-    base = f"http://127.0.0.1:{port}"
-    wait_for(lambda: http_json(f"{base}/_control/stats"), 30, what="the receiver")
-    seeded = seed_endpoints(settings, apps=apps, endpoints_per_app=endpoints_per_app,
-                            receiver_url=base, namespace=namespace,
-                            now_ms=int(time.time() * 1000))
-    http_json(f"{base}/_control/secrets", {s.endpoint_id: [s.secret] for s in seeded})
-    return base, list(seeded)
+def validate(o: DemoOptions) -> None:
+    for name in ("count", "apps", "endpoints_per_app", "flaky", "dead", "cohort", "replay"):
+        if getattr(o, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
+    if o.dead_attempts < 2:
+        raise ConfigError("--dead-attempts must be >= 2 (a retry before the dead letter)")
+    if breaker_threshold(o) <= o.flaky:
+        raise ConfigError(
+            f"the breaker threshold ({o.dead} dead x {o.dead_attempts} attempts - {QUARANTINED}"
+            f" = {breaker_threshold(o)}) must be above --flaky ({o.flaky}): the flaky endpoint"
+            " fails that many first attempts in a row; raise --dead or lower --flaky")
+    if o.replay > o.count * o.endpoints_per_app:
+        raise ConfigError("--replay must not exceed the healthy deliveries")
 
 
-def _console_phase(stack: Stack, settings: Settings, namespace: str, base: str,
-                   keep: bool) -> tuple[int, int]:
-    """Start the console, replay 100 delivered postbacks through its API; returns (replayed,
-    received again with the same idempotency key)."""
-    import json
-    import urllib.request
+def demo_env(o: DemoOptions, namespace: str) -> dict[str, str]:
+    """The settings of the demo's processes that differ from the product defaults."""
+    return {
+        "POSTBACKS_RETRY_BASE_S": "1",  # default 5: retries after 1 s, 2 s, 4 s ...
+        "POSTBACKS_BREAKER_FAILURE_THRESHOLD": str(breaker_threshold(o)),  # default 20
+        "POSTBACKS_BREAKER_OPEN_S": "1",  # default 300
+        "POSTBACKS_BREAKER_RAMP_S": "1",  # default 300
+        "POSTBACKS_CONFIG_REFRESH_S": "1",  # default 5
+        "POSTBACKS_ANOMALY_REFRESH_S": "0.5",  # default 2
+        # the demo's own global anomaly scope: a halt another run left on the deployment's
+        # global scope does not hold its deliveries
+        "POSTBACKS_ANOMALY_GLOBAL_KEY": f"demo-{namespace}",
+    }
 
-    from replay_console.auth import create_token
 
-    port = free_port()
-    stack.start("console", "console", "serve", "--port", str(port))
-    url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: http_json(f"{url}/healthz"), 30, what="the console")
-    with connect(settings.database_url) as conn:
-        _id, support = create_token(conn, name=f"demo-support-{namespace}", role="support",
-                                    created_by="demo")
-        _id, admin = create_token(conn, name=f"demo-admin-{namespace}", role="admin",
-                                  created_by="demo")
-        picked = [r[0] for r in conn.execute(
-            "SELECT delivery_id FROM (SELECT delivery_id, row_number() OVER (PARTITION BY"
-            " endpoint_id ORDER BY created_at) AS rn FROM deliveries WHERE endpoint_id LIKE %s"
-            " AND status = 'delivered') x WHERE rn <= 4 LIMIT 100", (f"ep_{namespace}_%",))]
-        conn.commit()
-    before = http_json(f"{base}/_control/stats")["received"]
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _api(base: str, token: str, path: str, payload: Any = None) -> Any:
+    """A console API call as the token's holder; a refusal raises with its message."""
     req = urllib.request.Request(
-        f"{url}/api/v1/replays", data=json.dumps({"delivery_ids": picked,
-                                                  "note": "demo"}).encode(),
-        headers={"Authorization": f"Bearer {admin}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        job = json.loads(resp.read())
-    _say(f"console on {url}: replaying {job['total']} delivered postbacks (job {job['job_id']})")
-    wait_for(lambda: http_json(f"{base}/_control/stats")["received"] >= before + len(picked),
-             60, what="the replayed postbacks")
-    got = [r for r in http_json(f"{base}/_control/received")[before:]
-           if r["idempotency_key"]]
+        f"{base}/api/v1{path}", data=None if payload is None else json.dumps(payload).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"console {path}: HTTP {exc.code}: "
+                           f"{exc.read().decode(errors='replace')[:300]}") from exc
+
+
+def _seed_groups(settings: Settings, o: DemoOptions, ns: str, base: str) -> list[Group]:
+    now_ms = int(time.time() * 1000)
+    kw: dict[str, Any] = {"receiver_url": base, "now_ms": now_ms}
+    healthy = seed_endpoints(settings, apps=o.apps, endpoints_per_app=o.endpoints_per_app,
+                             namespace=ns, **kw)
+    flaky = seed_endpoints(settings, apps=1, endpoints_per_app=1, namespace=f"{ns}_flaky", **kw)
+    # concurrency 1: attempts one after the other, so the breaker opens exactly at its
+    # threshold and the attempts after it are quarantined
+    dead = seed_endpoints(settings, apps=1, endpoints_per_app=1, namespace=f"{ns}_dead",
+                          config=EndpointConfig(max_attempts=o.dead_attempts), concurrency=1,
+                          **kw)
+    cohort = seed_endpoints(settings, apps=1, endpoints_per_app=1, namespace=f"{ns}_cohort",
+                            **kw)
+    secrets = {s.endpoint_id: [s.secret] for s in (*healthy, *flaky, *dead, *cohort)}
+    http_json(f"{base}/_control/secrets", secrets)
+    http_json(f"{base}/_control/script", {
+        flaky[0].endpoint_id: {"statuses": [503, 200], "per_delivery": True},
+        dead[0].endpoint_id: {"statuses": [503]},
+    })
     with connect(settings.database_url) as conn:
-        keys: dict[str, str] = dict(conn.execute(
-            "SELECT idempotency_key, delivery_id FROM deliveries WHERE delivery_id = ANY(%s)",
-            (picked,)).fetchall())
-    same = sum(1 for r in got if r["idempotency_key"] in keys)
-    _say(f"replayed postbacks received again: {same}/{len(picked)} with their original "
-         "idempotency keys")
-    if keep:
-        _say(f"console: {url}/  sign in with support token {support}  (admin: {admin})")
-        _say("Ctrl-C to stop the console and everything else")
-        try:
-            while not stack.dead():
-                time.sleep(1.0)
-        except KeyboardInterrupt:
-            pass
-    return len(picked), same
+        set_mode(conn, scope="endpoint", scope_key=cohort[0].endpoint_id,
+                 detector="retrodating", mode="enforce", actor="demo",
+                 note="postbacks demo: the retrodated cohort")
+        conn.commit()
+
+    def group(name: str, seeded: list[Any], expected: int, each: int = 1) -> Group:
+        return Group(name, [s.endpoint_id for s in seeded], expected,
+                     apps=sorted({s.app_id for s in seeded}), attempts_each=each)
+
+    return [group("healthy", healthy, o.count * o.endpoints_per_app),
+            group("flaky", flaky, o.flaky, 2), group("dead", dead, o.dead, o.dead_attempts),
+            group("cohort", cohort, o.cohort), Group("replay", [], o.replay)]
 
 
-def run_demo(
-    settings: Settings, *, count: int, apps: int, endpoints_per_app: int, rate: float,
-    keep_console: bool = False,
-) -> int:
+def _emit(settings: Settings, o: DemoOptions, ns: str) -> int:
+    producer = ConversionProducer(settings)
+    now_ms = int(time.time() * 1000)
+    seed = int(time.time())
+    for name, n in (("flaky", o.flaky), ("dead", o.dead), ("cohort", o.cohort)):
+        for ev in synthetic_conversions(n, apps=1, seed=seed, namespace=f"{ns}_{name}",
+                                        now_ms=now_ms):
+            if name == "cohort":  # recorded now, completed 30 days ago: retrodated
+                ev["source_created_at"] = now_ms
+                ev["source_completed_at"] = now_ms - 30 * DAY_MS
+            producer.send(ev)
+    start = time.monotonic()
+    for i, ev in enumerate(synthetic_conversions(o.count, apps=o.apps, seed=seed,
+                                                 namespace=ns, now_ms=now_ms), 1):
+        producer.send(ev)
+        if o.rate > 0 and (ahead := i / o.rate - (time.monotonic() - start)) > 0:
+            time.sleep(ahead)
+    if producer.flush() or producer.failed:
+        raise RuntimeError(f"conversions not acknowledged by Kafka: {producer.failed[:3]}")
+    return producer.acked
+
+
+def _replay(settings: Settings, console: str, token: str, g: Group, healthy: Group
+            ) -> tuple[str, dict[str, str]]:
+    """Replay ``g.expected`` delivered healthy postbacks (spread over the endpoints) as
+    support; returns (job id, delivery_id -> idempotency key)."""
+    per_ep = math.ceil(g.expected / len(healthy.endpoint_ids))
+    with connect(settings.database_url) as conn:
+        rows = conn.execute(
+            "SELECT delivery_id, idempotency_key FROM (SELECT delivery_id, idempotency_key,"
+            " row_number() OVER (PARTITION BY endpoint_id ORDER BY created_at) AS rn"
+            " FROM deliveries WHERE endpoint_id = ANY(%s) AND status = 'delivered') x"
+            " WHERE rn <= %s ORDER BY rn LIMIT %s",
+            (healthy.endpoint_ids, per_ep, g.expected)).fetchall()
+    g.delivery_ids = [r[0] for r in rows]
+    g.since = time.time()
+    job = _api(console, token, "/replays", {"delivery_ids": g.delivery_ids,
+                                            "note": "postbacks demo", "confirm": len(rows)})
+    return str(job["job_id"]), {r[0]: r[1] for r in rows}
+
+
+def _report(settings: Settings, base: str, groups: list[Group], keys: dict[str, str]
+            ) -> list[Row]:
+    received = http_json(f"{base}/_control/received", timeout=60)
+    replay = next(x for x in groups if x.name == "replay")
+    rows = []
+    for g in groups:
+        counts = count_group(settings.database_url, g)
+        seen = receiver_view(received, g, keys)
+        rows.append(Row(g.name, counts, seen, check(g, counts, seen, len(replay.delivery_ids))))
+    return rows
+
+
+def run_demo(settings: Settings, o: DemoOptions) -> int:
+    validate(o)
     t0 = time.monotonic()
     script = ROOT / "deploy" / "local" / "services.sh"
-    if script.exists():
+    if o.start_services and script.exists():
         _say("starting Kafka and PostgreSQL (deploy/local/services.sh up)")
         subprocess.run(["bash", str(script), "up"], check=True)
     check_broker(settings)
     _say(f"migrations: {', '.join(migrate(settings.database_url)) or 'up to date'}")
     _say(f"topics created: {len(create_topics(settings))}")
-    namespace = f"d{int(time.time())}"
-    port = free_port()
+    ns = o.namespace or f"d{int(time.time())}"
+    shortened = demo_env(o, ns)
     env = {
         "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
         "POSTBACKS_DATABASE_URL": settings.database_url,
         "POSTBACKS_TOPIC_PREFIX": settings.topic_prefix,
         "POSTBACKS_ALLOW_LOOPBACK_TARGETS": "true",
+        **shortened,
     }
-    log_dir = ROOT / ".local" / "logs" / f"demo-{namespace}"
+    _say("shortened for the demo's processes (product defaults unchanged): "
+         + ", ".join(f"{k}={v}" for k, v in shortened.items() if "GLOBAL" not in k)
+         + f"; the dead endpoint's config: max_attempts {o.dead_attempts} (default 50)")
+    log_dir = ROOT / ".local" / "logs" / f"demo-{ns}"
+    rows: list[Row] = []
     with Stack(env, log_dir) as stack:
-        base, seeded = receiver_with_endpoints(stack, settings, namespace, apps=apps,
-                                               endpoints_per_app=endpoints_per_app, port=port)
-        _say(f"seeded {len(seeded)} endpoints over {apps} apps; receiver on {base}")
-        for stage in ("sink", "relay", "agent", "gate", "fanout"):
-            stack.start(stage, stage, extra_env={"POSTBACKS_METRICS_PORT": str(free_port())})
-        _say(f"stages running: fanout, gate, agent, relay, sink (logs in {log_dir})")
-        expected = count * endpoints_per_app
-        producer = ConversionProducer(settings)
+        rport = free_port()
+        stack.start("receiver", "receiver", "--port", str(rport))
+        base = f"http://127.0.0.1:{rport}"
+        wait_for(lambda: http_json(f"{base}/_control/stats"), 30, what="the receiver")
+        groups = _seed_groups(settings, o, ns, base)
+        g = {x.name: x for x in groups}
+        _say(f"namespace {ns}: {len(g['healthy'].endpoint_ids)} healthy endpoints over"
+             f" {o.apps} apps, 1 flaky (503 then 200), 1 dead (always 503), 1 cohort"
+             f" (retrodating guard: enforce); receiver on {base}")
+        metrics: dict[str, str] = {}
+        for stage in STAGES:
+            port = free_port()
+            metrics[stage] = f"http://127.0.0.1:{port}/metrics"
+            stack.start(stage, stage, extra_env={"POSTBACKS_METRICS_PORT": str(port)})
+        cport = free_port()
+        console = f"http://127.0.0.1:{cport}"
+        stack.start("console", "console", "serve", "--port", str(cport))
+        with connect(settings.database_url) as conn:
+            _i, support = create_token(conn, name=f"demo-support-{ns}", role="support",
+                                       created_by="demo")
+            _i, reviewer = create_token(conn, name=f"demo-reviewer-{ns}", role="reviewer",
+                                        created_by="demo")
+            conn.commit()
+        _say(f"stages running: {', '.join(STAGES)}, console on {console} (logs in {log_dir})")
+        emitted = _emit(settings, o, ns)
         start = time.monotonic()
-        for i, ev in enumerate(synthetic_conversions(
-            count, apps=apps, seed=int(time.time()), namespace=namespace,
-            now_ms=int(time.time() * 1000),
-        ), 1):
-            producer.send(ev)
-            if rate > 0 and (ahead := i / rate - (time.monotonic() - start)) > 0:
-                time.sleep(ahead)
-        producer.flush()
-        _say(f"emitted {producer.acked} conversions -> {expected} deliveries expected")
-        last_print = 0.0
-        deadline = time.monotonic() + max(120.0, expected / 200)
-        rows = (0, 0, 0, 0)
-        stats: dict[str, int] = {"unique_ids": 0, "bad_signatures": 0}
-        while time.monotonic() < deadline:
+        _say(f"emitted {emitted} conversions -> {sum(x.expected for x in groups[:4])}"
+             " deliveries expected")
+        wait_for(lambda: http_json(f"{console}/healthz"), 60, what="the console")
+        timeout = o.timeout_s or 150.0 + g["healthy"].expected / 100
+        deadline = start + timeout
+        phase = {"replay": "waits for every healthy delivery", "cohort": ""}
+        job_id: str | None = None
+        keys: dict[str, str] = {}
+        released = False
+        healthy_s: float | None = None
+        last = 0.0
+        while True:
+            el = time.monotonic() - start
+            st = progress_counts(settings.database_url, groups)
             stats = http_json(f"{base}/_control/stats")
-            rows = _pg_counts(settings, namespace)
-            if time.monotonic() - last_print >= 1.0:
-                last_print = time.monotonic()
-                el = time.monotonic() - start
-                _say(f"{el:5.1f}s received {stats['unique_ids']:>7}/{expected}"
-                     f"  ({stats['unique_ids'] / el:6.0f}/s)  rows: deliveries {rows[0]},"
-                     f" delivered {rows[1]}, attempts {rows[2]}")
-            if stats["unique_ids"] >= expected and rows[1] >= expected:
-                break
+            if not released and st["cohort"]["held"] >= g["cohort"].expected:
+                g["cohort"].since = time.time()
+                released = True
+                try:
+                    r = _api(console, reviewer, "/held/release", {
+                        "endpoint": g["cohort"].endpoint_ids[0],
+                        "confirm": g["cohort"].expected,
+                        "note": "postbacks demo: checked, release"})
+                    phase["cohort"] = f"{len(r['delivery_ids'])} released"
+                    _say(f"{el:5.1f}s cohort: {len(r['delivery_ids'])} held deliveries"
+                         " released by a reviewer through the console")
+                except RuntimeError as exc:
+                    phase["cohort"] = "release refused"
+                    _say(f"{el:5.1f}s cohort: the release failed: {exc}")
+            if healthy_s is None and st["healthy"]["delivered"] >= g["healthy"].expected:
+                healthy_s = el
+                try:
+                    job_id, keys = _replay(settings, console, support, g["replay"],
+                                           g["healthy"])
+                    phase["replay"] = f"job {job_id}"
+                    _say(f"{el:5.1f}s every healthy delivery delivered; support replays"
+                         f" {len(keys)} of them through the console (job {job_id})")
+                except RuntimeError as exc:
+                    phase["replay"] = "refused"
+                    _say(f"{el:5.1f}s replay: the console refused it: {exc}")
+            if time.monotonic() - last >= 2.0:
+                last = time.monotonic()
+                _say(progress_line(el, st, g, stats, phase))
+            healthy_req = sum(int(stats["per_endpoint"].get(e, 0))
+                              for e in g["healthy"].endpoint_ids)
+            settled = (healthy_s is not None and released
+                       and healthy_req >= g["healthy"].expected + len(keys)
+                       and st["healthy"]["delivered"] >= g["healthy"].expected
+                       and st["flaky"]["delivered"] >= g["flaky"].expected
+                       and st["dead"]["exhausted"] + st["dead"]["dead_lettered"]
+                       >= g["dead"].expected
+                       and st["cohort"]["delivered"] >= g["cohort"].expected)
+            over = time.monotonic() > deadline
+            if settled or over:
+                rows = _report(settings, base, groups, keys)
+                if over or all(not r.problems for r in rows):
+                    break
             if stack.dead():
-                _say(f"a stage died: {stack.dead()}")
+                _say(f"a process stopped: {', '.join(stack.dead())} (see {log_dir})")
+                rows = _report(settings, base, groups, keys)
                 break
             time.sleep(0.5)
         elapsed = time.monotonic() - start
-        replayed = same_key = 0
-        if stats["unique_ids"] >= expected and rows[1] >= expected:
-            replayed, same_key = _console_phase(stack, settings, namespace, base, keep_console)
-    ok = (stats["unique_ids"] >= expected and rows[1] >= expected
-          and stats["bad_signatures"] == 0 and replayed > 0 and same_key == replayed)
-    print()
-    print("=== postbacks demo summary ===")
-    print(f"conversions emitted        {producer.acked}")
-    print(f"deliveries expected        {expected}")
-    print(f"delivered (unique ids)     {stats['unique_ids']}  "
-          f"(bad signatures: {stats['bad_signatures']})")
-    print(f"deliveries rows            {rows[0]}  (status delivered: {rows[1]})")
-    print(f"attempt rows               {rows[2]}")
-    print(f"dead letters               {rows[3]}")
-    print(f"end-to-end throughput      {stats['unique_ids'] / max(elapsed, 1e-9):.0f} deliveries/s"
-          f" over {elapsed:.1f}s")
-    print(f"console replays            {same_key}/{replayed} received again, original keys")
-    print(f"total wall time            {time.monotonic() - t0:.1f}s")
-    print(f"result                     {'OK' if ok else 'INCOMPLETE'}")
-    sys.stdout.flush()
+        ok = bool(rows) and all(not r.problems for r in rows)
+        print()
+        print(f"=== postbacks demo: namespace {ns} ===")
+        print(render_table(rows))
+        print()
+        if healthy_s is not None:
+            print(f"healthy: {g['healthy'].expected} deliveries in {healthy_s:.1f}s after the"
+                  f" emit ({g['healthy'].expected / max(healthy_s, 1e-9):.0f}/s); every group"
+                  f" settled {elapsed:.1f}s after it")
+        samples = sample_ids(settings.database_url, groups)
+        for line in where_to_see(groups, console, metrics, job_id, samples):
+            print(line)
+        print(f"total wall time {time.monotonic() - t0:.1f}s; result {'OK' if ok else 'FAIL'}")
+        if o.report_json:
+            Path(o.report_json).write_text(json.dumps({
+                "namespace": ns, "topic_prefix": settings.topic_prefix, "console": console,
+                "ok": ok, "rows": [r.to_json() for r in rows],
+                "groups": {x.name: {"endpoint_ids": x.endpoint_ids,
+                                    "delivery_ids": x.delivery_ids, "expected": x.expected,
+                                    "attempts_each": x.attempts_each} for x in groups},
+            }, indent=2))
+        sys.stdout.flush()
+        if o.keep_console:
+            _say(f"console: {console}/login  sign in with the reviewer token {reviewer}")
+            _say(f"  (support token: {support}); receiver {base}/_control/stats")
+            _say(f"every process of the demo keeps running; Ctrl-C (or kill {os.getpid()})"
+                 " stops them")
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # even in background
+            signal.signal(signal.SIGTERM, _interrupt)
+            try:
+                while not stack.dead():
+                    time.sleep(1.0)
+                _say(f"a process stopped: {', '.join(stack.dead())}")
+            except KeyboardInterrupt:
+                pass
+    print("Kafka and PostgreSQL are still running: `make services-down` stops them.",
+          flush=True)
     return 0 if ok else 1

@@ -8,7 +8,8 @@ Postbacks arrive at ``/hooks/<endpoint_id>``. Control API (JSON):
   "delay_ms": 0, "body": "ok", "headers": {"Retry-After": "3"}}}`` — the i-th request to
   the endpoint answers ``statuses[min(i, len-1)]`` (``"per_delivery": true``: the i-th request
   carrying the same webhook-id)
-- ``GET /_control/stats`` — totals, unique webhook-ids, bad signatures, per endpoint
+- ``GET /_control/stats`` — totals, unique webhook-ids, bad signatures, requests and unique
+  webhook-ids per endpoint (``per_endpoint``, ``unique_per_endpoint``)
 - ``GET /_control/received?endpoint=<id>`` — every request received (ids, headers, times)
 - ``POST /_control/reset``
 """
@@ -117,6 +118,7 @@ def build_app(state: ReceiverState | None = None) -> web.Application:
             "received": len(st.received), "unique_ids": unique,
             "bad_signatures": st.bad_signatures, "unverified": st.unverified,
             "per_endpoint": dict(st.calls),
+            "unique_per_endpoint": {k: len(v) for k, v in st.ids.items()},
         })
 
     async def received(request: web.Request) -> web.Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from postbacks.core.endpoint import EndpointConfig
 from postbacks.core.signing import generate_secret
 from postbacks.db.connect import connect
 from postbacks.db.crypto import SecretBox
@@ -28,16 +29,17 @@ class SeededEndpoint:
 
 def seed_endpoints(
     settings: Settings, *, apps: int, endpoints_per_app: int, receiver_url: str,
-    namespace: str = "demo", now_ms: int,
+    namespace: str = "demo", now_ms: int, config: EndpointConfig | None = None,
+    concurrency: int = 4,
 ) -> list[SeededEndpoint]:
     """Create ``apps x endpoints_per_app`` endpoints ``ep_<ns>_<app>_<k>``, one secret each.
 
     Apps are ``app_<ns>_0001`` ... (see :func:`app_id_for`); re-seeding replaces the
     endpoints' URLs and signing secrets: the fresh secret is the only active one (the
     seeded receivers verify with it; stages already running sign with it from their next
-    config refresh, so seed before starting them). Before, every re-seed added a secret and
-    kept the older ones active, so an endpoint seeded by 46 benchmark runs signed each
-    request 46 times -- 150 us of the agent's CPU per delivery.
+    config refresh, so seed before starting them), so an endpoint seeded many times still
+    signs each request once. ``config`` and ``concurrency`` apply to every endpoint seeded
+    (the demo's dead endpoint carries its own ``max_attempts``).
     """
     box = SecretBox(settings.secrets_key.reveal())
     out: list[SeededEndpoint] = []
@@ -48,7 +50,8 @@ def seed_endpoints(
                 endpoint_id = f"ep_{namespace}_{a:04d}_{k}"
                 url = f"{receiver_url.rstrip('/')}/hooks/{endpoint_id}"
                 upsert_endpoint(conn, endpoint_id=endpoint_id, app_id=app_id, url=url,
-                                name=f"{namespace} endpoint {a}/{k}")
+                                name=f"{namespace} endpoint {a}/{k}", config=config,
+                                concurrency=concurrency)
                 seed = hashlib.sha256(f"{namespace}/{endpoint_id}/{now_ms}".encode()).digest()
                 secret = generate_secret(seed)
                 secret_id = add_secret(conn, box, endpoint_id, secret, now_ms=now_ms)

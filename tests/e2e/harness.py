@@ -71,10 +71,11 @@ class Harness:
         for _ in range(count):
             self.sent += 1
             cid = f"cv_{self.namespace}_{self.sent:06d}"
+            fields = {"occurred_at": now, "source_created_at": now - 1000,
+                      "source_completed_at": now - 2000, **over}
             producer.send(make_conversion(
                 event_id=f"evt_{self.sent}", conversion_id=cid, app_id=self.app(name),
-                occurred_at=now, source_created_at=now - 1000, source_completed_at=now - 2000,
-                **over))
+                **fields))
             ids.append(cid)
         assert producer.flush() == 0
         return ids
