@@ -11,20 +11,26 @@ export KAFKA_BOOTSTRAP_SERVERS ?= 127.0.0.1:$(or $(POSTBACKS_KAFKA_PORT),19092)
 export POSTBACKS_DATABASE_URL ?= postgresql://postbacks@127.0.0.1:$(or $(POSTBACKS_PG_PORT),15432)/postbacks
 PYTEST_ARGS ?=
 
-.PHONY: help install check lint typecheck test test-unit test-integration demo services-up \
-        services-down services-status browser bench bench-copy bench-avro clean
+.PHONY: help install check lint typecheck rules prometheus test test-unit test-integration demo services-up \
+        services-down services-status browser bench bench-copy bench-avro bench-avro-choice \
+        bench-framing bench-services bench-migrations bench-http-choice clean
 
 help:
 	@echo "make demo            run the whole pipeline on local services (the main job)"
 	@echo "make test            start services and run every test tier"
 	@echo "make test-unit       unit + contract tiers only (no services)"
-	@echo "make check           ruff + mypy (strict)"
+	@echo "make check           ruff + mypy (strict) + the alert rules (promtool check and test)"
 	@echo "make services-up     start Kafka and PostgreSQL (deploy/local/services.sh)"
 	@echo "make services-down   stop them"
 	@echo "make browser         install Debian's chromium (console browser tests)"
 	@echo "make bench           the delivery benchmark (bench/delivery.py; BENCH_ARGS=...)"
 	@echo "make bench-copy      the sink's write path alone (bench/copy_rows.py)"
 	@echo "make bench-avro      the Avro codec alone, C against fastavro (bench/avro_codec.py)"
+	@echo "make bench-avro-choice  the Avro codec on the whole pipeline, C against fastavro"
+	@echo "make bench-framing   wire framing: bytes and µs per record (no services)"
+	@echo "make bench-services  services.sh up -> ready, on a second pair of ports"
+	@echo "make bench-migrations  the migrations: Alembic against a hand-written runner"
+	@echo "make bench-http-choice  the agent's HTTP client: own HTTP/1 against aiohttp and httpx"
 
 # The Avro codec's extension is built by the install: gone (make clean, a fresh clone), reinstall.
 ifeq ($(wildcard postbacks/avro_c.*.so),)
@@ -48,7 +54,15 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-check: lint typecheck
+rules: prometheus  # the alert and recording rules: syntax, promtool unit tests, scrape config
+	promtool check rules deploy/prometheus/rules.yml
+	promtool test rules deploy/prometheus/tests/rules_test.yml
+	promtool check config deploy/prometheus/prometheus.yml
+
+prometheus:  # Debian's prometheus (server + promtool), for the rules and the alert tests
+	$(SERVICES) prometheus
+
+check: lint typecheck rules
 
 services-up:
 	$(SERVICES) up
@@ -65,7 +79,7 @@ test-unit: install
 browser:
 	$(SERVICES) browser
 
-test: install services-up browser
+test: install services-up browser prometheus
 	$(BIN)/pytest tests/unit tests/contract tests/integration tests/e2e $(PYTEST_ARGS)
 
 demo: install
@@ -80,6 +94,21 @@ bench-avro: install  # the Avro codec alone (no services)
 bench-copy: install services-up  # the sink's write path alone: binary vs text COPY, indexes
 	$(BIN)/python bench/copy_rows.py --part formats
 	$(BIN)/python bench/copy_rows.py --part indexes --rounds 3
+
+bench-avro-choice: install services-up  # the Avro codec on the whole pipeline, alternating
+	$(BIN)/python bench/avro_choice.py --rounds 3
+
+bench-framing: install  # wire framing: bytes and µs per record (no services)
+	$(BIN)/python bench/framing.py
+
+bench-services: install services-up  # a second pair of services, the running pair untouched
+	bash bench/services_startup.sh 3
+
+bench-migrations: install services-up  # the migrations: Alembic against a hand-written runner
+	$(BIN)/python bench/migrations.py --rounds 7 --inner 5
+
+bench-http-choice: install services-up  # the agent's HTTP client, alternating
+	$(BIN)/python bench/http_client_choice.py --rounds 2
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build postbacks/*.c postbacks/*.so

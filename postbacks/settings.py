@@ -34,7 +34,7 @@ class Secret:
 
 
 # Development-only defaults. `postbacks demo` and the tests use them; production must set
-# POSTBACKS_IDEMPOTENCY_KEY and POSTBACKS_SECRETS_KEY (see README "Settings").
+# POSTBACKS_IDEMPOTENCY_KEY and POSTBACKS_SECRETS_KEY (see docs/operators.md).
 _DEV_IDEMPOTENCY_KEY = "dev-only-idempotency-key-change-me"
 _DEV_SECRETS_KEY = "ZGV2LW9ubHktc2VjcmV0cy1rZXktMzItYnl0ZXMhIT0="
 
@@ -53,12 +53,15 @@ class Settings:
     secrets_key: Secret = field(default_factory=lambda: Secret(_DEV_SECRETS_KEY))
     allow_loopback_targets: bool = False
     http_timeout_s: float = 10.0
+    # The agent's HTTP client: h1 (own), aiohttp or httpx (docs/decisions/0001-http-client.md).
+    http_client: str = "h1"
     endpoint_concurrency: int = 4
     batch_size: int = 500
     config_refresh_s: float = 5.0
     consumer_session_timeout_ms: int = 10_000
     log_level: str = "INFO"
-    # Retry schedule (see core/retry.py and README "Retry schedule").
+    avro_codec: str = "c"  # "c" (postbacks/avro_c.pyx) or "fastavro" (docs/decisions/0002)
+    # Retry schedule (see core/retry.py and docs/receivers.md "Retries").
     retry_base_s: float = 5.0
     retry_max_delay_s: float = 6 * 3600.0
     retry_ceiling_s: float = 24 * 3600.0
@@ -82,6 +85,10 @@ class Settings:
     sink_defer_max: int = 20_000  # ... and at most this many rows wait
     # `postbacks retention` drops the daily attempt partitions older than this
     attempt_retention_days: int = 90
+    # `postbacks monitor`: lag and backlog age of every stage's group, and the gap detector
+    # (deliveries with no outcome, or none since a release or replay, for this long).
+    monitor_interval_s: float = 15.0
+    gap_after_s: float = 900.0
     # Anomaly gate (modes and thresholds live in payout_anomaly_settings, not here).
     anomaly_refresh_s: float = 2.0  # re-read modes and halts from PostgreSQL this often
     anomaly_global_key: str = "*"  # scope_key of this deployment's global scope rows
@@ -101,7 +108,7 @@ class Settings:
     gate_linger_ms: int = 2
     # Allocations between young-generation garbage collections in every stage process
     # (Python's default is 700). Collections took 4.6 % of the agent's CPU at 700, and with
-    # start-up objects frozen (gc.freeze) 0.2 % at 7,000 (docs/performance.md, stop 18).
+    # start-up objects frozen (gc.freeze) 0.2 % at 7,000 (docs/performance.md).
     gc_gen0_threshold: int = 10_000
     # Replay console (postbacks console serve; see replay_console).
     console_host: str = "127.0.0.1"
@@ -181,6 +188,9 @@ def _validate(s: Settings) -> None:
         raise ConfigError("POSTBACKS_BATCH_SIZE must be >= 1")
     if s.http_timeout_s <= 0:
         raise ConfigError("POSTBACKS_HTTP_TIMEOUT_S must be > 0")
+    if s.http_client not in ("h1", "aiohttp", "httpx"):
+        raise ConfigError(f"POSTBACKS_HTTP_CLIENT={s.http_client!r}: expected one of "
+                          "h1, aiohttp, httpx")
     if not s.kafka_bootstrap_servers:
         raise ConfigError("KAFKA_BOOTSTRAP_SERVERS must not be empty")
     if s.kafka_compression not in _COMPRESSION:
@@ -190,7 +200,8 @@ def _validate(s: Settings) -> None:
         raise ConfigError("POSTBACKS_RETRY_CEILING_S must be at most 72 h (259200)")
     for name in ("retry_base_s", "retry_max_delay_s", "retry_ceiling_s", "breaker_open_s",
                  "breaker_ramp_s", "quarantine_delay_s", "endpoint_budget_s",
-                 "stall_restart_s", "console_replay_rate_per_endpoint",
+                 "stall_restart_s", "monitor_interval_s", "gap_after_s",
+                 "console_replay_rate_per_endpoint",
                  "console_replay_rate_total"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{env_name(name)} must be > 0")

@@ -1,7 +1,7 @@
 """The anomaly gate process: a Faust app (agents, tables, changelog recovery, rebalancing)
 around the synchronous :class:`GateEngine` and :class:`GlobalAggregator`.
 
-Processing guarantee (measured against the broker, docs/research/faust-streaming-spike.md):
+Processing guarantee (measured against the broker, docs/decisions/0004-faust-gate.md):
 Faust's exactly_once is unusable in faust-streaming 0.15, so the gate is **at-least-once
 with effectively-once state**:
 
@@ -73,6 +73,8 @@ from topics import TOPICS
 __all__ = ["GateProcess"]
 
 log = logging.getLogger("postbacks.gate")
+
+GROUP = "postbacks-gate"  # the Faust app id: its consumer group, prefixed like a topic
 
 
 def patch_faust_gaps() -> None:
@@ -176,7 +178,7 @@ class GateProcess:
     # ----------------------------------------------------------------- Faust app
     def _build_app(self) -> faust.App:
         s = self.settings
-        app = faust.App(f"{s.topic_prefix}postbacks-gate", **faust_settings(s))
+        app = faust.App(s.topic(GROUP), **faust_settings(s))
 
         def raw_topic(name: str) -> Any:
             return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
