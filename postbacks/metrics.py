@@ -9,7 +9,6 @@ import functools
 import gc
 import logging
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
@@ -24,7 +23,10 @@ __all__ = [
     "ATTEMPTS_TOTAL",
     "BACKLOG_AGE",
     "BREAKER_OPEN",
+    "CONSUMER_LAG",
     "DLQ_TOTAL",
+    "GAP_DELIVERIES",
+    "GAP_OLDEST_AGE",
     "GATE_BATCH_SECONDS",
     "GATE_DECISIONS",
     "GC_FROZEN",
@@ -35,6 +37,8 @@ __all__ = [
     "IN_FLIGHT",
     "LATENCY",
     "MISSING_INPUTS",
+    "MONITOR_ERRORS",
+    "MONITOR_LAST_SUCCESS",
     "OUTCOMES_TOTAL",
     "QUARANTINED",
     "RENDER_ERRORS",
@@ -45,7 +49,6 @@ __all__ = [
     "UNFINISHED",
     "VALIDATION_FAILED",
     "child",
-    "observe_backlog",
     "serve_metrics",
 ]
 
@@ -59,9 +62,25 @@ LATENCY = LocalHistogram(
     "webhook_delivery_latency_seconds", "Delivery latency split by phase", ["phase"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+# The monitor (postbacks monitor): how far behind each stage's group is.
 BACKLOG_AGE = Gauge(
-    "webhook_backlog_age_seconds", "Age of the last record consumed, by topic", ["topic"]
+    "webhook_backlog_age_seconds",
+    "Age of the oldest record a stage's group has yet to finish, from when it was written "
+    "or, on a delay topic, fell due; by group and topic (0 when caught up; grows while the "
+    "stage is stalled or down)", ["group", "topic"],
 )
+CONSUMER_LAG = Gauge("postbacks_consumer_lag_records",
+                     "Records a stage's group has yet to finish, by group, topic and partition",
+                     ["group", "topic", "partition"])
+GAP_DELIVERIES = Gauge("webhook_gap_deliveries",
+                       "Deliveries with no outcome, or none since a release or replay, for "
+                       "longer than POSTBACKS_GAP_AFTER_S (the gap detector)")
+GAP_OLDEST_AGE = Gauge("webhook_gap_oldest_age_seconds",
+                       "How long the oldest gap has been quiet (0 when there is none)")
+MONITOR_LAST_SUCCESS = Gauge("postbacks_monitor_last_success_timestamp_seconds",
+                             "When the monitor last completed a round, by check", ["check"])
+MONITOR_ERRORS = Counter("postbacks_monitor_errors_total",
+                         "Monitor rounds that failed, by check", ["check"])
 DLQ_TOTAL = Counter("webhook_dlq_total", "Records dead-lettered", ["stage", "reason"])
 RENDER_ERRORS = Counter("webhook_render_errors_total", "Deliveries that failed to render")
 VALIDATION_FAILED = Counter(
@@ -137,20 +156,6 @@ CONSOLE_REPLAY_PENDING = Gauge("postbacks_console_replay_pending",
 def child(metric: Any, value: str) -> Any:
     """The labelled child of a one-label metric, cached (``labels()`` costs µs per call)."""
     return metric.labels(value)
-
-
-def observe_backlog(msgs: Iterable[Any], now_ms: int) -> None:
-    """Record how old the last record of each topic in a consumed batch is (its broker
-    timestamp to now), once per topic and batch: per record, the labelled child and the
-    gauge's lock were 7-9 % of the sink's main thread (py-spy, bench/delivery.py)."""
-    last: dict[str, Any] = {}
-    for m in msgs:
-        if m.error() is None:
-            last[m.topic()] = m
-    for topic, m in last.items():
-        ts_type, ts = m.timestamp()
-        if ts_type and ts > 0:
-            child(BACKLOG_AGE, topic).set(max(0.0, (now_ms - ts) / 1000))
 
 
 @functools.cache

@@ -46,7 +46,7 @@ from postbacks.errors import DeadLetterError, InvalidRecord, ServiceUnavailable
 from postbacks.ids import new_id
 from postbacks.kafka.clients import check_broker, make_consumer, records
 from postbacks.kafka.watchdog import subscribe_watched
-from postbacks.metrics import SINK_ROWS, SINK_WAITING, STAGE_RECORDS, observe_backlog
+from postbacks.metrics import SINK_ROWS, SINK_WAITING, STAGE_RECORDS
 from postbacks.settings import Settings
 from sinks import projection
 from sinks.tables import STAGING_DDL, TABLES, column_types, ts_from_ms, use_orjson
@@ -336,7 +336,6 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
         while not stop.is_set():
             msgs = consumer.consume(settings.batch_size * 4, timeout=0.5)
             now_ms = int(time.time() * 1000)
-            observe_backlog(msgs, now_ms)
             for m in records(msgs, "sink"):
                 sink.add(m, now_ms)
             SINK_WAITING.set(sink.waiting())

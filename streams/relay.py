@@ -31,7 +31,7 @@ from postbacks.kafka.clients import (
 )
 from postbacks.kafka.stage import Output, commit_batch, dead_letter_for
 from postbacks.kafka.watchdog import subscribe_watched
-from postbacks.metrics import DLQ_TOTAL, LATENCY, STAGE_RECORDS, observe_backlog
+from postbacks.metrics import DLQ_TOTAL, LATENCY, STAGE_RECORDS
 from postbacks.records import DeliveryRecord
 from postbacks.settings import Settings
 from topics import TOPICS
@@ -76,7 +76,6 @@ def run_relay(
                 if not queue:
                     del held[key]
                     consumer.resume([TopicPartition(*key)])
-            observe_backlog(msgs, now_ms)
             for m in records(msgs, "relay"):
                 key = (m.topic() or "", m.partition() or 0)
                 d: DeliveryRecord | DeadLetterError

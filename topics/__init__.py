@@ -1,5 +1,5 @@
 """Topic registry and the ``topics create|verify`` command."""
 
-from topics.registry import RETRY_TIERS, TOPICS, TopicSpec, all_topics
+from topics.registry import GROUPS, RETRY_TIERS, TOPICS, GroupSpec, TopicSpec, all_topics
 
-__all__ = ["RETRY_TIERS", "TOPICS", "TopicSpec", "all_topics"]
+__all__ = ["GROUPS", "RETRY_TIERS", "TOPICS", "GroupSpec", "TopicSpec", "all_topics"]

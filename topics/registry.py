@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["RETRY_TIERS", "TOPICS", "TopicSpec", "all_topics"]
+__all__ = ["GROUPS", "RETRY_TIERS", "TOPICS", "GroupSpec", "TopicSpec", "all_topics"]
 
 DELIVERY_PARTITIONS = 6
 WEEK_MS = 7 * 24 * 3600 * 1000
@@ -112,3 +112,33 @@ def all_topics() -> list[TopicSpec]:
         t.conversions, t.deliveries, t.dispatch, t.held, *t.retry, t.quarantine,
         t.dlq, t.attempts, t.outcomes, t.anomaly_control, t.anomaly_partials,
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """A stage's consumer group: its base name (prefixed like a topic), the topics it reads,
+    and where its progress is kept (``kafka``: committed offsets; ``postgres``: the sink's
+    ``sink_offsets`` rows, written in the same transaction as the rows they cover)."""
+
+    stage: str
+    base: str
+    inputs: tuple[str, ...]
+    offsets: str = "kafka"
+
+
+def _groups() -> tuple[GroupSpec, ...]:
+    t = TOPICS
+    return (
+        GroupSpec("fanout", "postbacks-fanout", (t.conversions.base,)),
+        GroupSpec("gate", "postbacks-gate", (t.deliveries.base,)),
+        GroupSpec("agent", "postbacks-agent", (t.dispatch.base,)),
+        GroupSpec("relay", "postbacks-relay",
+                  (*(s.base for s in t.retry), t.quarantine.base)),
+        GroupSpec("sink", "postbacks-sink",
+                  (t.deliveries.base, t.attempts.base, t.outcomes.base, t.dlq.base),
+                  offsets="postgres"),
+    )
+
+
+# Every stage's consumer group: what the monitor measures lag and backlog age against.
+GROUPS: tuple[GroupSpec, ...] = _groups()

@@ -7,6 +7,7 @@
 #   bash deploy/local/services.sh logs          last 100 lines of each log
 #   bash deploy/local/services.sh env           print the export lines only
 #   bash deploy/local/services.sh browser       install Debian's chromium if missing
+#   bash deploy/local/services.sh prometheus    install Debian's prometheus (server + promtool)
 #   bash deploy/local/services.sh restart-kafka [SECONDS]     stop the broker, wait, start it
 #   bash deploy/local/services.sh restart-postgres [SECONDS]  the same for PostgreSQL
 #                                               (failure tests: a broker restart, a DB outage)
@@ -687,6 +688,28 @@ cmd_browser() {
   die "could not install chromium (apt-get install chromium); see $LOGS/apt.log"
 }
 
+# Debian's Prometheus server and promtool: the alert-rule unit tests (promtool test rules),
+# the metrics lint (promtool check metrics) and the end-to-end alert test. The package's
+# own service is not started (no init system here; the tests start their own server).
+cmd_prometheus() {
+  local try
+  if [[ -x /usr/bin/promtool && -x /usr/bin/prometheus ]]; then
+    log "prometheus: $(/usr/bin/promtool --version 2>/dev/null | head -n 1)"
+    return 0
+  fi
+  take_lock
+  for try in 1 2 3; do
+    if ( apt_install prometheus ); then
+      log "prometheus: installed ($(/usr/bin/promtool --version 2>/dev/null | head -n 1))"
+      return 0
+    fi
+    log "prometheus install failed (try $try of 3)"
+    APT_UPDATED=0
+    sleep $(( try * 5 ))
+  done
+  die "could not install prometheus (apt-get install prometheus); see $LOGS/apt.log"
+}
+
 cmd_logs() {
   local f
   resolve_pg_layout || PG_LOG="$LOGS/postgres.log"
@@ -698,14 +721,14 @@ cmd_logs() {
 }
 
 usage() {
-  sed -n "2,13p" "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n "2,14p" "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 main() {
   local cmd=${1:-}
   [[ $# -gt 0 ]] && shift
   case $cmd in
-    up|down|status|logs|env|browser|restart-kafka|restart-postgres) ;;
+    up|down|status|logs|env|browser|prometheus|restart-kafka|restart-postgres) ;;
     -h|--help|help) usage; return 0 ;;
     *) usage >&2; return 2 ;;
   esac
@@ -718,6 +741,7 @@ main() {
     logs) cmd_logs ;;
     env) print_env ;;
     browser) cmd_browser ;;
+    prometheus) cmd_prometheus ;;
     restart-kafka) take_lock; ensure_java; kafka_down; sleep "${1:-0}"; kafka_up ;;
     restart-postgres) take_lock; pg_down; sleep "${1:-0}"; pg_up ;;
   esac

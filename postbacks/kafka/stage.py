@@ -30,7 +30,7 @@ from postbacks.core.outcomes import make_dead_letter
 from postbacks.errors import DeadLetterError
 from postbacks.kafka.clients import consume_ready, records
 from postbacks.kafka.watchdog import guard, subscribe_watched
-from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS, observe_backlog
+from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS
 from postbacks.records import DeadLetterRecord
 from postbacks.settings import Settings
 from topics import TOPICS
@@ -124,7 +124,6 @@ def run_stage(
             now_ms = int(clock() * 1000)
             out = Output()
             offsets: dict[tuple[str, int], int] = {}
-            observe_backlog(msgs, now_ms)
             for m in records(msgs, stage):
                 offsets[(m.topic() or "", m.partition() or 0)] = (m.offset() or 0) + 1
                 try:

@@ -39,3 +39,22 @@ def test_retry_tiers_increase_and_resolve() -> None:
 
 def test_control_topic_is_compacted() -> None:
     assert TOPICS.anomaly_control.configs["cleanup.policy"] == "compact"
+
+
+def test_the_registry_names_every_stages_group_and_inputs() -> None:
+    """The monitor measures the groups in GROUPS: they must be the ones the stages use."""
+    from postbacks.settings import load_settings
+    from sinks import postgres
+    from streams import agent, fanout, relay
+    from streams.anomaly_gate import runner
+    from topics import GROUPS
+
+    by_stage = {g.stage: g for g in GROUPS}
+    assert {s: g.base for s, g in by_stage.items()} == {
+        "fanout": fanout.GROUP, "gate": runner.GROUP, "agent": agent.GROUP,
+        "relay": relay.GROUP, "sink": postgres.GROUP}
+    settings = load_settings({})
+    assert set(postgres.PostgresSink(settings).topics) == set(by_stage["sink"].inputs)
+    assert by_stage["sink"].offsets == "postgres"
+    assert {g.offsets for s, g in by_stage.items() if s != "sink"} == {"kafka"}
+    assert set(by_stage["relay"].inputs) == {t.base for t in (*TOPICS.retry, TOPICS.quarantine)}

@@ -1,0 +1,112 @@
+"""``postbacks monitor``: how far behind every stage is, and what has gone quiet.
+
+Every ``monitor_interval_s`` it reads each stage group's progress (committed offsets, or
+the sink's stored ones, against the log ends; :mod:`postbacks.kafka.lag`) and the gap
+detector's count (:mod:`postbacks.db.gaps`), and sets:
+
+- ``postbacks_consumer_lag_records{group,topic,partition}``;
+- ``webhook_backlog_age_seconds{group,topic}``: the age of the oldest record not yet
+  finished (on the delay topics, since it fell due), which grows while a stage is stalled
+  or down -- measured from outside the stage, so a stage that cannot run cannot hide it;
+- ``webhook_gap_deliveries`` and ``webhook_gap_oldest_age_seconds``;
+- ``postbacks_monitor_last_success_timestamp_seconds{check}`` per check (``kafka``,
+  ``gaps``), and ``postbacks_monitor_errors_total{check}`` when one fails: a check that
+  fails leaves its last values and the alert on the timestamp's age fires.
+
+Run one monitor per deployment (it only reads; two are harmless).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from postbacks.core.backlog import PartitionProgress, backlog_ages, lag_of
+from postbacks.db.connect import connect
+from postbacks.db.gaps import gap_summary, stored_offsets
+from postbacks.errors import ServiceUnavailable
+from postbacks.kafka.lag import ProgressReader
+from postbacks.metrics import (
+    BACKLOG_AGE,
+    CONSUMER_LAG,
+    GAP_DELIVERIES,
+    GAP_OLDEST_AGE,
+    MONITOR_ERRORS,
+    MONITOR_LAST_SUCCESS,
+)
+from postbacks.settings import Settings
+from topics.registry import GROUPS
+
+__all__ = ["Monitor", "run_monitor"]
+
+log = logging.getLogger(__name__)
+
+
+class Monitor:
+    """One round at a time (:meth:`tick`); the label sets it set last round are kept so a
+    partition or topic that went away stops being exported."""
+
+    def __init__(self, settings: Settings, reader: ProgressReader,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.reader = reader
+        self.clock = clock
+        self._lag_labels: set[tuple[str, str, str]] = set()
+        self._age_labels: set[tuple[str, str]] = set()
+
+    def tick(self) -> None:
+        self._check("kafka", self._kafka)
+        self._check("gaps", self._gaps)
+
+    def _check(self, name: str, run: Callable[[], None]) -> None:
+        try:
+            run()
+        except ServiceUnavailable as exc:
+            MONITOR_ERRORS.labels(name).inc()
+            log.warning("monitor: %s check failed: %s", name, exc)
+            return
+        MONITOR_LAST_SUCCESS.labels(name).set(self.clock())
+
+    def _kafka(self) -> None:
+        with connect(self.settings.database_url) as conn:
+            stored = stored_offsets(conn)
+        parts = self.reader.read(stored)
+        self.publish(parts, int(self.clock() * 1000))
+
+    def publish(self, parts: list[PartitionProgress], now_ms: int) -> None:
+        lags = {(p.group, p.topic, str(p.partition)): lag_of(p) for p in parts}
+        for key in self._lag_labels - lags.keys():
+            CONSUMER_LAG.remove(*key)
+        for key, value in lags.items():
+            CONSUMER_LAG.labels(*key).set(value)
+        self._lag_labels = set(lags)
+        ages = backlog_ages(parts, now_ms)
+        for gone in self._age_labels - ages.keys():
+            BACKLOG_AGE.remove(*gone)
+        for group_topic, age in ages.items():
+            BACKLOG_AGE.labels(*group_topic).set(age)
+        self._age_labels = set(ages)
+
+    def _gaps(self) -> None:
+        now = dt.datetime.fromtimestamp(self.clock(), dt.UTC)
+        with connect(self.settings.database_url) as conn:
+            count, oldest = gap_summary(conn, now=now, older_than_s=self.settings.gap_after_s)
+        GAP_DELIVERIES.set(count)
+        GAP_OLDEST_AGE.set(oldest)
+
+
+def run_monitor(settings: Settings, stop: threading.Event) -> None:
+    reader = ProgressReader(settings, GROUPS)
+    monitor = Monitor(settings, reader)
+    log.info("monitor: every %.0f s, gaps after %.0f s", settings.monitor_interval_s,
+             settings.gap_after_s)
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            monitor.tick()
+            stop.wait(max(0.0, settings.monitor_interval_s - (time.monotonic() - started)))
+    finally:
+        reader.close()
