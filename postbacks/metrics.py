@@ -13,6 +13,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from postbacks.core.anomaly.modes import Detector
 from postbacks.metrics_local import LocalCounter, LocalHistogram
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "BACKLOG_AGE",
     "BREAKER_OPEN",
     "CONSUMER_LAG",
+    "DEAD_LETTER_REASONS",
     "DLQ_TOTAL",
     "GAP_DELIVERIES",
     "GAP_OLDEST_AGE",
@@ -50,6 +52,7 @@ __all__ = [
     "VALIDATION_FAILED",
     "child",
     "serve_metrics",
+    "start_series",
 ]
 
 log = logging.getLogger(__name__)
@@ -150,6 +153,25 @@ CONSOLE_REPLAYED = Counter("postbacks_console_replays_published_total",
                            "Replayed deliveries published to the retry topics")
 CONSOLE_REPLAY_PENDING = Gauge("postbacks_console_replay_pending",
                                "Replayed deliveries queued but not yet published")
+
+
+# Every reason a stage dead-letters with (DeadLetter.reason), and every halt a gate can trip:
+# their series are created at 0 when a process starts, so the first dead letter or trip is
+# an increase Prometheus sees (a series born at 1 is invisible to increase()).
+DEAD_LETTER_REASONS = ("undecodable", "invalid_record", "missing_field", "render_failed",
+                       "permanent", "exhausted", "blocked_address", "unknown_endpoint",
+                       "internal_error", "dead_letter")
+_TRIP_SCOPES = ("endpoint", "global")
+
+
+def start_series(stage: str) -> None:
+    """Create the labelled series this stage may later increment, at 0."""
+    for reason in DEAD_LETTER_REASONS:
+        DLQ_TOTAL.labels(stage=stage, reason=reason)
+    if stage == "gate":
+        for scope in _TRIP_SCOPES:
+            for detector in Detector:
+                ANOMALY_TRIPS.labels(scope, detector.value)
 
 
 @functools.cache

@@ -10,8 +10,9 @@ detector's count (:mod:`postbacks.db.gaps`), and sets:
   or down -- measured from outside the stage, so a stage that cannot run cannot hide it;
 - ``webhook_gap_deliveries`` and ``webhook_gap_oldest_age_seconds``;
 - ``postbacks_monitor_last_success_timestamp_seconds{check}`` per check (``kafka``,
-  ``gaps``), and ``postbacks_monitor_errors_total{check}`` when one fails: a check that
-  fails leaves its last values and the alert on the timestamp's age fires.
+  ``gaps``; the monitor's start until the first success), and
+  ``postbacks_monitor_errors_total{check}`` when one fails: a check that fails leaves its
+  last values and the alert on the timestamp's age fires.
 
 Run one monitor per deployment (it only reads; two are harmless).
 """
@@ -44,6 +45,8 @@ __all__ = ["Monitor", "run_monitor"]
 
 log = logging.getLogger(__name__)
 
+_CHECKS = ("kafka", "gaps")
+
 
 class Monitor:
     """One round at a time (:meth:`tick`); the label sets it set last round are kept so a
@@ -56,6 +59,10 @@ class Monitor:
         self.clock = clock
         self._lag_labels: set[tuple[str, str, str]] = set()
         self._age_labels: set[tuple[str, str]] = set()
+        # Until a check first succeeds its "last success" is the monitor's start, so a
+        # check that never succeeds still goes stale (PostbacksMonitorStale).
+        for check in _CHECKS:
+            MONITOR_LAST_SUCCESS.labels(check).set(clock())
 
     def tick(self) -> None:
         self._check("kafka", self._kafka)

@@ -10,7 +10,7 @@ import threading
 from types import FrameType
 
 from postbacks.kafka import watchdog
-from postbacks.metrics import GC_FROZEN, GC_GEN0_THRESHOLD, serve_metrics
+from postbacks.metrics import GC_FROZEN, GC_GEN0_THRESHOLD, serve_metrics, start_series
 from postbacks.settings import Settings
 
 __all__ = ["settle_gc", "setup_process"]
@@ -34,6 +34,7 @@ def setup_process(name: str, settings: Settings) -> threading.Event:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     watchdog.start(settings.stall_restart_s, stop)
     serve_metrics(settings.metrics_port)
+    start_series(name)
     return stop
 
 

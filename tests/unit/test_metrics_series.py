@@ -1,0 +1,29 @@
+"""A stage's labelled counters exist at 0 from its start, so Prometheus sees the first
+increment as an increase (increase() ignores a series born at 1)."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY
+
+from postbacks.metrics import DEAD_LETTER_REASONS, DLQ_TOTAL, start_series
+
+
+def _value(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def test_every_dead_letter_reason_of_the_stage_starts_at_zero() -> None:
+    assert _value("webhook_dlq_total", stage="ut-stage", reason="permanent") is None
+    start_series("ut-stage")
+    for reason in DEAD_LETTER_REASONS:
+        assert _value("webhook_dlq_total", stage="ut-stage", reason=reason) == 0.0
+    DLQ_TOTAL.labels(stage="ut-stage", reason="permanent").inc()
+    assert _value("webhook_dlq_total", stage="ut-stage", reason="permanent") == 1.0
+
+
+def test_the_gate_starts_every_trip_series() -> None:
+    start_series("gate")
+    for scope in ("endpoint", "global"):
+        for detector in ("retrodating", "value_rate"):
+            assert _value("postbacks_anomaly_trips_total", scope=scope,
+                          detector=detector) is not None
