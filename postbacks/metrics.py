@@ -42,6 +42,7 @@ __all__ = [
     "MONITOR_ERRORS",
     "MONITOR_LAST_SUCCESS",
     "OUTCOMES_TOTAL",
+    "PAYOUT_USD",
     "QUARANTINED",
     "RENDER_ERRORS",
     "RETRODATED",
@@ -99,6 +100,11 @@ QUARANTINED = Counter("webhook_quarantined_total", "Deliveries diverted to quara
 IN_FLIGHT = Gauge("postbacks_agent_in_flight", "HTTP requests in flight in this agent")
 UNFINISHED = Gauge("postbacks_agent_unfinished", "Consumed deliveries not yet finished")
 OUTCOMES_TOTAL = LocalCounter("webhook_outcomes_total", "Outcome events produced", ["kind"])
+# Seed 000's webhook.payout.usd: the payout of each delivery once, when it ends (not per
+# attempt, so retries do not multiply the dollars); delivered is money that reached the
+# publisher, exhausted and dead_lettered money that did not. A support replay counts again.
+PAYOUT_USD = LocalCounter("webhook_payout_usd_total",
+                          "Payout (USD) of deliveries by how they ended", ["outcome"])
 STAGE_RECORDS = Counter("postbacks_stage_records_total", "Records consumed by stage", ["stage"])
 SINK_ROWS = Counter("postbacks_sink_rows_total", "Rows written to PostgreSQL", ["table"])
 SINK_WAITING = Gauge("postbacks_sink_waiting_rows",

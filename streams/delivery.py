@@ -29,6 +29,7 @@ from postbacks.metrics import (
     DLQ_TOTAL,
     LATENCY,
     OUTCOMES_TOTAL,
+    PAYOUT_USD,
     RENDER_ERRORS,
     VALIDATION_FAILED,
     child,
@@ -39,6 +40,9 @@ from streams.offsets import Item
 from topics import TOPICS
 
 __all__ = ["Attempted", "Deliverer", "ValidationFailed"]
+
+# The outcomes that end a delivery in the agent: its payout is counted once, at one of them.
+_ENDS = frozenset({"delivered", "exhausted", "dead_lettered"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,10 @@ class Deliverer:
     def outcome(self, out: list[Item], d: DeliveryRecord, kind: str, now_ms: int,
                 reason: str | None = None) -> None:
         child(OUTCOMES_TOTAL, kind).inc()
+        if kind in _ENDS:
+            micros = d["conversion"]["payout_usd_micros"]
+            if micros:
+                child(PAYOUT_USD, kind).inc(micros / 1_000_000)
         rec = make_outcome(d, kind, now_ms=now_ms, reason=reason)
         out.append((TOPICS.outcomes.base, d["endpoint_id"].encode(), self._out.encode(rec)))
 

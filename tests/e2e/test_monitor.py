@@ -62,3 +62,5 @@ def test_backlog_age_grows_while_the_agent_is_stopped_and_falls_after(
     wait_for(lambda: age() == 0.0 and lag() == 0, 90, what="the age back to 0")
     assert (_sample(monitor, "postbacks_monitor_last_success_timestamp_seconds",
                     check="kafka") or 0) > time.time() - 30
+    # the agent counted each delivery's payout once (1.25 USD each), at its delivered outcome
+    assert _sample(agent, "webhook_payout_usd_total", outcome="delivered") == 20 * 1.25
