@@ -15,10 +15,27 @@ from postbacks.db.endpoints import add_secret, upsert_endpoint
 from postbacks.emit import ConversionProducer
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, free_port, http_json, wait_for
+from postbacks.tools.seed import seed_endpoints
 from tests.kafka_util import scalar
 from tests.unit.factories import make_conversion
 
 STAGES = ("sink", "relay", "agent", "gate", "fanout")
+
+
+def receiver_with_endpoints(stack: Stack, settings: Settings, namespace: str, *, apps: int,
+                            endpoints_per_app: int, port: int | None = None,
+                            ) -> tuple[str, list[Any]]:
+    """Start the signature-verifying receiver, seed endpoints pointing at it and hand it
+    their secrets; returns (its base URL, the seeded endpoints)."""
+    port = port or free_port()
+    stack.start("receiver", "receiver", "--port", str(port))
+    base = f"http://127.0.0.1:{port}"
+    wait_for(lambda: http_json(f"{base}/_control/stats"), 30, what="the receiver")
+    seeded = seed_endpoints(settings, apps=apps, endpoints_per_app=endpoints_per_app,
+                            receiver_url=base, namespace=namespace,
+                            now_ms=int(time.time() * 1000))
+    http_json(f"{base}/_control/secrets", {s.endpoint_id: [s.secret] for s in seeded})
+    return base, list(seeded)
 
 
 @dataclass

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from postbacks.emit import ConversionProducer, synthetic_conversions
 from postbacks.settings import Settings
-from postbacks.tools.demo import receiver_with_endpoints
 from postbacks.tools.procs import Stack, http_json, wait_for
+from tests.e2e.harness import receiver_with_endpoints
 from tests.kafka_util import scalar
 
 
