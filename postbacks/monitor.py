@@ -69,33 +69,52 @@ class Monitor:
         self._check("gaps", self._gaps)
 
     def _check(self, name: str, run: Callable[[], None]) -> None:
+        """Run one check; whatever it raises is counted and logged, never fatal: a monitor
+        that died of a broker or database fault would hide the fault it should show."""
         try:
             run()
         except ServiceUnavailable as exc:
             MONITOR_ERRORS.labels(name).inc()
             log.warning("monitor: %s check failed: %s", name, exc)
             return
+        except Exception:
+            MONITOR_ERRORS.labels(name).inc()
+            log.exception("monitor: %s check failed", name)
+            return
         MONITOR_LAST_SUCCESS.labels(name).set(self.clock())
 
     def _kafka(self) -> None:
-        with connect(self.settings.database_url) as conn:
-            stored = stored_offsets(conn)
+        stored: dict[tuple[str, str, int], int] | None
+        try:
+            with connect(self.settings.database_url) as conn:
+                stored = stored_offsets(conn)
+        except Exception as exc:  # PostgreSQL down: measure the groups kept in Kafka
+            log.warning("monitor: the sink's offsets are unreadable (%s); its group is left "
+                        "out of this round", exc)
+            stored = None
         parts = self.reader.read(stored)
         self.publish(parts, int(self.clock() * 1000))
+        if stored is None:
+            raise ServiceUnavailable("the sink's offsets were unreadable: its lag is not measured")
 
     def publish(self, parts: list[PartitionProgress], now_ms: int) -> None:
+        """Export one round. A group left out of the round (its offsets unreadable) keeps
+        its last values; a partition or topic gone from a measured group is removed."""
+        measured = {p.group for p in parts}
         lags = {(p.group, p.topic, str(p.partition)): lag_of(p) for p in parts}
-        for key in self._lag_labels - lags.keys():
+        for key in {k for k in self._lag_labels - lags.keys() if k[0] in measured}:
             CONSUMER_LAG.remove(*key)
+            self._lag_labels.discard(key)
         for key, value in lags.items():
             CONSUMER_LAG.labels(*key).set(value)
-        self._lag_labels = set(lags)
+        self._lag_labels |= set(lags)
         ages = backlog_ages(parts, now_ms)
-        for gone in self._age_labels - ages.keys():
+        for gone in {k for k in self._age_labels - ages.keys() if k[0] in measured}:
             BACKLOG_AGE.remove(*gone)
+            self._age_labels.discard(gone)
         for group_topic, age in ages.items():
             BACKLOG_AGE.labels(*group_topic).set(age)
-        self._age_labels = set(ages)
+        self._age_labels |= set(ages)
 
     def _gaps(self) -> None:
         now = dt.datetime.fromtimestamp(self.clock(), dt.UTC)

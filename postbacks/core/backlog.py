@@ -23,7 +23,8 @@ class PartitionProgress:
 
     ``committed``: the group's next offset, or None when it has none (it will read from the
     start of the log). ``start``/``end``: the log's first offset and its end (the last
-    stable offset, as a ``read_committed`` consumer sees it). ``oldest_ms``: the broker
+    stable offset, as a ``read_committed`` consumer sees it; the position itself when
+    nothing but transaction markers follows it). ``oldest_ms``: the broker
     timestamp of the first record at the position, when it was read (None: not read, or
     nothing there but transaction markers); ``due_ms``: that record's ``due_at``, on a
     delay topic."""

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from postbacks.db.connect import connect
+from postbacks.errors import ConfigError
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -116,6 +117,10 @@ def pending_migrations(database_url: str) -> list[str]:
             conn.rollback()
     finally:
         engine.dispose()
+    unknown = [r for r in current if r not in {s.revision for s in scripts.walk_revisions()}]
+    if unknown:
+        raise ConfigError(f"the database schema is at {', '.join(unknown)}, newer than this "
+                          "release knows: run the release that migrated it")
     todo = scripts.iterate_revisions("heads", current[0] if current else "base")
     return [s.revision for s in reversed(list(todo)) if s.revision not in current]
 

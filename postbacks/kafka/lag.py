@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
 from typing import Any
 
 from confluent_kafka import (
     Consumer,
     ConsumerGroupTopicPartitions,
     IsolationLevel,
+    KafkaError,
     KafkaException,
     TopicPartition,
 )
@@ -32,6 +35,10 @@ __all__ = ["ProgressReader"]
 
 _NO_OFFSET = -1001  # librdkafka's OFFSET_INVALID: the group has committed nothing here
 Stored = Mapping[tuple[str, str, int], int]  # (group, topic, partition) -> next offset
+# What a peek found at a position: (timestamp ms, due_at ms) of its first record, or
+# _CAUGHT_UP: the partition ends before any record (nothing but transaction markers).
+Head = tuple[int | None, int | None] | str
+_CAUGHT_UP = "caught-up"
 
 
 def _due_at(value: bytes | None) -> int | None:
@@ -62,53 +69,62 @@ class ProgressReader:
                 "client.id": "postbacks-monitor"}
         self._admin = AdminClient(base)
         self._delay_topics = {settings.topic(t.base) for t in (*TOPICS.retry, TOPICS.quarantine)}
-        self._peeker = Consumer({
+        self._peeker_conf = {
             **base, "group.id": settings.topic("postbacks-monitor"),
             "enable.auto.commit": False, "enable.auto.offset.store": False,
             "isolation.level": "read_committed", "fetch.wait.max.ms": 50,
-        })
+            "enable.partition.eof": True,  # the end before any record: caught up
+        }
 
     def close(self) -> None:
-        self._peeker.close()
+        """Nothing is held between rounds (each peek has its own consumer)."""
 
-    def read(self, stored: Stored) -> list[PartitionProgress]:
+    def read(self, stored: Stored | None) -> list[PartitionProgress]:
         """One round: every partition of every group's inputs. ``stored`` holds the offsets
-        of groups kept in PostgreSQL (the sink's). Raises ServiceUnavailable when the
-        broker does not answer."""
+        of groups kept in PostgreSQL (the sink's); None when they could not be read, and
+        those groups are left out of the round. Raises ServiceUnavailable when the broker
+        does not answer in time."""
+        groups = [g for g in self.groups if stored is not None or g.offsets != "postgres"]
         try:
-            partitions = self._partitions()
-            committed = self._committed(partitions, stored)
+            partitions = self._partitions(groups)
+            committed = self._committed(groups, partitions, stored or {})
             ends, starts = self._ends(partitions)
-        except KafkaException as exc:
-            raise ServiceUnavailable(f"Kafka: {exc}") from exc
-        parts = [
-            PartitionProgress(group, topic, p, committed.get((group, topic, p)),
-                              starts.get((topic, p), 0), ends.get((topic, p), 0))
-            for group, topic, p in self._keys(partitions)
-        ]
-        heads = self._peek([x for x in parts if lag_of(x) > 0])
-        out = []
-        for x in parts:
-            ts, due = heads.get((x.topic, x.partition, position_of(x)), (None, None))
-            out.append(PartitionProgress(x.group, x.topic, x.partition, x.committed, x.start,
-                                         x.end, ts, due))
+            parts = [
+                PartitionProgress(group, topic, p, committed.get((group, topic, p)),
+                                  starts.get((topic, p), 0), ends.get((topic, p), 0))
+                for group, topic, p in self._keys(groups, partitions)
+            ]
+            out = []
+            for group in {x.group for x in parts}:  # one peek per group: one position each
+                mine = [x for x in parts if x.group == group]
+                heads = self._peek([x for x in mine if lag_of(x) > 0])
+                for x in mine:
+                    head = heads.get((x.topic, x.partition))
+                    if head == _CAUGHT_UP:  # only transaction markers after the position
+                        x = replace(x, end=position_of(x))
+                    elif isinstance(head, tuple):
+                        x = replace(x, oldest_ms=head[0], due_ms=head[1])
+                    out.append(x)
+        except (KafkaException, TimeoutError, FutureTimeout) as exc:
+            raise ServiceUnavailable(f"Kafka: {exc or type(exc).__name__}") from exc
         return out
 
-    def _keys(self, partitions: Mapping[str, int]) -> list[tuple[str, str, int]]:
+    def _keys(self, groups: Sequence[GroupSpec], partitions: Mapping[str, int],
+              ) -> list[tuple[str, str, int]]:
         return [(self.settings.topic(g.base), self.settings.topic(t), p)
-                for g in self.groups for t in g.inputs
+                for g in groups for t in g.inputs
                 for p in range(partitions.get(self.settings.topic(t), 0))]
 
-    def _partitions(self) -> dict[str, int]:
+    def _partitions(self, groups: Sequence[GroupSpec]) -> dict[str, int]:
         meta = self._admin.list_topics(timeout=self.timeout_s)
-        wanted = {self.settings.topic(t) for g in self.groups for t in g.inputs}
+        wanted = {self.settings.topic(t) for g in groups for t in g.inputs}
         return {name: len(t.partitions) for name, t in meta.topics.items()
                 if name in wanted and t.error is None}
 
-    def _committed(self, partitions: Mapping[str, int], stored: Stored,
-                   ) -> dict[tuple[str, str, int], int]:
+    def _committed(self, groups: Sequence[GroupSpec], partitions: Mapping[str, int],
+                   stored: Stored) -> dict[tuple[str, str, int], int]:
         out: dict[tuple[str, str, int], int] = {}
-        for g in self.groups:
+        for g in groups:
             group = self.settings.topic(g.base)
             tps = [TopicPartition(self.settings.topic(t), p) for t in g.inputs
                    for p in range(partitions.get(self.settings.topic(t), 0))]
@@ -121,7 +137,7 @@ class ProgressReader:
                 continue
             futures = self._admin.list_consumer_group_offsets(
                 [ConsumerGroupTopicPartitions(group, tps)], request_timeout=self.timeout_s)
-            result = futures[group].result(timeout=self.timeout_s)
+            result = futures[group].result(timeout=self.timeout_s + 5)
             for tp in result.topic_partitions or []:
                 if tp.error is None and tp.offset != _NO_OFFSET and tp.offset >= 0:
                     out[(group, tp.topic, tp.partition)] = tp.offset
@@ -137,40 +153,43 @@ class ProgressReader:
             futures = self._admin.list_offsets(
                 {tp: spec for tp in tps}, isolation_level=IsolationLevel.READ_COMMITTED,
                 request_timeout=self.timeout_s)
-            found.append({(tp.topic, tp.partition): _offset_of(f.result(timeout=self.timeout_s))
+            found.append({(tp.topic, tp.partition):
+                          _offset_of(f.result(timeout=self.timeout_s + 5))
                           for tp, f in futures.items()})
         return found[0], found[1]
 
-    def _peek(self, lagging: Sequence[PartitionProgress],
-              ) -> dict[tuple[str, int, int], tuple[int | None, int | None]]:
-        """The broker timestamp of the first record at each lagging position, and its
-        ``due_at`` on a delay topic, keyed by (topic, partition, position); bounded by
-        ``peek_timeout_s``."""
+    def _peek(self, lagging: Sequence[PartitionProgress]) -> dict[tuple[str, int], Head]:
+        """For each lagging position (one per partition: one group's), the broker timestamp
+        of the first record there and its ``due_at`` on a delay topic, or
+        ``_CAUGHT_UP`` when the partition ends before any record (transaction markers
+        only); bounded by ``peek_timeout_s``."""
         wanted = {(x.topic, x.partition): position_of(x) for x in lagging}
         if not wanted:
             return {}
-        out: dict[tuple[str, int, int], tuple[int | None, int | None]] = {}
-        waiting = dict(wanted)
-        paused: list[TopicPartition] = []
-        self._peeker.assign([TopicPartition(t, p, off) for (t, p), off in wanted.items()])
+        out: dict[tuple[str, int], Head] = {}
+        waiting = set(wanted)
+        # A consumer of its own per peek: events fetched for another group's positions
+        # (an end-of-partition, a record before this position) cannot reach this one.
+        peeker = Consumer(self._peeker_conf)
+        peeker.assign([TopicPartition(t, p, off) for (t, p), off in wanted.items()])
         try:
             deadline = time.monotonic() + self.peek_timeout_s
             while waiting and time.monotonic() < deadline:
-                for m in self._peeker.consume(500, timeout=0.2):
+                for m in peeker.consume(500, timeout=0.2):
                     key = (m.topic() or "", m.partition() or 0)
-                    if m.error() is not None or key not in waiting:
+                    if key not in waiting:
                         continue
-                    ts_type, ts = m.timestamp()
-                    if ts_type and ts > 0:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            continue
+                        out[key] = _CAUGHT_UP
+                    else:
+                        ts_type, ts = m.timestamp()
                         due = _due_at(m.value()) if key[0] in self._delay_topics else None
-                        out[(key[0], key[1], waiting[key])] = (ts, due)
-                    del waiting[key]
-                    paused.append(TopicPartition(*key))
-                    self._peeker.pause(paused[-1:])
+                        out[key] = (ts if ts_type and ts > 0 else None, due)
+                    waiting.discard(key)
+                    peeker.pause([TopicPartition(*key)])
         finally:
-            # A pause outlives the assignment in librdkafka: undo it, or the next round
-            # would read nothing from these partitions.
-            if paused:
-                self._peeker.resume(paused)
-            self._peeker.unassign()
+            peeker.close()
         return out

@@ -233,6 +233,9 @@ def _report(settings: Settings, base: str, groups: list[Group], keys: dict[str, 
 
 def run_demo(settings: Settings, o: DemoOptions) -> int:
     validate(o)
+    # SIGTERM stops the demo as Ctrl-C does: through the Stack's exit, so no stage, receiver
+    # or console it started is left running against the shared broker.
+    signal.signal(signal.SIGTERM, _interrupt)
     t0 = time.monotonic()
     script = ROOT / "deploy" / "local" / "services.sh"
     if o.start_services and script.exists():
@@ -373,7 +376,6 @@ def run_demo(settings: Settings, o: DemoOptions) -> int:
             _say(f"every process of the demo keeps running; Ctrl-C (or kill {os.getpid()})"
                  " stops them")
             signal.signal(signal.SIGINT, signal.default_int_handler)  # even in background
-            signal.signal(signal.SIGTERM, _interrupt)
             try:
                 while not stack.dead():
                     time.sleep(1.0)

@@ -56,12 +56,17 @@ def test_demo_shows_every_group_and_its_table_matches_postgres(
            "POSTBACKS_DATABASE_URL": settings.database_url,
            "POSTBACKS_TOPIC_PREFIX": settings.topic_prefix}
     args = [a for k, v in COUNTS.items() for a in (f"--{k.replace('_', '-')}", str(v))]
-    proc = subprocess.run(
+    demo = subprocess.Popen(
         [sys.executable, "-m", "postbacks", "demo", "--no-services", "--namespace", namespace,
          "--report-json", str(report), "--timeout", "180", *args],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=420)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = demo.communicate(timeout=420)
+    except subprocess.TimeoutExpired:
+        demo.terminate()  # the demo stops everything it started on SIGTERM
+        out, _ = demo.communicate(timeout=60)
+        raise AssertionError(f"the demo ran past 420 s:\n{out[-6000:]}") from None
+    assert demo.returncode == 0, out[-6000:]
     assert "result OK" in out and "make services-down" in out
     data = json.loads(report.read_text())
     rows = {r["group"]: r for r in data["rows"]}

@@ -7,6 +7,7 @@ by the ``schema_migrations`` bookkeeping is taken over where it stands, and
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from postbacks.db.migrate import migrate, pending_migrations
+from postbacks.errors import ConfigError
 
 REVISIONS = ["0001_init", "0002_console", "0003_config_versions"]
 TABLES = {"endpoints", "endpoint_secrets", "deliveries", "delivery_attempts",
@@ -97,6 +99,21 @@ def test_a_fresh_database_reaches_head_and_a_second_run_does_nothing(fresh_db: s
     assert pending_migrations(fresh_db) == []
     assert migrate(fresh_db) == []
     assert _version(fresh_db) == [REVISIONS[-1]]
+
+
+def test_a_schema_newer_than_this_release_is_a_clear_error(fresh_db: str) -> None:
+    """A rollback to a release that does not know the database's revision: the console's
+    start check says so (exit 2 through ConfigError) instead of a traceback."""
+    migrate(fresh_db)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '9999_from_a_newer_release'")
+    with pytest.raises(ConfigError, match="9999_from_a_newer_release"):
+        pending_migrations(fresh_db)
+    serve = subprocess.run([sys.executable, "-m", "postbacks", "console", "serve"],
+                           env={**os.environ, "POSTBACKS_DATABASE_URL": fresh_db},
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert serve.returncode == 2 and "newer than this release" in serve.stderr
+    assert "Traceback" not in serve.stderr
 
 
 def test_pending_migrations_lists_what_is_missing_and_changes_nothing(fresh_db: str) -> None:
