@@ -64,6 +64,7 @@ RECORD_FILES: dict[str, str] = {
     "DeadLetter": "dead_letter",
     "BreakerState": "breaker_state",
     "PayoutPartial": "payout_partial",
+    "OperationalEvent": "operational_event",
 }
 
 # Records that embed another record by name: the embedded record's versions multiply.

@@ -11,6 +11,7 @@ from typing import NotRequired, TypedDict
 __all__ = [
     "AttemptRecord",
     "BreakerStateRecord",
+    "OperationalEventRecord",
     "ConversionEvent",
     "DeadLetterRecord",
     "DeliveryRecord",
@@ -125,3 +126,14 @@ class PayoutPartialRecord(TypedDict):
     total_micros: int
     source_offset: int
     produced_at: int
+
+
+class OperationalEventRecord(TypedDict):
+    event_id: str
+    kind: str
+    endpoint_id: str | None
+    app_id: str | None
+    occurred_at: int
+    reason: str | None
+    actor: str | None
+    detail: dict[str, str]

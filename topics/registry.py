@@ -88,6 +88,12 @@ class _Topics:
         "Per-partition cumulative payout partials, gate instances -> the one global aggregator.",
         {"retention.ms": str(WEEK_MS)},
     )
+    operations: TopicSpec = TopicSpec(
+        "operations.v1", "OperationalEvent", 3, "endpoint_id",
+        "Operational events: first dead letter, endpoint disabled/enabled, breaker open long, "
+        "anomaly trip (the notifier's input; for owners and operators).",
+        {"retention.ms": str(4 * WEEK_MS)},
+    )
     retry: tuple[TopicSpec, ...] = tuple(
         _delivery_topic(f"retry.{tier}.v1", f"Retry delay tier {tier} (due_at carried).")
         for tier, _ in RETRY_TIERS
@@ -110,7 +116,7 @@ def all_topics() -> list[TopicSpec]:
     t = TOPICS
     return [
         t.conversions, t.deliveries, t.dispatch, t.held, *t.retry, t.quarantine,
-        t.dlq, t.attempts, t.outcomes, t.anomaly_control, t.anomaly_partials,
+        t.dlq, t.attempts, t.outcomes, t.anomaly_control, t.anomaly_partials, t.operations,
     ]
 
 

@@ -65,7 +65,8 @@ def test_every_schema_is_documented_and_namespaced(stem: str) -> None:
     ("record", "typed"),
     [("ConversionEvent", records.ConversionEvent), ("Delivery", records.DeliveryRecord),
      ("Attempt", records.AttemptRecord), ("Outcome", records.OutcomeRecord),
-     ("DeadLetter", records.DeadLetterRecord), ("BreakerState", records.BreakerStateRecord)],
+     ("DeadLetter", records.DeadLetterRecord), ("BreakerState", records.BreakerStateRecord),
+     ("OperationalEvent", records.OperationalEventRecord)],
 )
 def test_typed_views_match_the_latest_schema(record: str, typed: type) -> None:
     latest = load_schema_versions()[record][-1].schema

@@ -9,6 +9,7 @@ DESIGN_TOPICS = {
     "conversions.v1", "deliveries.v1", "dispatch.v1", "held.v1", "quarantine.v1", "dlq.v1",
     "attempts.v1", "outcomes.v1", "anomaly.control.v1",
     "anomaly.partials.v1",  # DESIGN: "partial sums to a single-partition topic"
+    "operations.v1",  # the SRE surface: operational events and owner notifications
 } | {f"retry.{t}.v1" for t in ("5s", "30s", "2m", "10m", "1h", "6h")}
 
 
