@@ -65,4 +65,4 @@ def test_postbacks_runs_from_the_wheel_alone(wheel: Path, tmp_path: Path) -> Non
     seen = json.loads(ran.stdout)
     assert all(f.startswith(str(site)) for f in seen["files"]), seen["files"]
     assert seen["records"] == ["Attempt", "BreakerState", "ConversionEvent", "DeadLetter",
-                               "Delivery", "Outcome", "PayoutPartial"]
+                               "Delivery", "OperationalEvent", "Outcome", "PayoutPartial"]
