@@ -11,10 +11,10 @@ from typing import NotRequired, TypedDict
 __all__ = [
     "AttemptRecord",
     "BreakerStateRecord",
-    "OperationalEventRecord",
     "ConversionEvent",
     "DeadLetterRecord",
     "DeliveryRecord",
+    "OperationalEventRecord",
     "OutcomeRecord",
     "PayoutPartialRecord",
 ]

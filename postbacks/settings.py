@@ -7,6 +7,7 @@ raised before any service is touched.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from collections.abc import Mapping
@@ -71,6 +72,7 @@ class Settings:
     # Per-endpoint isolation (see core/breaker.py and streams/lanes.py).
     breaker_failure_threshold: int = 20
     breaker_open_s: float = 300.0
+    notify_breaker_open_s: float = 900.0  # breaker.open_long after this long (notifier)
     breaker_ramp_s: float = 300.0
     endpoint_budget_s: float = 30.0  # divert when an endpoint's backlog needs longer to drain
     endpoint_max_queue: int = 2000  # and never buffer more than this per endpoint
@@ -121,6 +123,9 @@ class Settings:
     console_bulk_max: int = 50_000  # at most this many deliveries in one bulk replay
     console_replay_rate_per_endpoint: float = 10.0  # replays published per endpoint per second
     console_replay_rate_total: float = 1000.0  # ... and in all
+    # Proxies (comma-separated IPs or CIDRs) whose X-Forwarded-Proto the console believes
+    # (the session cookie's Secure flag, HSTS); empty = believe no one.
+    console_trusted_proxies: str = ""
 
     def topic(self, base: str) -> str:
         """Full topic name for a registry base name (prefix applied)."""
@@ -227,6 +232,12 @@ def _validate(s: Settings) -> None:
         raise ConfigError("POSTBACKS_GATE_PARTIALS_INTERVAL_S must be >= 0")
     if s.console_replay_per_app_hour < 0:
         raise ConfigError("POSTBACKS_CONSOLE_REPLAY_PER_APP_HOUR must be >= 0 (0 = no limit)")
+    for part in filter(None, (p.strip() for p in s.console_trusted_proxies.split(","))):
+        try:
+            ipaddress.ip_network(part, strict=False)
+        except ValueError:
+            raise ConfigError(f"POSTBACKS_CONSOLE_TRUSTED_PROXIES: {part!r} is not an IP "
+                              "address or CIDR") from None
     parse_event_type_limits(s.retry_max_attempts_by_event_type)
     if not s.database_url.startswith(("postgresql://", "postgres://")):
         raise ConfigError("POSTBACKS_DATABASE_URL must be a postgresql:// URL")

@@ -80,8 +80,13 @@ def may(p: Principal, right: str) -> bool:
     return right in _RIGHTS.get(p.role, frozenset())
 
 
+def _bytes(text: str) -> bytes:
+    """Any str as bytes, lone surrogates too (a header that was not UTF-8)."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 def _hash(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
+    return hashlib.sha256(_bytes(token)).digest()
 
 
 def create_token(conn: psycopg.Connection[Any], *, name: str, role: str,
@@ -127,7 +132,7 @@ def lookup_token(conn: psycopg.Connection[Any], token: str) -> Principal | None:
 
 
 def _sig(key: bytes, message: str) -> str:
-    return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()[:40]
+    return hmac.new(key, _bytes(message), hashlib.sha256).hexdigest()[:40]
 
 
 def session_cookie(key: bytes, token_id: str, *, now_s: float | None = None) -> str:
@@ -142,7 +147,7 @@ def lookup_session(conn: psycopg.Connection[Any], key: bytes, cookie: str,
     if len(parts) != 3 or not parts[1].isdigit():
         return None
     body = f"{parts[0]}.{parts[1]}"
-    if not hmac.compare_digest(parts[2], _sig(key, "session|" + body)):
+    if not hmac.compare_digest(_bytes(parts[2]), _sig(key, "session|" + body).encode()):
         return None
     if int(parts[1]) < (now_s if now_s is not None else time.time()):
         return None
@@ -158,4 +163,5 @@ def csrf_for(key: bytes, cookie: str) -> str:
 
 
 def check_csrf(key: bytes, cookie: str, given: str | None) -> bool:
-    return bool(given) and hmac.compare_digest(csrf_for(key, cookie), given or "")
+    return bool(given) and hmac.compare_digest(csrf_for(key, cookie).encode(),
+                                               _bytes(given or ""))

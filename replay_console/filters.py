@@ -9,11 +9,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ID", "MAX_PAGE", "STATUSES", "DeliveryFilter", "FilterError", "parse_filter"]
+__all__ = ["ID", "MAX_PAGE", "PUBLISHER_STATUSES", "STATUSES", "DeliveryFilter", "FilterError",
+           "parse_filter"]
 
 MAX_PAGE = 200
 STATUSES = ("pending", "delivered", "failing", "exhausted", "dead_lettered", "quarantined",
             "held", "released", "rejected", "suppressed", "replayed")
+# What a publisher may filter by and see: never a status that tells of a hold, a release
+# or a rejection (nor pending: not yet sent).
+PUBLISHER_STATUSES = tuple(s for s in STATUSES
+                           if s not in ("pending", "held", "released", "rejected"))
 ID = re.compile(r"^[A-Za-z0-9_.:*-]{1,200}$", re.ASCII)
 _CURSOR = re.compile(r"^([0-9]{1,16}):([A-Za-z0-9_.:-]{1,200})$")
 
@@ -73,8 +78,12 @@ def _time(name: str, raw: str) -> int:
     return ms
 
 
-def parse_filter(params: Mapping[str, str]) -> DeliveryFilter:
-    """Query parameters → a filter; raises :class:`FilterError` naming the bad one."""
+def parse_filter(params: Mapping[str, str], statuses: tuple[str, ...] = STATUSES
+                 ) -> DeliveryFilter:
+    """Query parameters → a filter; raises :class:`FilterError` naming the bad one.
+    ``statuses``: the statuses an error names (what the asker may see; a publisher
+    filtering by one it may not see gets an empty page, as for any status with no
+    visible delivery)."""
     allowed = {"app", "endpoint", "status", "error", "since", "until", "cursor", "limit"}
     unknown = sorted(set(params) - allowed)
     if unknown:
@@ -90,7 +99,7 @@ def parse_filter(params: Mapping[str, str]) -> DeliveryFilter:
     status = (params.get("status") or "").strip()
     if status:
         if status not in STATUSES:
-            raise FilterError(f"status must be one of {', '.join(STATUSES)}")
+            raise FilterError(f"status must be one of {', '.join(statuses)}")
         kw["status"] = status
     for k in ("since", "until"):
         v = (params.get(k) or "").strip()

@@ -1,6 +1,5 @@
 """Reading a console request: the bounded form or JSON body, typed fields, the edit and
-the bulk filter it carries, and :class:`Problem` (an error shown as is on the page and in
-the API)."""
+the bulk filter it carries (bad input raises :class:`~replay_console.problem.Problem`)."""
 
 from __future__ import annotations
 
@@ -12,10 +11,11 @@ from aiohttp import web
 
 from postbacks.core.override import Override, OverrideError, parse_override
 from replay_console import queries as q
+from replay_console.guard import check_body
+from replay_console.problem import Problem
 
 __all__ = [
     "MAX_BODY",
-    "Problem",
     "body_of",
     "filter_from",
     "flag",
@@ -28,15 +28,6 @@ __all__ = [
 
 BODY = web.RequestKey("body", dict)
 MAX_BODY = 64 * 1024  # forms and JSON bodies; an edit is far smaller
-
-
-class Problem(Exception):
-    """An error the page and the API show as is."""
-
-    def __init__(self, status: int, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.extra = extra
 
 
 def is_api(request: web.Request) -> bool:
@@ -54,8 +45,14 @@ async def body_of(request: web.Request) -> dict[str, Any]:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise Problem(413, f"request body larger than {MAX_BODY} bytes") from exc
-    request[BODY] = out = _parse_body(request, raw)
+    out = _parse_body(request, raw)
+
+    check_body(out)  # the one check of every value a handler reads from a body
+    request[BODY] = out
     return out
+
+
+MAX_FIELDS = 1000
 
 
 def _parse_body(request: web.Request, raw: bytes) -> dict[str, Any]:
@@ -64,17 +61,22 @@ def _parse_body(request: web.Request, raw: bytes) -> dict[str, Any]:
     if request.content_type == "application/json":
         try:
             data = json.loads(raw)
-        except ValueError as exc:
-            raise Problem(400, f"body is not JSON: {exc}") from exc
+        except ValueError as exc:  # incl. invalid UTF-8 and over-long integers
+            raise Problem(400, f"body is not JSON: {str(exc)[:200]}") from exc
+        except RecursionError:
+            raise Problem(400, "body is nested too deeply") from None
         if not isinstance(data, dict):
             raise Problem(400, "body must be a JSON object")
         return data
     from urllib.parse import parse_qs
 
     try:
-        form = parse_qs(raw.decode(), keep_blank_values=True, strict_parsing=False)
+        form = parse_qs(raw.decode(), keep_blank_values=True, strict_parsing=False,
+                        errors="strict", max_num_fields=MAX_FIELDS)
     except UnicodeDecodeError as exc:
         raise Problem(400, "form is not UTF-8") from exc
+    except ValueError as exc:
+        raise Problem(400, f"form has more than {MAX_FIELDS} fields") from exc
     return {k: (v if len(v) > 1 else v[0]) for k, v in form.items()}
 
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import ipaddress
 import json
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
+from http import HTTPStatus
 from importlib import resources
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import jinja2
 from aiohttp import web
@@ -21,18 +24,28 @@ from postbacks.cli_output import usd
 from postbacks.metrics import CONSOLE_ACTIONS
 from postbacks.settings import Settings
 from replay_console.auth import Principal, csrf_for, lookup_session, lookup_token, may
-from replay_console.forms import Problem, is_api
+from replay_console.forms import is_api
 from replay_console.pool import ConnPool
+from replay_console.problem import Problem
 from replay_console.rules import Lookup
 
-__all__ = ["ACTION", "COOKIE", "COOKIE_VALUE", "PRINCIPAL", "Console", "Handler", "counted",
-           "doing", "done", "me", "problem", "redirect", "staff"]
+__all__ = ["ACTION", "COOKIE", "COOKIE_VALUE", "CSP", "LOCAL_PATH", "PRINCIPAL", "Console",
+           "Handler", "counted", "doing", "done", "me", "not_for_publishers", "problem",
+           "redirect", "staff"]
 
 PRINCIPAL = web.RequestKey("principal", Principal)
 COOKIE_VALUE = web.RequestKey("cookie", str)
 ACTION = web.RequestKey("action", str)  # the action a POST performs (metrics)
 COOKIE = "pb_session"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# No script at all, styles only from the console's own stylesheet, no framing.
+CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+       "frame-ancestors 'none'; base-uri 'none'")
+_HEADERS = {"Content-Security-Policy": CSP, "X-Frame-Options": "DENY",
+            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+HSTS = "max-age=31536000"
+# A same-site path to return to: no scheme, host, backslash or whitespace.
+LOCAL_PATH = re.compile(r"/(?![/\\])[A-Za-z0-9/_.:%?&=+-]*")
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -47,13 +60,38 @@ def _jsonpretty(v: Any) -> str:
     return json.dumps(v, indent=2, sort_keys=True, default=str)
 
 
+def _short(v: Any) -> str:
+    text = v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _changes(before: Any, after: Any) -> list[str]:
+    """An audit row's before/after as lines a person reads: ``key: old → new`` for each
+    key that changed (objects), else the two values."""
+    if isinstance(before, Mapping) or isinstance(after, Mapping):
+        b = before if isinstance(before, Mapping) else {}
+        a = after if isinstance(after, Mapping) else {}
+        out = []
+        for k in sorted(set(b) | set(a), key=str):
+            if k not in b:
+                out.append(f"{k}: {_short(a[k])}")
+            elif k not in a:
+                out.append(f"{k}: {_short(b[k])} → (removed)")
+            elif b[k] != a[k]:
+                out.append(f"{k}: {_short(b[k])} → {_short(a[k])}")
+        return out
+    if before is None and after is None:
+        return []
+    return [f"{_short(before)} → {_short(after)}" if before is not None else _short(after)]
+
+
 def _env() -> jinja2.Environment:
     folder = resources.files("replay_console") / "templates"
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(folder)), autoescape=True,
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
     )
-    env.filters.update(when=_when, usd=usd, pretty=_jsonpretty)
+    env.filters.update(when=_when, usd=usd, pretty=_jsonpretty, changes=_changes)
     return env
 
 
@@ -70,6 +108,38 @@ class Console:
         self.key = (hashlib.sha256(b"postbacks-console-session|" + configured.encode()).digest()
                     if configured else secrets.token_bytes(32))
         self.env = _env()
+        self.trusted_proxies = tuple(
+            ipaddress.ip_network(part, strict=False)
+            for part in (x.strip() for x in settings.console_trusted_proxies.split(","))
+            if part)
+
+    # transport ----------------------------------------------------------------------
+
+    def is_tls(self, request: web.Request) -> bool:
+        """Whether the browser reached the console over TLS: this connection is TLS, or
+        it comes from a trusted proxy (``POSTBACKS_CONSOLE_TRUSTED_PROXIES``) that says
+        ``X-Forwarded-Proto: https``. Decides the cookie's Secure flag and HSTS."""
+        if request.secure:
+            return True
+        proto = request.headers.get("X-Forwarded-Proto", "")
+        if proto.split(",")[0].strip().lower() != "https" or not self.trusted_proxies:
+            return False
+        try:
+            peer = ipaddress.ip_address(request.remote or "")
+        except ValueError:
+            return False
+        return any(peer in net for net in self.trusted_proxies)
+
+    def origin(self, request: web.Request) -> str:
+        """This console's origin as the browser sees it."""
+        return f"{'https' if self.is_tls(request) else 'http'}://{request.host}"
+
+    def secure_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        """The security headers every response carries (pages, API, errors, static)."""
+        for k, v in _HEADERS.items():
+            response.headers.setdefault(k, v)
+        if self.is_tls(request):
+            response.headers["Strict-Transport-Security"] = HSTS
 
     # auth ---------------------------------------------------------------------------
 
@@ -111,8 +181,37 @@ def problem(c: Console, request: web.Request, status: int, message: str,
         return web.json_response({"error": message, **extra}, status=status)
     if status == 401 and request.method == "GET":
         return redirect(f"/login?{urlencode({'next': request.path_qs})}")
-    return c.render(request, "error.html", status=status, status_code=status,
-                    message=message, extra=extra)
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = "Error"
+    back, back_label = _back(request)
+    return c.render(request, "error.html", status=status, status_code=status, reason=reason,
+                    message=message, extra=extra, back=back, back_label=back_label)
+
+
+_SECTIONS = {"deliveries": "Deliveries", "held": "Held deliveries",
+             "dead-letters": "Dead letters", "suppressions": "Suppressions",
+             "audit": "Audit log"}
+
+
+def _back(request: web.Request) -> tuple[str, str]:
+    """Where an error page links back to: the page the browser came from when it says so
+    (same origin), else the section the failed page belongs to, else home."""
+    ref = request.headers.get("Referer")
+    if ref:
+        u = urlsplit(ref)
+        path = u.path + (f"?{u.query}" if u.query else "")
+        if u.netloc == request.host and LOCAL_PATH.fullmatch(path) and path != request.path_qs:
+            return path, "Back to the previous page"
+    p: Principal | None = request.get(PRINCIPAL)
+    section = request.path.strip("/").split("/")[0]
+    if section in _SECTIONS and p is not None and (section == "deliveries" or
+                                                    may(p, "read_internal")):
+        target = f"/{section}"
+        if target != request.path_qs:
+            return target, f"Back to {_SECTIONS[section].lower()}"
+    return "/deliveries", "Home"
 
 
 def redirect(location: str) -> web.Response:
@@ -121,6 +220,15 @@ def redirect(location: str) -> web.Response:
 
 def me(request: web.Request) -> Principal:
     return request[PRINCIPAL]
+
+
+def not_for_publishers(request: web.Request) -> Principal:
+    """The principal, who must be staff; a publisher gets a plain 404, as for any page
+    that does not exist (the held deliveries and their review are not a publisher's)."""
+    p = me(request)
+    if not may(p, "read_internal"):
+        raise Problem(404, "no such page")
+    return p
 
 
 def staff(request: web.Request, what: str) -> Principal:

@@ -2,10 +2,13 @@
 
 Every function takes the :class:`~replay_console.auth.Principal` asking. A publisher's
 scope is enforced **in the SQL**: its own apps only, and never a delivery that is held,
-rejected or not yet projected (``pending`` — a delivery the gate holds is pending until
-the sink has its ``held`` outcome); hold reasons and source snapshots are not selected
-for it. Lists page by keyset on ``(created_at, delivery_id)`` (indexes in migration 0002),
-so a page costs the same on page 1 and page 10,000.
+released (re-driven, in flight again), rejected or not yet projected (``pending`` — a
+delivery the gate holds is pending until the sink has its ``held`` outcome); hold reasons,
+hold times and source snapshots are not selected for it, its outcome history leaves out
+the hold, release and rejection, and an attempt a release re-drove reads as a ``retry``.
+Nothing a publisher is shown tells that a delivery was ever held. Lists page by keyset on
+``(created_at, delivery_id)`` (indexes in migration 0002), so a page costs the same on
+page 1 and page 10,000.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from replay_console.auth import Principal, may
 from replay_console.filters import (  # the filter names are re-exported (reads API)
     ID,
     MAX_PAGE,
+    PUBLISHER_STATUSES,
     STATUSES,
     DeliveryFilter,
     FilterError,
@@ -27,6 +31,7 @@ from replay_console.filters import (  # the filter names are re-exported (reads 
 )
 
 __all__ = [
+    "PUBLISHER_STATUSES",
     "STATUSES",
     "DeliveryFilter",
     "FilterError",
@@ -41,7 +46,8 @@ __all__ = [
     "suppressions",
 ]
 
-_HIDDEN_FROM_PUBLISHERS = ("pending", "held", "rejected")
+_HIDDEN_FROM_PUBLISHERS = ("pending", "held", "released", "rejected")  # statuses and outcomes
+_PUBLISHER_TRIGGER = {"release": "retry"}  # what a publisher reads as an attempt's trigger
 
 
 class NotFound(LookupError):
@@ -166,7 +172,8 @@ def delivery_detail(conn: psycopg.Connection[Any], p: Principal, delivery_id: st
         out["held_at_ms"] = _ms(row[16])
     out["attempts"] = [
         {"attempt_id": a[0], "attempted_at_ms": _ms(a[1]), "attempt_no": a[2],
-         "trigger": a[3], "result": a[4], "status_code": a[5], "error_class": a[6],
+         "trigger": _PUBLISHER_TRIGGER.get(a[3], a[3]) if p.is_publisher else a[3],
+         "result": a[4], "status_code": a[5], "error_class": a[6],
          "error_message": a[7], "queue_ms": a[8], "platform_ms": a[9], "wire_ms": a[10],
          "request_method": a[11], "request_url": a[12], "request_headers": a[13],
          "request_body": bytes(a[14]).decode("utf-8", "replace") if a[14] else "",
@@ -305,10 +312,10 @@ def suppressions(conn: psycopg.Connection[Any], p: Principal, *, limit: int = 10
 
 def audit_rows(conn: psycopg.Connection[Any], *, target_type: str | None = None,
                target_id: str | None = None, actor: str | None = None,
-               limit: int = 100) -> list[dict[str, Any]]:
+               action: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
     where, args = [], []
     for column, value in (("target_type", target_type), ("target_id", target_id),
-                          ("actor", actor)):
+                          ("actor", actor), ("action", action)):
         if value is not None:
             where.append(f"{column} = %s")
             args.append(value)

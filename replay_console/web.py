@@ -7,8 +7,16 @@ Pages (``/deliveries``, ``/deliveries/{id}``, ``/endpoints/{id}``, ``/held``,
 handlers; the state-changing handlers are in :mod:`.writes`, the plumbing both share in
 :mod:`.http`. PostgreSQL work runs on a small pool of connections in threads, so a
 slow query never blocks the event loop. Pages are plain HTML (no build step, no script
-needed to use them). Every response is timed in ``postbacks_console_request_seconds``;
-``/metrics`` and ``/healthz`` are public.
+needed to use them; the one stylesheet is ``/static/console.css``). Every response is timed
+in ``postbacks_console_request_seconds``; ``/metrics``, ``/healthz`` and ``/static/`` are
+public.
+
+Every request's path, query, credential headers and cookie pass :mod:`.guard` before
+sign-in, and every body value when it is parsed: bad bytes get a 4xx, never a 5xx. Every
+response carries a strict Content-Security-Policy (no script, no inline style), DENY
+framing, nosniff and no-referrer; HSTS when the browser came over TLS
+(:meth:`.Console.is_tls`, which also decides the cookie's Secure flag). An HTML request
+that fails gets a page with the status, the reason and a link back.
 
 Sign-in: ``POST /login`` with a token sets the session cookie (HttpOnly, SameSite=Strict);
 the API also takes ``Authorization: Bearer <token>``. Every state-changing request made
@@ -23,6 +31,7 @@ import logging
 import re
 import threading
 import time
+from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
 
@@ -38,21 +47,26 @@ from replay_console import actions as act
 from replay_console import queries as q
 from replay_console import writes as w
 from replay_console.auth import check_csrf, lookup_token, may, session_cookie
-from replay_console.filters import ID
-from replay_console.forms import MAX_BODY, Problem, body_of, filter_from, text
+from replay_console.filters import ID, MAX_PAGE
+from replay_console.forms import MAX_BODY, body_of, filter_from, text
+from replay_console.guard import check_request
+from replay_console.health import add_health_routes
 from replay_console.http import (
     COOKIE,
     COOKIE_VALUE,
+    LOCAL_PATH,
     PRINCIPAL,
     Console,
     Handler,
     counted,
     me,
+    not_for_publishers,
     problem,
     redirect,
     staff,
 )
 from replay_console.pool import ConnPool
+from replay_console.problem import Problem
 from replay_console.rules import ActionError, Lookup
 
 __all__ = ["make_app", "serve"]
@@ -65,7 +79,14 @@ def make_app(settings: Settings, *, lookup: Lookup | None = None,
     """The console app. ``lookup`` is the DNS seam of the SSRF check (tests)."""
     c = Console(settings, pool or ConnPool(settings.database_url), lookup)
     app = web.Application(middlewares=[_middleware(c)], client_max_size=MAX_BODY)
+
+    async def secure_headers(request: web.Request, response: web.StreamResponse) -> None:
+        c.secure_headers(request, response)
+
+    app.on_response_prepare.append(secure_headers)
     r = app.router
+    r.add_static("/static", str(resources.files("replay_console") / "static"),
+                 append_version=False)
     r.add_get("/healthz", _healthz)
     r.add_get("/metrics", _metrics)
     r.add_get("/login", _login_page(c))
@@ -91,13 +112,13 @@ def make_app(settings: Settings, *, lookup: Lookup | None = None,
         r.add_post(f"{prefix}/dead-letters/{{id}}/resolve", w.resolve_dl(c))
         r.add_get(f"{prefix}/suppressions", _suppressions(c))
         r.add_get(f"{prefix}/audit", _audit(c))
+    add_health_routes(r, c)
     app.on_cleanup.append(lambda _a: asyncio.to_thread(c.pool.close))
     return app
 
 
 _PUBLIC = {"/healthz", "/metrics", "/login"}
-# A same-site path to return to after sign-in: no scheme, host, backslash or whitespace.
-_LOCAL_PATH = re.compile(r"/(?![/\\])[A-Za-z0-9/_.:%?&=+-]*")
+_PUBLIC_PREFIX = "/static/"
 
 
 def _route(request: web.Request) -> str:
@@ -111,7 +132,8 @@ def _middleware(c: Console) -> Any:
         start = time.perf_counter()
         status = 500
         try:
-            if request.path not in _PUBLIC:
+            check_request(request)  # every path segment, parameter, header and cookie
+            if request.path not in _PUBLIC and not request.path.startswith(_PUBLIC_PREFIX):
                 p, cookie = await c.principal(request)
                 if p is None:
                     raise Problem(401, "sign in first (a console token)")
@@ -150,7 +172,13 @@ def _middleware(c: Console) -> Any:
             return problem(c, request, 503, "the database is unavailable; try again", {})
         except web.HTTPException as exc:
             status = exc.status
-            raise
+            if status < 400:
+                raise
+            # the router's 404/405, the body limit's 413: the same answer as any error
+            resp = problem(c, request, status, _http_error_text(exc), {})
+            if "Allow" in exc.headers:
+                resp.headers["Allow"] = exc.headers["Allow"]
+            return resp
         except Exception:
             log.exception("console: %s %s failed", request.method, request.path)
             status = 500
@@ -160,6 +188,16 @@ def _middleware(c: Console) -> Any:
                 time.perf_counter() - start)
 
     return mw
+
+
+def _http_error_text(exc: web.HTTPException) -> str:
+    if exc.status == 404:
+        return "no such page"
+    if exc.status == 405:
+        return "this page does not take that method"
+    if exc.status == 413:
+        return f"request body larger than {MAX_BODY} bytes"
+    return exc.reason
 
 
 async def _home(_request: web.Request) -> web.StreamResponse:
@@ -186,11 +224,15 @@ def _login(c: Console) -> Handler:
         body = await body_of(request)
         token = text(body, "token") or ""
         nxt = text(body, "next") or "/deliveries"
-        if not _LOCAL_PATH.fullmatch(nxt):
+        if not LOCAL_PATH.fullmatch(nxt):
             nxt = "/deliveries"
         site = request.headers.get("Sec-Fetch-Site")
         origin = request.headers.get("Origin")
-        if site == "cross-site" or (origin and origin != f"{request.scheme}://{request.host}"):
+        # Under Referrer-Policy: no-referrer a browser posts the console's own form with
+        # "Origin: null"; its Sec-Fetch-Site (which no page can set) then says same-origin.
+        if origin == "null" and site == "same-origin":
+            origin = None
+        if site == "cross-site" or (origin and origin != c.origin(request)):
             counted("login", "refused")
             raise Problem(403, "sign in from the console's own page")
         p = await c.pool.run(lambda conn: lookup_token(conn, token)) if token else None
@@ -201,7 +243,8 @@ def _login(c: Console) -> Handler:
         counted("login", "ok")
         resp = redirect(nxt)
         resp.set_cookie(COOKIE, session_cookie(c.key, p.token_id), httponly=True,
-                        samesite="Strict", path="/", max_age=8 * 3600, secure=request.secure)
+                        samesite="Strict", path="/", max_age=8 * 3600,
+                        secure=c.is_tls(request))
         return resp
     return h
 
@@ -217,7 +260,8 @@ async def _logout(_request: web.Request) -> web.StreamResponse:
 def _list(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = me(request)
-        flt = q.parse_filter(dict(request.query))
+        statuses = q.PUBLISHER_STATUSES if p.is_publisher else q.STATUSES
+        flt = q.parse_filter(dict(request.query), statuses)
         rows, nxt = await c.pool.run(lambda conn: q.list_deliveries(conn, p, flt))
         params = flt.to_params()
         if flt.limit != 50:
@@ -225,7 +269,7 @@ def _list(c: Console) -> Handler:
         next_url = f"?{urlencode({**params, 'cursor': nxt})}" if nxt else None
         data = {"deliveries": rows, "next_cursor": nxt}
         return c.reply(request, data, "deliveries.html", rows=rows, next_url=next_url,
-                       f=params, statuses=q.STATUSES, query=urlencode(params))
+                       f=params, statuses=statuses, query=urlencode(params))
     return h
 
 
@@ -254,7 +298,7 @@ HELD_PAGE_LIMIT = 500
 
 def _held(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
-        staff(request, "held deliveries are")
+        not_for_publishers(request)
         from postbacks.db.anomaly import held_cohorts, held_deliveries
 
         flt = {k: request.query.get(k) or None for k in ("endpoint", "reason", "app")}
@@ -299,14 +343,49 @@ def _suppressions(c: Console) -> Handler:
     return h
 
 
+_AUDIT_PARAMS = {"actor", "action", "target", "target_type", "target_id", "limit"}
+_AUDIT_ACTION = re.compile(r"[a-z_]{1,40}(\.[a-z_]{1,40}){0,3}", re.ASCII)
+_AUDIT_TARGET_TYPE = re.compile(r"[a-z_]{1,40}", re.ASCII)
+
+
+def _audit_filter(query: Any) -> tuple[dict[str, str], int]:
+    """The audit page's filters (actor, action, target type, target id) and limit; a 400
+    names a bad one."""
+    unknown = sorted(set(query) - _AUDIT_PARAMS)
+    if unknown:
+        raise Problem(400, f"unknown audit filter(s): {', '.join(unknown)} "
+                      f"(use {', '.join(sorted(_AUDIT_PARAMS))})")
+    f = {k: v.strip() for k in sorted(_AUDIT_PARAMS - {"limit"})
+         if (v := query.get(k, "")).strip()}
+    if "target" in f and "target_id" in f and f["target"] != f["target_id"]:
+        raise Problem(400, "give the target id once (target or target_id)")
+    if "target_id" in f:
+        f["target"] = f.pop("target_id")
+    if "actor" in f and len(f["actor"]) > 200:
+        raise Problem(400, "actor is longer than 200 characters")
+    if "action" in f and not _AUDIT_ACTION.fullmatch(f["action"]):
+        raise Problem(400, "action must look like held.release or delivery.replay")
+    if "target_type" in f and not _AUDIT_TARGET_TYPE.fullmatch(f["target_type"]):
+        raise Problem(400, "target_type must look like delivery or endpoint")
+    if "target" in f and not ID.match(f["target"]):
+        raise Problem(400, "target is not a valid id")
+    raw = query.get("limit", "").strip()
+    limit = 100
+    if raw:
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PAGE:
+            raise Problem(400, f"limit must be a whole number from 1 to {MAX_PAGE}")
+        limit = int(raw)
+    return f, limit
+
+
 def _audit(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         staff(request, "the audit log is")
-        f = {k: request.query.get(k) or None for k in ("target_type", "target_id", "actor")}
+        f, limit = _audit_filter(request.query)
         rows = await c.pool.run(lambda conn: q.audit_rows(
-            conn, target_type=f["target_type"], target_id=f["target_id"], actor=f["actor"]))
-        return c.reply(request, {"audit": rows}, "audit.html", rows=rows,
-                       f={k: v for k, v in f.items() if v})
+            conn, target_type=f.get("target_type"), target_id=f.get("target"),
+            actor=f.get("actor"), action=f.get("action"), limit=limit))
+        return c.reply(request, {"audit": rows}, "audit.html", rows=rows, f=f, limit=limit)
     return h
 
 
@@ -324,6 +403,8 @@ def _job(c: Console) -> Handler:
 def _preview(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = me(request)
+        if not may(p, "replay"):  # before the filter: its errors name internal statuses
+            raise Problem(403, f"a {p.role} may not replay deliveries")
         flt = filter_from(dict(request.query))
         pv = await c.pool.run(lambda conn: act.replay_preview(conn, p, flt, c.settings))
         return c.reply(request, pv, "replay_preview.html", pv=pv, f=flt.to_params())

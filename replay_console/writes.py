@@ -16,7 +16,6 @@ from replay_console import endpoints as eps
 from replay_console import queries as q
 from replay_console.auth import may
 from replay_console.forms import (
-    Problem,
     body_of,
     filter_from,
     flag,
@@ -26,7 +25,17 @@ from replay_console.forms import (
     text,
     whole,
 )
-from replay_console.http import ACTION, Console, Handler, counted, doing, done, me
+from replay_console.http import (
+    ACTION,
+    Console,
+    Handler,
+    counted,
+    doing,
+    done,
+    me,
+    not_for_publishers,
+)
+from replay_console.problem import Problem
 
 __all__ = ["endpoint_save", "replay_bulk", "replay_one", "resolve", "resolve_dl",
            "rotate", "send_test", "suppress"]
@@ -69,6 +78,8 @@ def replay_bulk(c: Console) -> Handler:
         body = await body_of(request)
         ids = id_list(body, "delivery_ids")
         doing(request, "replay" if ids else "bulk_replay")
+        if not may(p, "replay"):  # before the filter: its errors name internal statuses
+            raise Problem(403, f"a {p.role} may not replay deliveries")
         flt = None if ids else filter_from(body)
         job = await c.pool.run(lambda conn: act.create_replay(
             conn, c.settings, p, delivery_ids=ids, flt=flt, note=text(body, "note"),
@@ -106,8 +117,8 @@ def resolve(c: Console, kind: str) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         from replay_console.held import HeldError, NeedsConfirmation, resolve_held
 
-        p = me(request)
         doing(request, f"held_{kind}")
+        p = not_for_publishers(request)
         if not may(p, "resolve_held"):
             raise Problem(403, f"only a reviewer may release or reject held deliveries "
                           f"(you are {p.role})")

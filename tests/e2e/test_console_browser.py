@@ -6,7 +6,10 @@ PostgreSQL, every stage, the console server as its own process, a scripted recei
   replays — the receiver gets it with the original idempotency key;
 - reviewer releases one held cohort (delivered with the original keys) and rejects
   another (never sent);
-- publisher: held deliveries are absent from the page and from the API.
+- publisher: held deliveries are absent from the page and from the API; once released and
+  delivered they read like any delivered one (no hold, release or rejection shown);
+- every page loads its stylesheet under the strict Content-Security-Policy, with no
+  violation reported by the browser.
 
 Screenshots are saved under ``artifacts/console/``.
 """
@@ -112,6 +115,9 @@ def test_support_reviewer_and_publisher_in_a_real_browser(
             pub_tok = token(settings, f"pub-{ns}", "publisher",
                             (h.app("cohort1"), h.app("fine")))
             page = browser.new_context().new_page()
+            violations: list[str] = []
+            page.on("console", lambda m: violations.append(m.text)
+                    if "Content Security Policy" in m.text else None)
             _sign_in(page, base, pub_tok)
             page.goto(f"{base}/deliveries?app={h.app('cohort1')}")
             assert page.locator("#deliveries tbody tr").first.inner_text().startswith(
@@ -120,7 +126,15 @@ def test_support_reviewer_and_publisher_in_a_real_browser(
             listed = page.locator("#deliveries tbody").inner_text()
             assert eps["fine"] in listed and eps["cohort1"] not in listed
             _shot(page, "publisher-deliveries")
-            assert page.goto(f"{base}/held").status == 403  # type: ignore[union-attr]
+            # the stylesheet applied (served by the console, allowed by the policy)
+            assert page.evaluate("getComputedStyle(document.querySelector('header'))"
+                                 ".backgroundColor") == "rgb(31, 41, 55)"
+            resp = page.goto(f"{base}/held")
+            assert resp is not None and resp.status == 404
+            assert "Not Found" in page.locator("#error-status").inner_text()
+            page.click("#back")
+            assert page.url.endswith("/deliveries")
+            assert violations == [], violations
             api = _api(base, "/api/v1/deliveries?limit=200", pub_tok)["deliveries"]
             assert {d["endpoint_id"] for d in api} == {eps["fine"]}
             assert all(d["status"] != "held" for d in api)
@@ -183,6 +197,14 @@ def test_support_reviewer_and_publisher_in_a_real_browser(
 
     h.wait_status(eps["cohort1"], "delivered", 4)
     assert {r["idempotency_key"] for r in h.received(eps["cohort1"])} == cohort1_keys
+    # the publisher: its released deliveries read like any delivered one
+    mine = _api(base, f"/api/v1/deliveries?app={h.app('cohort1')}", pub_tok)["deliveries"]
+    assert len(mine) == 4 and {d["status"] for d in mine} == {"delivered"}
+    for d in mine:
+        one = _api(base, f"/api/v1/deliveries/{d['delivery_id']}", pub_tok)
+        assert not {o["kind"] for o in one["outcomes"]} & {"held", "released", "rejected"}
+        assert "release" not in {a["trigger"] for a in one["attempts"]}
+        assert not {"hold_reason", "held_at_ms"} & set(one)
     h.wait_status(eps["cohort2"], "rejected", 3)
     # A sentinel after the reject: once it arrives, nothing rejected was sent before it.
     _emit(settings, h, "cohort2", 1, retrodated=False)

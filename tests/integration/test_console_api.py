@@ -91,7 +91,7 @@ def test_roles_and_the_publisher_scope(settings: Settings, namespace: str) -> No
         pub_page.sign_in(token(settings, f"pub2-{ns}", "publisher", (w["a"],)))
         html = pub_page.get("/deliveries?limit=200").text
         assert f"dlv_{ns}_1" in html and f"dlv_{ns}_3" not in html and "Held" not in html
-        assert pub_page.get("/held").status == 403
+        assert pub_page.get("/held").status == 404
 
         support = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
         staff_seen = _ids(support.get(f"/api/v1/deliveries?app={w['a']}").json()["deliveries"])

@@ -1,0 +1,106 @@
+"""Where input enters the console: one check of every path segment, query parameter,
+header and cookie (:func:`check_request`, run by the middleware before sign-in) and of
+every body value (:func:`check_body`, run when the body is parsed), so no handler, query
+or hash ever sees a NUL byte, a lone surrogate (bytes that were not UTF-8), an over-long
+value or a nesting it cannot handle. A refusal is a 4xx that names the input, never a 5xx.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from aiohttp import web
+
+from replay_console.filters import ID
+from replay_console.problem import Problem
+
+__all__ = ["MAX_DEPTH", "MAX_PARAM", "check_body", "check_request", "clean"]
+
+MAX_PATH = 2048  # characters of the decoded path
+MAX_PARAM = 1000  # characters of one query parameter (name or value)
+MAX_PARAMS = 50
+MAX_DEPTH = 8  # nesting of a JSON body
+MAX_INT = 2**63 - 1  # PostgreSQL bigint
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Credentials are ASCII: a bearer token (pbc_ + url-safe base64), a session cookie
+# (<token_id>.<expires>.<hex>) and a CSRF token (hex).
+_BEARER = re.compile(r"[\x21-\x7e]{1,512}", re.ASCII)
+_COOKIE = re.compile(r"[A-Za-z0-9_.:-]{1,400}", re.ASCII)
+_CSRF = re.compile(r"[0-9a-f]{1,128}", re.ASCII)
+
+
+def clean(value: str, what: str, *, limit: int, controls: bool = False) -> str:
+    """``value`` if it is text PostgreSQL and the pages can hold, else a 400 naming
+    ``what``: no NUL, valid UTF-8, at most ``limit`` characters, and no control
+    characters unless ``controls`` (tabs and newlines in a body's text)."""
+    if "\x00" in value:
+        raise Problem(400, f"{what} contains a NUL byte")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Problem(400, f"{what} is not valid UTF-8") from None
+    if len(value) > limit:
+        raise Problem(400, f"{what} is longer than {limit} characters")
+    if not controls and _CONTROL.search(value):
+        raise Problem(400, f"{what} contains a control character")
+    return value
+
+
+def check_request(request: web.Request) -> None:
+    """Refuse a request whose path, query, credential headers or cookie are malformed."""
+    clean(request.path, "the path", limit=MAX_PATH)
+    for key, value in request.match_info.items():
+        if not ID.match(value):  # every path parameter is an id
+            raise Problem(404, f"no such {key}: not a valid id")
+    query = request.query
+    if len(query) > MAX_PARAMS:
+        raise Problem(400, f"at most {MAX_PARAMS} query parameters")
+    for key, value in query.items():
+        clean(key, "a query parameter name", limit=MAX_PARAM)
+        clean(value, f"query parameter {key}", limit=MAX_PARAM)
+    auth = request.headers.get("Authorization")
+    if auth is not None and auth.startswith("Bearer ") and not _BEARER.fullmatch(auth[7:].strip()):
+        raise Problem(401, "the bearer token is malformed (a console token is pbc_...)")
+    csrf = request.headers.get("X-CSRF-Token")
+    if csrf is not None and not _CSRF.fullmatch(csrf):
+        raise Problem(403, "the X-CSRF-Token header is malformed: reload the page and try again")
+    for name in ("Cookie", "Origin", "Referer", "Sec-Fetch-Site", "Content-Type", "Host"):
+        v = request.headers.get(name)
+        if v is not None:
+            clean(v, f"the {name} header", limit=8192)
+    try:
+        cookies = request.cookies
+    except Exception:  # a Cookie header the parser cannot read
+        raise Problem(400, "the Cookie header is malformed") from None
+    session = cookies.get("pb_session")
+    if session and not _COOKIE.fullmatch(session):
+        raise Problem(401, "the session cookie is malformed: sign in again")
+
+
+def check_body(value: Any, what: str = "body", depth: int = 0) -> None:
+    """Refuse a parsed form or JSON body holding text, numbers or nesting the console
+    cannot store or show."""
+    if isinstance(value, str):
+        clean(value, what, limit=64 * 1024, controls=True)
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, int):
+        if abs(value) > MAX_INT:
+            raise Problem(400, f"{what} is too large a number")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise Problem(400, f"{what} must be a finite number")
+    elif isinstance(value, dict | list):
+        if depth >= MAX_DEPTH:
+            raise Problem(400, f"{what} is nested more than {MAX_DEPTH} levels deep")
+        if isinstance(value, dict):
+            for k, v in value.items():
+                clean(k, f"a key of {what}", limit=MAX_PARAM)
+                check_body(v, k if depth == 0 and k.isidentifier() else what, depth + 1)
+        else:
+            for v in value:
+                check_body(v, what, depth + 1)
+    else:
+        raise Problem(400, f"{what} has a value of an unknown type")
