@@ -34,6 +34,8 @@ def _stage(name: str) -> Callable[[Settings, argparse.Namespace], int]:
             from streams.relay import run_relay as runner
         elif name == "monitor":
             from postbacks.monitor import run_monitor as runner
+        elif name == "notifier":
+            from streams.notifier import run_notifier as runner
         else:
             from sinks.postgres import run_sink as runner
         settle_gc(settings.gc_gen0_threshold)  # after the runner's imports
@@ -204,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("relay", "run the delay relay (retry.*, quarantine -> dispatch when due)"),
         ("sink", "run the PostgreSQL sink (deliveries, attempts, outcomes, dlq -> tables)"),
         ("monitor", "run the monitor (every stage's lag and backlog age, the gap detector)"),
+        ("notifier", "run the notifier (dead letters, breakers, halts -> operations, owners)"),
     ]:
         sp = sub.add_parser(name, help=help_, description=help_)
         sp.set_defaults(func=_stage(name))
@@ -327,12 +330,13 @@ Exit 1 when a group's counts are not what it should show.""")
     sp.set_defaults(func=_demo)
 
     from replay_console import cli as console_cli
-    from replay_console import held
+    from replay_console import endpoints_cli, held
     from streams.anomaly_gate import admin as anomaly_admin
 
     held.add_parser(sub)
     anomaly_admin.add_parser(sub)
     console_cli.add_parser(sub)
+    endpoints_cli.add_parser(sub)
     return p
 
 

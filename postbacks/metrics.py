@@ -27,6 +27,7 @@ __all__ = [
     "CONSUMER_LAG",
     "DEAD_LETTER_REASONS",
     "DLQ_TOTAL",
+    "ENDPOINTS_DISABLED",
     "GAP_DELIVERIES",
     "GAP_OLDEST_AGE",
     "GATE_BATCH_SECONDS",
@@ -41,6 +42,7 @@ __all__ = [
     "MISSING_INPUTS",
     "MONITOR_ERRORS",
     "MONITOR_LAST_SUCCESS",
+    "NOTIFICATIONS_TOTAL",
     "OUTCOMES_TOTAL",
     "PAYOUT_USD",
     "QUARANTINED",
@@ -81,11 +83,19 @@ GAP_DELIVERIES = Gauge("webhook_gap_deliveries",
                        "longer than POSTBACKS_GAP_AFTER_S (the gap detector)")
 GAP_OLDEST_AGE = Gauge("webhook_gap_oldest_age_seconds",
                        "How long the oldest gap has been quiet (0 when there is none)")
+ENDPOINTS_DISABLED = Gauge("webhook_endpoints_disabled",
+                           "Endpoints disabled by the platform (auto-disable): their "
+                           "deliveries are parked until re-enabled")
 MONITOR_LAST_SUCCESS = Gauge("postbacks_monitor_last_success_timestamp_seconds",
                              "When the monitor last completed a round, by check", ["check"])
 MONITOR_ERRORS = Counter("postbacks_monitor_errors_total",
                          "Monitor rounds that failed, by check", ["check"])
 DLQ_TOTAL = Counter("webhook_dlq_total", "Records dead-lettered", ["stage", "reason"])
+NOTIFICATIONS_TOTAL = Counter(
+    "postbacks_notifications_total",
+    "Operational notifications by kind and result (sent | aggregated | no_owner)",
+    ["kind", "result"],
+)
 RENDER_ERRORS = Counter("webhook_render_errors_total", "Deliveries that failed to render")
 VALIDATION_FAILED = Counter(
     "webhook_validation_failed_total", "2xx responses refused by the endpoint's validator"

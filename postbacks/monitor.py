@@ -26,13 +26,17 @@ import time
 from collections.abc import Callable
 
 from postbacks.core.backlog import PartitionProgress, backlog_ages, lag_of
+from postbacks.core.endpoint_health import disable_reason
 from postbacks.db.connect import connect
+from postbacks.db.endpoint_health import candidates, disable
 from postbacks.db.gaps import gap_summary, stored_offsets
 from postbacks.errors import ServiceUnavailable
 from postbacks.kafka.lag import ProgressReader
+from postbacks.kafka.operations import OperationalEvents
 from postbacks.metrics import (
     BACKLOG_AGE,
     CONSUMER_LAG,
+    ENDPOINTS_DISABLED,
     GAP_DELIVERIES,
     GAP_OLDEST_AGE,
     MONITOR_ERRORS,
@@ -45,7 +49,7 @@ __all__ = ["Monitor", "run_monitor"]
 
 log = logging.getLogger(__name__)
 
-_CHECKS = ("kafka", "gaps")
+_CHECKS = ("kafka", "gaps", "disable")
 
 
 class Monitor:
@@ -53,9 +57,11 @@ class Monitor:
     partition or topic that went away stops being exported."""
 
     def __init__(self, settings: Settings, reader: ProgressReader,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 events: OperationalEvents | None = None) -> None:
         self.settings = settings
         self.reader = reader
+        self.events = events or OperationalEvents(settings)
         self.clock = clock
         self._lag_labels: set[tuple[str, str, str]] = set()
         self._age_labels: set[tuple[str, str]] = set()
@@ -67,6 +73,7 @@ class Monitor:
     def tick(self) -> None:
         self._check("kafka", self._kafka)
         self._check("gaps", self._gaps)
+        self._check("disable", self._disable)
 
     def _check(self, name: str, run: Callable[[], None]) -> None:
         """Run one check; whatever it raises is counted and logged, never fatal: a monitor
@@ -115,6 +122,23 @@ class Monitor:
         for group_topic, age in ages.items():
             BACKLOG_AGE.labels(*group_topic).set(age)
         self._age_labels |= set(ages)
+
+    def _disable(self) -> None:
+        """Auto-disable (seed 003): endpoints that have only failed for
+        ``auto_disable_after_s``, or answered 410 Gone under ``disable_on_gone``; each
+        disabled once, audited, and told on operations.v1."""
+        now_ms = int(self.clock() * 1000)
+        with connect(self.settings.database_url) as conn:
+            for c in candidates(conn):
+                reason = disable_reason(c.health, now_ms=now_ms, disable_on_gone=c.disable_on_gone,
+                                        after_s=self.settings.auto_disable_after_s)
+                if reason is not None and disable(conn, c.endpoint_id, reason):
+                    log.warning("monitor: endpoint %s disabled: %s", c.endpoint_id, reason)
+                    self.events.publish("endpoint.disabled", c.endpoint_id, c.app_id, reason,
+                                        now_ms)
+            row = conn.execute("SELECT count(*) FROM endpoints"
+                               " WHERE enabled AND disabled_at IS NOT NULL").fetchone()
+        ENDPOINTS_DISABLED.set(int(row[0]) if row else 0)
 
     def _gaps(self) -> None:
         now = dt.datetime.fromtimestamp(self.clock(), dt.UTC)

@@ -91,6 +91,9 @@ class Settings:
     # (deliveries with no outcome, or none since a release or replay, for this long).
     monitor_interval_s: float = 15.0
     gap_after_s: float = 900.0
+    # An endpoint that has only failed for this long is disabled by the monitor (its
+    # deliveries parked until `postbacks endpoints enable`); seed 003's 72 h.
+    auto_disable_after_s: float = 72 * 3600.0
     # Anomaly gate (modes and thresholds live in payout_anomaly_settings, not here).
     anomaly_refresh_s: float = 2.0  # re-read modes and halts from PostgreSQL this often
     anomaly_global_key: str = "*"  # scope_key of this deployment's global scope rows
@@ -205,7 +208,7 @@ def _validate(s: Settings) -> None:
         raise ConfigError("POSTBACKS_RETRY_CEILING_S must be at most 72 h (259200)")
     for name in ("retry_base_s", "retry_max_delay_s", "retry_ceiling_s", "breaker_open_s",
                  "breaker_ramp_s", "quarantine_delay_s", "endpoint_budget_s",
-                 "stall_restart_s", "monitor_interval_s", "gap_after_s",
+                 "stall_restart_s", "monitor_interval_s", "gap_after_s", "auto_disable_after_s",
                  "console_replay_rate_per_endpoint",
                  "console_replay_rate_total"):
         if getattr(s, name) <= 0:

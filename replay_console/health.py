@@ -13,7 +13,8 @@ agent's memory, so the console reads it as ``open`` when the endpoint had a
 
 ``state``, the first rule that holds:
 
-1. ``disabled``: the endpoint row has ``enabled = false``;
+1. ``disabled``: the endpoint row has ``enabled = false`` (its owner switched it off) or a
+   ``disabled_at`` (the platform disabled it: its deliveries are parked);
 2. ``halted``: a ``payout_anomaly_settings`` row of scope ``endpoint`` for it is tripped;
 3. ``quarantined``: the breaker is open;
 4. ``degraded``: the 1-hour success rate is below 0.9 over at least 10 attempts;
@@ -173,7 +174,8 @@ def _sql(p: Principal, breaker_open_s: float, *, endpoint_id: str | None, app_id
     eps_page = "ORDER BY e.endpoint_id LIMIT %s OFFSET %s" if state is None else ""
     sql = f"""
 WITH eps AS (
-  SELECT e.endpoint_id, e.app_id, e.name, e.enabled FROM endpoints e
+  SELECT e.endpoint_id, e.app_id, e.name, e.enabled AND e.disabled_at IS NULL AS enabled
+    FROM endpoints e
    WHERE {' AND '.join(ep_where) or 'true'} {eps_page}
 ), att AS (
   SELECT a.endpoint_id,

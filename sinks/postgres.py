@@ -40,7 +40,9 @@ from confluent_kafka import (
 )
 
 from postbacks.codec import codec_for
+from postbacks.core.endpoint_health import fold_attempts
 from postbacks.db.connect import connect
+from postbacks.db.endpoint_health import record_batch
 from postbacks.db.migrate import ensure_attempt_partitions
 from postbacks.errors import DeadLetterError, InvalidRecord, ServiceUnavailable
 from postbacks.ids import new_id
@@ -255,6 +257,10 @@ class PostgresSink:
                 if self._touched or self._suppressed:
                     projection.project_status(conn, sorted(self._touched),
                                               self._suppressed)
+                attempts = self._rows.get("attempts")
+                if attempts:  # each endpoint's health, for auto-disable and the console
+                    record_batch(conn, fold_attempts(
+                        (a[3], int(a[1].timestamp() * 1000), a[7], a[8]) for a in attempts))
                 with conn.cursor() as cur:
                     cur.executemany(
                         "INSERT INTO sink_offsets (consumer_group, topic, kafka_partition,"

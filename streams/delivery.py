@@ -41,6 +41,8 @@ from topics import TOPICS
 
 __all__ = ["Attempted", "Deliverer", "ValidationFailed"]
 
+PARKED = "endpoint_disabled"  # the hold reason of a disabled endpoint's deliveries
+
 # The outcomes that end a delivery in the agent: its payout is counted once, at one of them.
 _ENDS = frozenset({"delivered", "exhausted", "dead_lettered"})
 
@@ -89,6 +91,14 @@ class Deliverer:
                 child(PAYOUT_USD, kind).inc(micros / 1_000_000)
         rec = make_outcome(d, kind, now_ms=now_ms, reason=reason)
         out.append((TOPICS.outcomes.base, d["endpoint_id"].encode(), self._out.encode(rec)))
+
+    def park(self, out: list[Item], d: DeliveryRecord, now_ms: int) -> None:
+        """Hold a delivery of a disabled endpoint (never sent, never dropped): it waits on
+        held.v1 with reason ``endpoint_disabled`` until the endpoint is re-enabled and the
+        backlog released (``postbacks endpoints enable``)."""
+        parked = DeliveryRecord(**{**d, "hold_reason": PARKED, "enqueued_at": now_ms})
+        out.append((TOPICS.held.base, d["endpoint_id"].encode(), self._dlv.encode(parked)))
+        self.outcome(out, d, "held", now_ms, PARKED)
 
     def dead_letter(self, out: list[Item], raw: object, exc: BaseException, reason: str,
                     now_ms: int, d: DeliveryRecord | None = None) -> None:

@@ -109,6 +109,11 @@ class Lanes:
             self.deliverer.dead_letter(out, msg, exc, exc.reason, now_ms)
             slot.finish(out)
             return
+        ep = self.endpoint(d["endpoint_id"])
+        if ep is not None and ep.disabled_at_ms is not None:
+            self.deliverer.park(out, d, now_ms)  # disabled: held until re-enabled
+            slot.finish(out)
+            return
         lane = self.lanes.get(d["endpoint_id"])
         if lane is None:
             lane = self.lanes[d["endpoint_id"]] = Lane(d["endpoint_id"])
@@ -173,6 +178,8 @@ class Lanes:
                                            work.delivery)
                 self.deliverer.outcome(out, work.delivery, "dead_lettered", now_ms,
                                        "unknown_endpoint")
+            elif ep.disabled_at_ms is not None:  # disabled while this waited in its lane
+                self.deliverer.park(out, work.delivery, self._now_ms())
             else:
                 result = await self.deliverer.deliver(work.msg, work.delivery, ep, out)
                 unhealthy = result.unhealthy

@@ -93,6 +93,27 @@ def settings(migrated: dict[str, str], namespace: str) -> Iterator[Settings]:
 
 
 @pytest.fixture()
+def own_database(settings: Settings, namespace: str) -> Iterator[str]:
+    """A migrated database of the test's own (dropped afterwards), for tests whose processes
+    act on the whole database -- the monitor's gap count and auto-disable, the gate's held
+    depth -- and must neither see nor touch other tests' rows."""
+    import psycopg
+
+    from postbacks.db.migrate import migrate
+
+    name = f"pb_own_{namespace}"
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = settings.database_url.rsplit("/", 1)[0] + f"/{name}"
+    migrate(url)
+    yield url
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                     " WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+@pytest.fixture()
 def stack_env(settings: Settings) -> dict[str, str]:
     return {
         "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,

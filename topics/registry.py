@@ -140,6 +140,8 @@ def _groups() -> tuple[GroupSpec, ...]:
         GroupSpec("agent", "postbacks-agent", (t.dispatch.base,)),
         GroupSpec("relay", "postbacks-relay",
                   (*(s.base for s in t.retry), t.quarantine.base)),
+        GroupSpec("notifier", "postbacks-notifier",
+                  (t.dlq.base, t.outcomes.base, t.anomaly_control.base, t.operations.base)),
         GroupSpec("sink", "postbacks-sink",
                   (t.deliveries.base, t.attempts.base, t.outcomes.base, t.dlq.base),
                   offsets="postgres"),

@@ -47,6 +47,7 @@ class ValidatorSpec:
 _CONFIG_KEYS = {
     "schema_version", "fields", "aliases", "validator", "on_validation_failure",
     "redact_fields", "max_attempts", "follow_redirects", "headers", "provider_options",
+    "disable_on_gone", "notify_endpoint_id",
 }
 
 
@@ -62,6 +63,8 @@ class EndpointConfig:
     follow_redirects: bool = False
     headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     provider_options: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    disable_on_gone: bool = False  # a 410 Gone disables the endpoint at once (postbacks monitor)
+    notify_endpoint_id: str | None = None  # ep_... the owner's notifications go to (notifier)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> EndpointConfig:
@@ -100,6 +103,15 @@ class EndpointConfig:
             if not isinstance(data["follow_redirects"], bool):
                 raise ConfigError("follow_redirects must be true or false")
             kw["follow_redirects"] = data["follow_redirects"]
+        if "disable_on_gone" in data:
+            if not isinstance(data["disable_on_gone"], bool):
+                raise ConfigError("disable_on_gone must be true or false")
+            kw["disable_on_gone"] = data["disable_on_gone"]
+        if data.get("notify_endpoint_id") is not None:
+            target = data["notify_endpoint_id"]
+            if not isinstance(target, str) or not target.startswith("ep_") or not target[3:]:
+                raise ConfigError("notify_endpoint_id must be an endpoint id (ep_...)")
+            kw["notify_endpoint_id"] = target
         if "headers" in data:
             kw["headers"] = MappingProxyType(dict(_str_map(data, "headers")))
         if "provider_options" in data:
@@ -126,6 +138,10 @@ class EndpointConfig:
             out["headers"] = dict(self.headers)
         if self.provider_options:
             out["provider_options"] = dict(self.provider_options)
+        if self.disable_on_gone:
+            out["disable_on_gone"] = True
+        if self.notify_endpoint_id is not None:
+            out["notify_endpoint_id"] = self.notify_endpoint_id
         return out
 
 
@@ -165,6 +181,8 @@ class Endpoint:
     secrets: tuple[SigningSecret, ...] = ()
     config: EndpointConfig = field(default_factory=EndpointConfig)
     config_error: str | None = None  # stored config no longer parses: deliveries render_failed
+    # Disabled by the platform (auto-disable): deliveries are parked (held) until re-enabled.
+    disabled_at_ms: int | None = None
 
     def subscribes(self, app_id: str, event_type: str) -> bool:
         return self.enabled and self.app_id == app_id and (

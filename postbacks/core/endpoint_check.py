@@ -4,6 +4,8 @@
 (an empty list = save it). It checks, in order:
 
 1. the stored config parses (``config_error``) and the endpoint subscribes to something;
+   ``notify_endpoint_id``, when set, names another endpoint (whether it exists is the
+   caller's database check);
 2. the URL parses, is http(s) and names a host;
 3. the provider is registered, and its own ``check_config`` (macros, fields, aliases,
    schema version, headers, options);
@@ -82,6 +84,9 @@ def endpoint_problems(endpoint: Endpoint, *, now_ms: int) -> list[str]:
             f"unknown provider {endpoint.provider!r} (known: {', '.join(provider_names())})"
         )
     problems += spec_problems(effective_validator(endpoint))
+    if endpoint.config.notify_endpoint_id == endpoint.endpoint_id:
+        problems.append("notify_endpoint_id names the endpoint itself: its owner must be "
+                        "told on a channel that does not depend on it")
     if not problems:
         probe = endpoint
         if not active_keys(endpoint, now_ms):

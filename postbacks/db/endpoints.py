@@ -40,10 +40,12 @@ def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox,
     out = []
     for row in conn.execute(
         "SELECT endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency,"
-        " config FROM endpoints WHERE " + ("endpoint_id = %(only)s" if only else "enabled"),
+        " config, disabled_at FROM endpoints WHERE "
+        + ("endpoint_id = %(only)s" if only else "enabled"),
         {"only": only},
     ):
-        endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency, cfg = row
+        (endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency, cfg,
+         disabled_at) = row
         try:
             config, error = EndpointConfig.from_json(cfg), None
         except ConfigError as exc:
@@ -53,7 +55,7 @@ def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox,
                 endpoint_id=endpoint_id, app_id=app_id, url=url, method=method,
                 provider=provider, event_types=frozenset(event_types), enabled=enabled,
                 concurrency=concurrency, secrets=tuple(secrets.get(endpoint_id, ())),
-                config=config, config_error=error,
+                config=config, config_error=error, disabled_at_ms=_ms(disabled_at),
             )
         )
     return out

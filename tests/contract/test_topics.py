@@ -46,16 +46,17 @@ def test_the_registry_names_every_stages_group_and_inputs() -> None:
     """The monitor measures the groups in GROUPS: they must be the ones the stages use."""
     from postbacks.settings import load_settings
     from sinks import postgres
-    from streams import agent, fanout, relay
+    from streams import agent, fanout, notifier, relay
     from streams.anomaly_gate import runner
     from topics import GROUPS
 
     by_stage = {g.stage: g for g in GROUPS}
     assert {s: g.base for s, g in by_stage.items()} == {
         "fanout": fanout.GROUP, "gate": runner.GROUP, "agent": agent.GROUP,
-        "relay": relay.GROUP, "sink": postgres.GROUP}
+        "relay": relay.GROUP, "sink": postgres.GROUP, "notifier": notifier.GROUP}
     settings = load_settings({})
     assert set(postgres.PostgresSink(settings).topics) == set(by_stage["sink"].inputs)
     assert by_stage["sink"].offsets == "postgres"
     assert {g.offsets for s, g in by_stage.items() if s != "sink"} == {"kafka"}
     assert set(by_stage["relay"].inputs) == {t.base for t in (*TOPICS.retry, TOPICS.quarantine)}
+    assert by_stage["notifier"].inputs == notifier.INPUTS

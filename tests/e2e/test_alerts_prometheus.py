@@ -19,17 +19,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
-import pytest
 import yaml
 
 from postbacks.db.anomaly import set_mode
 from postbacks.db.connect import connect
-from postbacks.db.migrate import migrate
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, free_port, wait_for
 from tests.e2e.harness import STAGES, Harness
@@ -38,20 +34,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DAY_MS = 86_400_000
 SHORT_FOR = {"PostbacksStageDown": "5s", "PostbacksBreakerOpen": "3s",
              "PostbacksDeliveriesHeld": "3s"}
-
-
-@pytest.fixture()
-def own_database(settings: Settings, namespace: str) -> Iterator[str]:
-    name = f"pb_alerts_{namespace}"
-    with psycopg.connect(settings.database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = settings.database_url.rsplit("/", 1)[0] + f"/{name}"
-    migrate(url)
-    yield url
-    with psycopg.connect(settings.database_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                     " WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
 def _rules_with_short_for(out: Path) -> Path:

@@ -23,7 +23,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from postbacks.db.migrate import migrate, pending_migrations
 from postbacks.errors import ConfigError
 
-REVISIONS = ["0001_init", "0002_console", "0003_config_versions"]
+# Every SQL file is one revision, in file order (test_every_sql_file_has_its_revision).
+REVISIONS = sorted(e.name.removesuffix(".sql")
+                   for e in (resources.files("postbacks") / "db" / "migrations").iterdir()
+                   if e.name.endswith(".sql"))
 TABLES = {"endpoints", "endpoint_secrets", "deliveries", "delivery_attempts",
           "delivery_attempts_default", "delivery_outcomes", "dead_letters",
           "postback_suppressions", "payout_anomaly_settings", "audit_log", "sink_offsets",

@@ -1,0 +1,129 @@
+"""``postbacks endpoints disabled | enable``: endpoints the platform disabled, and the
+explicit, audited way back (seed 003).
+
+A disabled endpoint's deliveries are parked (held, reason ``endpoint_disabled``; see
+:mod:`postbacks.core.endpoint_health`). Re-enabling chooses what happens to them:
+
+- ``deliver``: release the parked backlog (original idempotency keys), after the agents
+  have seen the endpoint enabled;
+- ``skip``: reject it (never sent, audited per delivery);
+- ``keep``: resume from now and leave the backlog parked (release or reject it later
+  with ``postbacks held ... --endpoint ID --reason endpoint_disabled``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, cast
+
+from postbacks.cli_output import fail, iso, print_json, print_table
+from postbacks.settings import Settings
+from replay_console.held import HeldError, NeedsConfirmation, resolve_held
+
+__all__ = ["BACKLOG_CHOICES", "add_parser"]
+
+BACKLOG_CHOICES = ("deliver", "skip", "keep")
+PARKED = "endpoint_disabled"
+
+
+def _disabled_cmd(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.db.connect import connect
+
+    with connect(settings.database_url) as conn:
+        rows = conn.execute(
+            "SELECT e.endpoint_id, e.app_id, e.disabled_at, e.disabled_reason,"
+            " (SELECT count(*) FROM deliveries d WHERE d.endpoint_id = e.endpoint_id"
+            "  AND d.status = 'held' AND d.hold_reason = %s)"
+            " FROM endpoints e WHERE e.disabled_at IS NOT NULL ORDER BY e.disabled_at",
+            (PARKED,)).fetchall()
+    found = [{"endpoint_id": ep, "app_id": app, "disabled_at_ms": int(at.timestamp() * 1000),
+              "reason": why, "parked": int(n)} for ep, app, at, why, n in rows]
+    if args.json:
+        print_json(found)
+    else:
+        print_table(["endpoint", "app", "disabled at", "parked", "reason"],
+                    [[f["endpoint_id"], f["app_id"], iso(f["disabled_at_ms"]), f["parked"],
+                      f["reason"]] for f in found])
+        print(f"{len(found)} disabled endpoint(s)")
+    return 0
+
+
+def _enable_cmd(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.db.connect import connect
+    from postbacks.db.endpoint_health import enable
+    from postbacks.errors import ServiceUnavailable
+    from postbacks.kafka.operations import OperationalEvents
+
+    actor = args.actor.strip()
+    if not actor:
+        return fail(args, "--actor must name who you are", 2)
+    with connect(settings.database_url) as conn:
+        app = conn.execute("SELECT app_id FROM endpoints WHERE endpoint_id = %s",
+                           (args.endpoint_id,)).fetchone()
+        if app is None:
+            return fail(args, f"no endpoint {args.endpoint_id}", 2)
+        was = enable(conn, args.endpoint_id, actor=actor, backlog=args.backlog, note=args.note)
+    if was is None:
+        return fail(args, f"{args.endpoint_id} is not disabled; nothing changed", 1)
+    print(f"enabled {args.endpoint_id} (it was disabled: {was}) by {actor}")
+    try:
+        OperationalEvents(settings).publish(
+            "endpoint.enabled", args.endpoint_id, str(app[0]), args.note,
+            int(time.time() * 1000), actor=actor, detail={"backlog": args.backlog})
+    except ServiceUnavailable as exc:  # the change is made and audited; only the event is not
+        print(f"postbacks endpoints enable: the endpoint.enabled event was not published: "
+              f"{exc}", file=sys.stderr)
+    if args.backlog == "keep":
+        print("the parked backlog stays held: release or reject it with `postbacks held "
+              f"release|reject --endpoint {args.endpoint_id} --reason {PARKED}`")
+        return 0
+    if args.backlog == "deliver":
+        # A release reaching an agent that still sees the endpoint disabled would be parked
+        # again: wait until every agent's endpoint view has been refreshed.
+        wait = 2 * settings.config_refresh_s
+        print(f"waiting {wait:g} s for the agents to see it enabled ...", flush=True)
+        time.sleep(wait)
+    kind = "released" if args.backlog == "deliver" else "rejected"
+    try:
+        r = resolve_held(settings, kind=kind, actor=actor, note=args.note or f"endpoint "
+                         f"re-enabled, backlog: {args.backlog}", endpoint=args.endpoint_id,
+                         reason=PARKED, yes=True)
+    except NeedsConfirmation as exc:  # not raised with yes=True; kept for the type
+        return fail(args, str(exc), 1)
+    except HeldError as exc:
+        print(f"parked backlog: {exc}")
+        return 0
+    print(f"{kind} {len(r.delivery_ids)} parked deliveries"
+          + (f" to {r.target}" if kind == "released" else " (never sent)"))
+    return 1 if r.skipped else 0
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``endpoints`` and its actions to the top-level subparsers."""
+    sub = cast(argparse._SubParsersAction, subparsers)  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "endpoints", help="endpoints the platform disabled, and re-enabling them",
+        description="An endpoint that has only failed for POSTBACKS_AUTO_DISABLE_AFTER_S "
+        "(72 h), or answered 410 Gone with disable_on_gone in its config, is disabled by "
+        "`postbacks monitor`; its deliveries are parked (held, reason endpoint_disabled), "
+        "never dropped.")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sp = actions.add_parser("disabled", help="list disabled endpoints",
+                            description="Disabled endpoints, oldest first, with their "
+                            "parked deliveries.")
+    sp.add_argument("--json", action="store_true", help="print JSON")
+    sp.set_defaults(func=_disabled_cmd)
+    sp = actions.add_parser(
+        "enable", help="re-enable a disabled endpoint (audited)",
+        description="Re-enable a disabled endpoint, audited, and choose what happens to "
+        "its parked deliveries: deliver them (original idempotency keys), skip them "
+        "(rejected, never sent), or keep them parked and resume from now. Exit 1 when "
+        "the endpoint is not disabled.")
+    sp.add_argument("endpoint_id", help="the endpoint's id (ep_...)")
+    sp.add_argument("--backlog", required=True, choices=BACKLOG_CHOICES,
+                    help="what to do with its parked deliveries")
+    sp.add_argument("--actor", required=True, help="who you are (audited)")
+    sp.add_argument("--note", help="why (audited)")
+    sp.set_defaults(func=_enable_cmd)
