@@ -83,7 +83,8 @@ def create_replay(
     conn: psycopg.Connection[Any], settings: Settings, p: Principal, *,
     delivery_ids: Sequence[str] = (), flt: DeliveryFilter | None = None,
     override: Override | None = None, note: str | None = None, confirm: int | None = None,
-    promote: bool = False, confirm_token: str | None = None, lookup: Lookup | None = None,
+    promote: bool = False, confirmation: str | None = None, lookup: Lookup | None = None,
+    step_up_key: bytes | None = None,
 ) -> ReplayJob:
     """Queue a replay of ``delivery_ids`` or of every delivery matching ``flt`` (bulk: more
     than ``console_bulk_confirm_above`` need ``confirm`` = the previewed count). With an
@@ -171,7 +172,8 @@ def create_replay(
         if override.aliases is not None:
             cfg["aliases"] = dict(override.aliases)
         problems = save_endpoint(conn, settings, p, ep_id, url=override.url, config=cfg,
-                                       confirm_token=confirm_token, lookup=lookup,
+                                       confirmation=confirmation, lookup=lookup,
+                                       step_up_key=step_up_key,
                                        note=f"promoted from an edit & replay: {note or ''}")
         if problems:
             raise ActionError("promote refused: " + "; ".join(problems), 400)

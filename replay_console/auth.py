@@ -1,18 +1,25 @@
 """Who is asking, and may they: console tokens, roles, sessions, CSRF.
 
 - **Tokens** (``postbacks console token create``) are random, shown once, stored as a
-  sha256 hash with a name (the audit actor), a role and, for publishers, their apps.
+  sha256 hash with a name (the audit actor), a role and, for publishers, their apps. A
+  token may expire (``expires_at``) and may be revoked (``postbacks console token
+  revoke``); an expired or revoked token signs nothing in, and the sessions it opened end
+  at their next request. ``last_used_at`` is updated at most once a minute.
 - **Roles**: ``support`` (find, inspect, replay, suppress, resolve dead letters,
   test-send), ``reviewer`` (support's rights plus the only role that may release or
   reject held deliveries), ``admin`` (everything, incl. endpoint config and secrets),
   ``publisher`` (read its own apps' deliveries; held and rejected ones never appear —
   enforced in the SQL of :mod:`replay_console.queries`).
 - **Sessions**: signing in with a token sets a cookie ``<token_id>.<expires>.<hmac>``;
-  each request re-checks the token is not revoked. API clients may instead send
+  each request re-checks the token is neither revoked nor expired. API clients may instead send
   ``Authorization: Bearer <token>``.
 - **CSRF**: every state-changing request authenticated by the cookie must carry
   ``csrf`` (form field or ``X-CSRF-Token`` header) = HMAC(session cookie); bearer-token
   requests carry no ambient credential and need none.
+- **Step-up** for an endpoint URL change: :func:`issue_step_up` gives a confirmation code
+  signed with the session key and bound to the token, the endpoint and the new URL, valid
+  :data:`STEP_UP_S` seconds; :func:`spend_step_up` accepts it once (the spent code's
+  nonce is recorded in ``console_step_ups``).
 """
 
 from __future__ import annotations
@@ -32,18 +39,26 @@ from postbacks.ids import new_id
 
 __all__ = [
     "ROLES",
+    "STEP_UP_S",
     "Principal",
     "Unauthorized",
     "create_token",
     "csrf_for",
+    "issue_step_up",
+    "list_tokens",
     "lookup_session",
     "lookup_token",
     "may",
+    "revoke_token",
     "session_cookie",
+    "spend_step_up",
 ]
 
 ROLES = ("support", "reviewer", "admin", "publisher")
 SESSION_S = 8 * 3600
+STEP_UP_S = 300  # a URL-change confirmation is valid this long, once
+# A token signs in while it is neither revoked nor past its expiry.
+_LIVE = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())"
 
 # What each role may do (actions checked by the web handlers and the CLI alike).
 _RIGHTS: dict[str, frozenset[str]] = {
@@ -90,9 +105,11 @@ def _hash(token: str) -> bytes:
 
 
 def create_token(conn: psycopg.Connection[Any], *, name: str, role: str,
-                 app_ids: Sequence[str] = (), created_by: str) -> tuple[str, str]:
+                 app_ids: Sequence[str] = (), created_by: str,
+                 expires_in_s: float | None = None) -> tuple[str, str]:
     """A new token: ``(token_id, token)``; the token is not stored and cannot be shown
-    again. Raises ValueError on a bad role, name or app list."""
+    again. ``expires_in_s`` None: it never expires. Raises ValueError on a bad role,
+    name, app list or lifetime."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
     if not name.strip():
@@ -101,18 +118,22 @@ def create_token(conn: psycopg.Connection[Any], *, name: str, role: str,
         raise ValueError("a publisher token needs at least one app id")
     if role != "publisher" and app_ids:
         raise ValueError("only publisher tokens are scoped to apps")
+    if expires_in_s is not None and not 0 < expires_in_s <= 10 * 365 * 86400:
+        raise ValueError("the lifetime must be more than 0 and at most 10 years")
     token_id = new_id("tok", int(time.time() * 1000))
     token = "pbc_" + secrets.token_urlsafe(32)
     conn.execute(
-        "INSERT INTO console_tokens (token_id, token_hash, name, role, app_ids, created_by)"
-        " VALUES (%s, %s, %s, %s, %s, %s)",
-        (token_id, _hash(token), name.strip(), role, list(app_ids), created_by),
+        "INSERT INTO console_tokens (token_id, token_hash, name, role, app_ids, created_by,"
+        " expires_at) VALUES (%s, %s, %s, %s, %s, %s,"
+        " now() + make_interval(secs => %s::double precision))",
+        (token_id, _hash(token), name.strip(), role, list(app_ids), created_by, expires_in_s),
     )
     conn.execute(
         "INSERT INTO audit_log (actor, action, target_type, target_id, after)"
         " VALUES (%s, 'console.token_create', 'console_token', %s, %s)",
         (created_by, token_id, Jsonb(
-            {"name": name.strip(), "role": role, "app_ids": list(app_ids)})),
+            {"name": name.strip(), "role": role, "app_ids": list(app_ids),
+             "expires_in_s": expires_in_s})),
     )
     return token_id, token
 
@@ -123,12 +144,55 @@ def _principal(row: Sequence[Any] | None) -> Principal | None:
     return Principal(row[0], row[1], row[2], tuple(row[3]))
 
 
+def _touch(conn: psycopg.Connection[Any], p: Principal | None) -> Principal | None:
+    """Record the token's use, at most once a minute (the token list's "last used")."""
+    if p is not None:
+        conn.execute(
+            "UPDATE console_tokens SET last_used_at = now() WHERE token_id = %s AND"
+            " (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')",
+            (p.token_id,))
+    return p
+
+
 def lookup_token(conn: psycopg.Connection[Any], token: str) -> Principal | None:
+    """The principal of a live token (not revoked, not expired), else None."""
     row = conn.execute(
         "SELECT token_id, name, role, app_ids FROM console_tokens"
-        " WHERE token_hash = %s AND revoked_at IS NULL", (_hash(token.strip()),),
+        f" WHERE token_hash = %s AND {_LIVE}", (_hash(token.strip()),),
     ).fetchone()
-    return _principal(row)
+    return _touch(conn, _principal(row))
+
+
+def list_tokens(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+    """Every token (never the secret), oldest first, with its state: ``active``,
+    ``expired`` or ``revoked``."""
+    rows = conn.execute(
+        "SELECT token_id, name, role, app_ids, created_at, created_by, expires_at,"
+        " last_used_at, revoked_at, expires_at IS NOT NULL AND expires_at <= now()"
+        " FROM console_tokens ORDER BY created_at, token_id").fetchall()
+    return [{"token_id": r[0], "name": r[1], "role": r[2], "app_ids": list(r[3]),
+             "created_at": r[4], "created_by": r[5], "expires_at": r[6],
+             "last_used_at": r[7], "revoked_at": r[8],
+             "state": "revoked" if r[8] is not None else "expired" if r[9] else "active"}
+            for r in rows]
+
+
+def revoke_token(conn: psycopg.Connection[Any], token_id: str, *, by: str,
+                 note: str | None = None) -> bool:
+    """Revoke a token (audited); False when there is no such token or it is already
+    revoked. Its sessions end at their next request."""
+    row = conn.execute(
+        "UPDATE console_tokens SET revoked_at = now() WHERE token_id = %s"
+        " AND revoked_at IS NULL RETURNING name, role", (token_id,)).fetchone()
+    if row is None:
+        return False
+    conn.execute(
+        "INSERT INTO audit_log (actor, action, target_type, target_id, before, after, note)"
+        " VALUES (%s, 'console.token_revoke', 'console_token', %s, %s, %s, %s)",
+        (by, token_id, Jsonb({"revoked": False}),
+         Jsonb({"revoked": True, "name": row[0], "role": row[1]}), note),
+    )
+    return True
 
 
 def _sig(key: bytes, message: str) -> str:
@@ -153,9 +217,9 @@ def lookup_session(conn: psycopg.Connection[Any], key: bytes, cookie: str,
         return None
     row = conn.execute(
         "SELECT token_id, name, role, app_ids FROM console_tokens"
-        " WHERE token_id = %s AND revoked_at IS NULL", (parts[0],),
+        f" WHERE token_id = %s AND {_LIVE}", (parts[0],),
     ).fetchone()
-    return _principal(row)
+    return _touch(conn, _principal(row))
 
 
 def csrf_for(key: bytes, cookie: str) -> str:
@@ -165,3 +229,39 @@ def csrf_for(key: bytes, cookie: str) -> str:
 def check_csrf(key: bytes, cookie: str, given: str | None) -> bool:
     return bool(given) and hmac.compare_digest(csrf_for(key, cookie).encode(),
                                                _bytes(given or ""))
+
+
+def _step_up_sig(key: bytes, p: Principal, endpoint_id: str, url: str, nonce: str,
+                 expires: str) -> str:
+    return _sig(key, "\x1f".join(("step-up", p.token_id, endpoint_id, url, nonce, expires)))
+
+
+def issue_step_up(key: bytes, p: Principal, endpoint_id: str, url: str,
+                  *, now_s: float | None = None) -> str:
+    """A confirmation code for changing ``endpoint_id``'s URL to ``url``, for ``p`` only,
+    valid :data:`STEP_UP_S` seconds and once (:func:`spend_step_up`)."""
+    expires = str(int((now_s if now_s is not None else time.time()) + STEP_UP_S))
+    nonce = secrets.token_urlsafe(12)
+    return f"stp_{nonce}.{expires}.{_step_up_sig(key, p, endpoint_id, url, nonce, expires)}"
+
+
+def spend_step_up(conn: psycopg.Connection[Any], key: bytes, p: Principal,
+                  endpoint_id: str, url: str, code: str, *, now_s: float | None = None
+                  ) -> bool:
+    """Whether ``code`` confirms this change by this principal: signed for exactly this
+    token, endpoint and URL, not expired, and not spent before (it is spent now, in the
+    caller's transaction)."""
+    parts = code.strip().split(".")
+    if len(parts) != 3 or not parts[0].startswith("stp_") or not parts[1].isdigit():
+        return False
+    nonce, expires = parts[0][4:], parts[1]
+    want = _step_up_sig(key, p, endpoint_id, url, nonce, expires)
+    if not hmac.compare_digest(_bytes(parts[2]), want.encode()):
+        return False
+    if int(expires) < (now_s if now_s is not None else time.time()):
+        return False
+    conn.execute("DELETE FROM console_step_ups WHERE used_at < now() - interval '1 day'")
+    spent = conn.execute(
+        "INSERT INTO console_step_ups (nonce, token_id) VALUES (%s, %s)"
+        " ON CONFLICT (nonce) DO NOTHING RETURNING nonce", (nonce, p.token_id)).fetchone()
+    return spent is not None

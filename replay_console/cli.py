@@ -1,5 +1,5 @@
-"""``postbacks console serve | token create`` and ``postbacks deliveries list | show |
-replay``: the replay console's server and its CLI parity (release and reject are
+"""``postbacks console serve | token create | list | revoke`` and ``postbacks deliveries
+list | show | replay``: the replay console's server and its CLI parity (release and reject are
 ``postbacks held release | reject``).
 
 The CLI runs the same queries and actions as the web console, as a staff principal named
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import threading
 from typing import Any, cast
@@ -41,31 +42,105 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+# A new token's lifetime unless --expires-in says otherwise.
+DEFAULT_EXPIRES_IN = "90d"
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float | None:
+    """``30d``, ``12h``, ``45m``, ``90s``, ``2w`` as seconds; ``never`` as None. Raises
+    ValueError."""
+    t = text.strip().lower()
+    if t == "never":
+        return None
+    m = re.fullmatch(r"([0-9]{1,6})([smhdw])", t)
+    if m is None or int(m.group(1)) == 0:
+        raise ValueError(f"--expires-in {text!r}: give a number and a unit (s, m, h, d, w), "
+                         "e.g. 30d or 12h, or never")
+    return float(int(m.group(1)) * _UNITS[m.group(2)])
+
+
 def _token(settings: Settings, args: argparse.Namespace) -> int:
     from postbacks.db.connect import connect
     from replay_console.auth import create_token
 
+    try:
+        expires_in_s = parse_duration(args.expires_in)
+    except ValueError as exc:
+        return fail(args, str(exc), 2)
     with connect(settings.database_url) as conn:
         try:
             token_id, token = create_token(conn, name=args.name, role=args.role,
-                                           app_ids=args.apps or (), created_by=args.by)
+                                           app_ids=args.apps or (), created_by=args.by,
+                                           expires_in_s=expires_in_s)
         except ValueError as exc:
             return fail(args, str(exc), 2)
+        expires = conn.execute("SELECT expires_at FROM console_tokens WHERE token_id = %s",
+                               (token_id,)).fetchone()
         conn.commit()
+    expires_at = expires[0] if expires else None
     if args.json:
-        print_json({"token_id": token_id, "token": token, "name": args.name, "role": args.role})
+        print_json({"token_id": token_id, "token": token, "name": args.name, "role": args.role,
+                    "expires_at": expires_at.isoformat() if expires_at else None})
     else:
         print(f"{token_id}\t{args.role}\t{args.name}\n{token}")
-        print("(the token is shown once; it signs in to the console and the API)",
-              file=sys.stderr)
+        print("(the token is shown once; it signs in to the console and the API; "
+              + (f"it expires {expires_at.isoformat(timespec='seconds')})" if expires_at
+                 else "it does not expire)"), file=sys.stderr)
     return 0
+
+
+def _when(v: Any) -> str:
+    return v.isoformat(timespec="seconds") if v is not None else ""
+
+
+def _token_list(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.db.connect import connect
+    from replay_console.auth import list_tokens
+
+    with connect(settings.database_url) as conn:
+        rows = list_tokens(conn)
+    if not args.all:
+        rows = [r for r in rows if r["state"] == "active"]
+    if args.json:
+        print_json({"tokens": [{k: (_when(v) or None) if k.endswith("_at") else v
+                                for k, v in r.items()} for r in rows]})
+        return 0
+    print_table(["TOKEN", "NAME", "ROLE", "SCOPE", "CREATED", "EXPIRES", "LAST USED", "STATE"],
+                [[r["token_id"], r["name"], r["role"], ",".join(r["app_ids"]) or "staff",
+                  _when(r["created_at"]), _when(r["expires_at"]) or "never",
+                  _when(r["last_used_at"]) or "never",
+                  r["state"] + (f" {_when(r['revoked_at'])}" if r["revoked_at"] else "")]
+                 for r in rows])
+    return 0
+
+
+def _token_revoke(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.db.connect import connect
+    from replay_console.auth import revoke_token
+
+    if not args.by.strip():
+        return fail(args, "--by must name who revokes it", 2)
+    with connect(settings.database_url) as conn:
+        ok = revoke_token(conn, args.token_id, by=args.by.strip(), note=args.note)
+        conn.commit()
+    if not ok:
+        return fail(args, f"no token {args.token_id!r}, or it is already revoked", 1)
+    if args.json:
+        print_json({"revoked": args.token_id})
+    else:
+        print(f"revoked {args.token_id} (its sessions end at their next request)")
+    return 0
+
+
+_FILTER_ARGS = ("q", "app", "endpoint", "status", "error", "error_class", "since", "until",
+                "created_from", "created_to")
 
 
 def _filter(args: argparse.Namespace) -> Any:
     from replay_console.queries import parse_filter
 
-    params = {k: str(getattr(args, k)) for k in ("app", "endpoint", "status", "error",
-                                                   "since", "until", "cursor", "limit")
+    params = {k: str(getattr(args, k)) for k in (*_FILTER_ARGS, "cursor", "limit")
               if getattr(args, k, None) not in (None, "")}
     return parse_filter(params)
 
@@ -136,8 +211,7 @@ def _replay(settings: Settings, args: argparse.Namespace) -> int:
 
     if not args.actor.strip():
         return fail(args, "--actor must name who you are", 2)
-    has_filter = any(getattr(args, k, None) for k in ("app", "endpoint", "status", "error",
-                                                       "since", "until"))
+    has_filter = any(getattr(args, k, None) for k in _FILTER_ARGS)
     if bool(args.delivery_ids) == has_filter:
         return fail(args, "give delivery ids or filters (--app/--endpoint/--status/--error/"
                     "--since/--until), not both and not neither", 2)
@@ -214,8 +288,25 @@ def add_parser(subparsers: Any) -> None:
     sp.add_argument("--app", dest="apps", action="append", metavar="APP_ID",
                     help="a publisher's app (repeat); required for publishers")
     sp.add_argument("--by", default="cli", help="who issues it (audited)")
+    sp.add_argument("--expires-in", default=DEFAULT_EXPIRES_IN, metavar="DURATION",
+                    help="lifetime: 30d, 12h, 45m, 2w, or never "
+                    f"(default {DEFAULT_EXPIRES_IN})")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=_token)
+    sp = tacts.add_parser("list", help="list tokens (never their secrets)",
+                          description="Active tokens: id, name, role, scope, created, "
+                          "expires, last used (to the minute) and state.")
+    sp.add_argument("--all", action="store_true", help="expired and revoked ones too")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=_token_list)
+    sp = tacts.add_parser("revoke", help="revoke a token (audited)",
+                          description="Revoke a token: it signs nothing in from now on and "
+                          "its sessions end at their next request.")
+    sp.add_argument("token_id", metavar="ID", help="the token id (tok_..., see token list)")
+    sp.add_argument("--by", default="cli", help="who revokes it (audited)")
+    sp.add_argument("--note", help="why (audited)")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=_token_revoke)
 
     p = sub.add_parser("deliveries", help="find, inspect and replay deliveries",
                        description="The console's delivery views and replay from the "
@@ -263,3 +354,12 @@ def _filters(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--error", help="error class of the last attempt (e.g. http_5xx)")
     sp.add_argument("--since", help="created at or after (2026-11-30 or an ISO time)")
     sp.add_argument("--until", help="created before")
+    sp.add_argument("--search", dest="q", metavar="ID",
+                    help="one delivery by any of its ids, exact: delivery id, conversion id, "
+                    "idempotency key or webhook-id")
+    sp.add_argument("--error-class", dest="error_class",
+                    help="error class of the last attempt (same as --error)")
+    sp.add_argument("--from", dest="created_from",
+                    help="created at or after (2026-11-30 or an ISO time with offset)")
+    sp.add_argument("--to", dest="created_to",
+                    help="created up to (a date includes that whole day; a time is exclusive)")

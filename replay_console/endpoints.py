@@ -1,5 +1,11 @@
 """Console actions on endpoints: the SSRF check of a typed URL, validated edits (step-up
-for a URL), secret rotation, and test-send through the real render, sign and transport."""
+for a URL), secret rotation, and test-send through the real render, sign and transport.
+
+Step-up: a URL change that passes every check is not saved at once. The answer is 409
+with ``step_up: true`` and a ``confirmation`` code (:func:`replay_console.auth.issue_step_up`:
+signed, bound to the principal's token, the endpoint and the new URL, valid five minutes,
+single use); the change is saved when the same change comes back with that code in
+``confirmation``. A wrong, expired or spent code is refused (403)."""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from postbacks.core.override import Override, apply_override
 from postbacks.core.ssrf import blocked_reason, parse_host_literal, url_blocked_reason
 from postbacks.errors import ConfigError
 from postbacks.settings import Settings
-from replay_console.auth import Principal, lookup_token
+from replay_console.auth import STEP_UP_S, Principal, issue_step_up, spend_step_up
 from replay_console.queries import NotFound, masked_config
 from replay_console.rules import ActionError, Lookup, audit, require
 
@@ -26,6 +32,7 @@ __all__ = [
     "add_secret",
     "audit_test_send",
     "check_target",
+    "create_endpoint",
     "load_endpoint",
     "load_for_test_send",
     "save_endpoint",
@@ -87,11 +94,13 @@ def save_endpoint(
     conn: psycopg.Connection[Any], settings: Settings, p: Principal, endpoint_id: str, *,
     url: str | None = None, config: dict[str, Any] | None = None,
     event_types: Sequence[str] | None = None, enabled: bool | None = None,
-    confirm_token: str | None = None, note: str | None = None, lookup: Lookup | None = None,
+    confirmation: str | None = None, note: str | None = None, lookup: Lookup | None = None,
+    step_up_key: bytes | None = None,
 ) -> list[str]:
     """Validate and save an endpoint change (admin). A URL change needs step-up: the
-    admin's own token again in ``confirm_token``. Returns the problems found (nothing is
-    saved unless the list is empty); raises ActionError for rights and step-up."""
+    ``confirmation`` code this function hands out (409, signed with ``step_up_key``) for
+    exactly this change. Returns the problems found (nothing is saved unless the list is
+    empty); raises ActionError for rights and step-up."""
     from postbacks.core.endpoint_check import endpoint_problems
 
     require(p, "edit_endpoint", "change endpoint configuration")
@@ -118,10 +127,7 @@ def save_endpoint(
         if why:
             problems.append(why)
         if not problems:
-            again = lookup_token(conn, confirm_token or "") if confirm_token else None
-            if again is None or again.token_id != p.token_id:
-                raise ActionError("changing an endpoint's URL needs step-up: enter your "
-                                  "sign-in token again to confirm", 401, step_up=True)
+            step_up(conn, p, endpoint_id, new.url, confirmation, step_up_key)
     if problems:
         return problems
     before = _endpoint_json(current)
@@ -138,10 +144,80 @@ def save_endpoint(
     return []
 
 
+def step_up(conn: psycopg.Connection[Any], p: Principal, endpoint_id: str, url: str,
+            confirmation: str | None, key: bytes | None) -> None:
+    """Return when ``confirmation`` confirms this URL change (and spend it); else raise:
+    409 with a new code when none was given, 403 when the one given does not hold."""
+    if key is None:
+        raise ActionError("an endpoint's URL is changed in the console (step-up)", 400)
+    if not confirmation:
+        raise ActionError(
+            f"changing an endpoint's URL needs confirmation: send the same change again "
+            f"with this confirmation code within {STEP_UP_S // 60} minutes", 409,
+            step_up=True, confirmation=issue_step_up(key, p, endpoint_id, url),
+            expires_in_s=STEP_UP_S, url=url)
+    if not spend_step_up(conn, key, p, endpoint_id, url, confirmation):
+        raise ActionError("the confirmation code is wrong, expired, already used or for "
+                          "another change: send the change without it for a new one", 403,
+                          step_up=True)
+
+
 def _endpoint_json(e: Endpoint) -> dict[str, Any]:
     """The endpoint as the audit log records it (header values masked)."""
     return {"url": e.url, "config": masked_config(e.config.to_json()),
             "event_types": sorted(e.event_types), "enabled": e.enabled}
+
+
+def create_endpoint(
+    conn: psycopg.Connection[Any], settings: Settings, p: Principal, *, app_id: str,
+    url: str, provider: str = "v3", event_types: Sequence[str] = ("*",),
+    config: dict[str, Any] | None = None, name: str = "", note: str | None = None,
+    lookup: Lookup | None = None,
+) -> tuple[list[str], dict[str, Any] | None]:
+    """Create an endpoint (admin) with a new signing secret. The same checks as an edit
+    (:func:`~postbacks.core.endpoint_check.endpoint_problems`: URL, provider, macros,
+    event types, a dry render; then the SSRF check of the URL); nothing is stored unless
+    they all pass. Returns ``(problems, None)`` or ``([], created)``, where ``created``
+    holds the endpoint id, the secret id and the secret itself (shown once, never stored
+    in clear nor audited)."""
+    from postbacks.core.endpoint_check import endpoint_problems
+    from postbacks.core.signing import generate_secret
+    from postbacks.db.crypto import SecretBox
+    from postbacks.db.endpoints import add_secret as store
+    from postbacks.ids import new_id
+    from replay_console.filters import ID
+
+    require(p, "edit_endpoint", "create endpoints")
+    app_id = app_id.strip()
+    if not ID.match(app_id) or "*" in app_id:
+        return [f"app {app_id[:60]!r} is not a valid app id"], None
+    now_ms = int(time.time() * 1000)
+    try:
+        cfg = EndpointConfig.from_json(config or {})
+    except ConfigError as exc:
+        return [f"config: {exc}"], None
+    new = Endpoint(endpoint_id=new_id("ep", now_ms), app_id=app_id, url=url.strip(),
+                   provider=provider.strip(), config=cfg,
+                   event_types=frozenset(t.strip() for t in event_types if t.strip()))
+    problems = endpoint_problems(new, now_ms=now_ms)
+    why = check_target(new.url, allow_loopback=settings.allow_loopback_targets, lookup=lookup)
+    if why:
+        problems.append(why)
+    if problems:
+        return problems, None
+    conn.execute(
+        "INSERT INTO endpoints (endpoint_id, app_id, url, event_types, provider, name, config)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        (new.endpoint_id, new.app_id, new.url, sorted(new.event_types), new.provider,
+         name.strip(), Jsonb(new.config.to_json())))
+    secret = generate_secret()
+    secret_id = store(conn, SecretBox(settings.secrets_key.reveal()), new.endpoint_id, secret,
+                      now_ms=now_ms)
+    audit(conn, p, "endpoint.create", "endpoint", new.endpoint_id, None,
+          {**_endpoint_json(new), "app_id": new.app_id, "provider": new.provider,
+           "name": name.strip(), "secret_id": secret_id}, note)
+    return [], {"endpoint_id": new.endpoint_id, "app_id": new.app_id,
+                "secret_id": secret_id, "secret": secret}
 
 
 def add_secret(conn: psycopg.Connection[Any], settings: Settings, p: Principal,

@@ -1,4 +1,5 @@
-"""``postbacks endpoints disabled | enable``: endpoints the platform disabled, and the
+"""``postbacks endpoints create | disabled | enable``: creating an endpoint (the console's
+checks, a new signing secret printed once), endpoints the platform disabled, and the
 explicit, audited way back (seed 003).
 
 A disabled endpoint's deliveries are parked (held, reason ``endpoint_disabled``; see
@@ -100,16 +101,72 @@ def _enable_cmd(settings: Settings, args: argparse.Namespace) -> int:
     return 1 if r.skipped else 0
 
 
+def _create_cmd(settings: Settings, args: argparse.Namespace) -> int:
+    import json
+
+    from postbacks.db.connect import connect
+    from replay_console.auth import Principal
+    from replay_console.endpoints import create_endpoint
+    from replay_console.rules import ActionError
+
+    actor = args.actor.strip()
+    if not actor:
+        return fail(args, "--actor must name who you are", 2)
+    try:
+        config = json.loads(args.config) if args.config else None
+    except ValueError as exc:
+        return fail(args, f"--config is not JSON: {exc}", 2)
+    if config is not None and not isinstance(config, dict):
+        return fail(args, "--config must be a JSON object", 2)
+    types = [t for arg in (args.event_types or ["*"]) for t in arg.split(",")]
+    with connect(settings.database_url) as conn:
+        try:
+            problems, created = create_endpoint(
+                conn, settings, Principal("cli", actor, "admin", ()), app_id=args.app,
+                url=args.url, provider=args.provider, event_types=types, config=config,
+                name=args.name or "", note=args.note)
+        except ActionError as exc:
+            return fail(args, str(exc), 2)
+        if created is None:
+            for problem in problems:
+                print(f"  {problem}", file=sys.stderr)
+            return fail(args, "endpoint not created", 1)
+        conn.commit()
+    if args.json:
+        print_json(created)
+    else:
+        print(f"created {created['endpoint_id']} for {created['app_id']}")
+        print(f"signing secret {created['secret_id']} (shown once): {created['secret']}")
+        print(f"test it: POST /api/v1/endpoints/{created['endpoint_id']}/test-send")
+    return 0
+
+
 def add_parser(subparsers: Any) -> None:
     """Add ``endpoints`` and its actions to the top-level subparsers."""
     sub = cast(argparse._SubParsersAction, subparsers)  # type: ignore[type-arg]
     p = sub.add_parser(
-        "endpoints", help="endpoints the platform disabled, and re-enabling them",
+        "endpoints", help="create endpoints; endpoints the platform disabled, re-enabling them",
         description="An endpoint that has only failed for POSTBACKS_AUTO_DISABLE_AFTER_S "
         "(72 h), or answered 410 Gone with disable_on_gone in its config, is disabled by "
         "`postbacks monitor`; its deliveries are parked (held, reason endpoint_disabled), "
         "never dropped.")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sp = actions.add_parser(
+        "create", help="create an endpoint (audited; prints its signing secret once)",
+        description="Create an endpoint with the console's checks (URL and its addresses, "
+        "provider, config and macros, event types, a dry render) and a new signing secret, "
+        "printed once. Exit 1 with the problems when it is refused.")
+    sp.add_argument("--app", required=True, help="the publisher app's id")
+    sp.add_argument("--url", required=True, help="where postbacks are sent (http or https)")
+    sp.add_argument("--provider", default="v3", help="payload provider (default v3)")
+    sp.add_argument("--event-type", dest="event_types", action="append", metavar="TYPE",
+                    help="an event type it is sent (repeat, or comma separated; default *)")
+    sp.add_argument("--config", help="endpoint config as a JSON object")
+    sp.add_argument("--name", help="a display name")
+    sp.add_argument("--actor", default="cli", help="who you are (audited)")
+    sp.add_argument("--note", help="why (audited)")
+    sp.add_argument("--json", action="store_true", help="print JSON")
+    sp.set_defaults(func=_create_cmd)
     sp = actions.add_parser("disabled", help="list disabled endpoints",
                             description="Disabled endpoints, oldest first, with their "
                             "parked deliveries.")

@@ -145,12 +145,13 @@ def override_from(body: Mapping[str, Any]) -> Override | None:
 
 def filter_from(body: Mapping[str, Any]) -> q.DeliveryFilter:
     raw = body.get("filter") if isinstance(body.get("filter"), dict) else {
-        k: v for k, v in body.items() if k in ("app", "endpoint", "status", "error", "since",
-                                               "until")}
+        k: v for k, v in body.items() if k in ("q", "app", "endpoint", "status", "error",
+                                               "error_class", "since", "until",
+                                               "created_from", "created_to")}
     if not isinstance(raw, dict):
         raise Problem(400, "filter must be an object")
     params = {str(k): str(v) for k, v in raw.items() if v not in (None, "")}
     if not params:
-        raise Problem(400, "a bulk replay needs at least one filter (app, endpoint, status, "
-                      "error, since, until)")
+        raise Problem(400, "a bulk replay needs at least one filter (q, app, endpoint, "
+                      "status, error, since, until)")
     return q.parse_filter(params)

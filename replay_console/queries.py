@@ -25,14 +25,17 @@ from replay_console.filters import (  # the filter names are re-exported (reads 
     MAX_PAGE,
     PUBLISHER_STATUSES,
     STATUSES,
+    DeadLetterFilter,
     DeliveryFilter,
     FilterError,
+    parse_dead_letter_filter,
     parse_filter,
 )
 
 __all__ = [
     "PUBLISHER_STATUSES",
     "STATUSES",
+    "DeadLetterFilter",
     "DeliveryFilter",
     "FilterError",
     "NotFound",
@@ -42,6 +45,7 @@ __all__ = [
     "endpoint_detail",
     "list_deliveries",
     "masked_config",
+    "parse_dead_letter_filter",
     "parse_filter",
     "suppressions",
 ]
@@ -89,6 +93,9 @@ def filter_sql(p: Principal, f: DeliveryFilter, *, paging: bool = True
         if value is not None:
             where.append(f"d.{column} = %s")
             args.append(value)
+    if f.q is not None:  # each arm is an index lookup (primary key; migration 0007)
+        where.append("(d.delivery_id = %s OR d.conversion_id = %s OR d.idempotency_key = %s)")
+        args += [f.q, f.q, f.q]
     if f.since_ms is not None:
         where.append("d.created_at >= %s")
         args.append(_ts(f.since_ms))
@@ -278,12 +285,28 @@ def endpoint_detail(conn: psycopg.Connection[Any], p: Principal, endpoint_id: st
     return out
 
 
-def dead_letters(conn: psycopg.Connection[Any], p: Principal, *, unresolved: bool = True,
-                 limit: int = 100) -> list[dict[str, Any]]:
+def dead_letters(conn: psycopg.Connection[Any], p: Principal,
+                 f: DeadLetterFilter | None = None) -> dict[str, Any]:
+    """One page of dead letters, newest first, under ``f``: the rows, the total that
+    match and the count per reason of that total (staff only)."""
+    f = f or DeadLetterFilter()
     if not may(p, "read_internal"):
-        return []
-    where = "resolved_at IS NULL" if unresolved else "true"
-    return [
+        return {"dead_letters": [], "total": 0, "by_reason": {}}
+    where: list[str] = ["resolved_at IS NULL"] if f.unresolved else []
+    args: list[Any] = []
+    for column, value in (("stage", f.stage), ("reason", f.reason),
+                          ("endpoint_id", f.endpoint)):
+        if value is not None:
+            where.append(f"{column} = %s")
+            args.append(value)
+    if f.since_ms is not None:
+        where.append("occurred_at >= %s")
+        args.append(_ts(f.since_ms))
+    if f.until_ms is not None:
+        where.append("occurred_at < %s")
+        args.append(_ts(f.until_ms))
+    cond = " AND ".join(where) or "true"
+    rows = [
         {"dead_letter_id": r[0], "reason": r[1], "error_class": r[2], "error_message": r[3],
          "stage": r[4], "origin": f"{r[5]}[{r[6]}]@{r[7]}", "delivery_id": r[8],
          "endpoint_id": r[9], "occurred_at_ms": _ms(r[10]), "resolved_at_ms": _ms(r[11]),
@@ -291,9 +314,14 @@ def dead_letters(conn: psycopg.Connection[Any], p: Principal, *, unresolved: boo
         for r in conn.execute(
             "SELECT dead_letter_id, reason, error_class, error_message, stage, origin_topic,"
             " origin_partition, origin_offset, delivery_id, endpoint_id, occurred_at,"
-            f" resolved_at, resolved_by FROM dead_letters WHERE {where}"
-            " ORDER BY occurred_at DESC LIMIT %s", (min(limit, MAX_PAGE),))
+            f" resolved_at, resolved_by FROM dead_letters WHERE {cond}"
+            " ORDER BY occurred_at DESC, dead_letter_id DESC LIMIT %s OFFSET %s",
+            (*args, f.limit, f.offset))
     ]
+    by_reason = {str(r[0]): int(r[1]) for r in conn.execute(
+        f"SELECT reason, count(*) FROM dead_letters WHERE {cond}"
+        " GROUP BY reason ORDER BY count(*) DESC, reason", args)}
+    return {"dead_letters": rows, "total": sum(by_reason.values()), "by_reason": by_reason}
 
 
 def suppressions(conn: psycopg.Connection[Any], p: Principal, *, limit: int = 100

@@ -21,7 +21,9 @@ that fails gets a page with the status, the reason and a link back.
 Sign-in: ``POST /login`` with a token sets the session cookie (HttpOnly, SameSite=Strict);
 the API also takes ``Authorization: Bearer <token>``. Every state-changing request made
 with the cookie must carry the CSRF token (form field ``csrf`` or header
-``X-CSRF-Token``); the pages embed it in every form.
+``X-CSRF-Token``); the pages embed it in every form. Failed sign-ins (form or bearer) are
+throttled per client address and per token prefix, and every 403 and 429 is audited,
+bounded (:mod:`.throttle`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from replay_console.forms import MAX_BODY, body_of, filter_from, text
 from replay_console.guard import check_request
 from replay_console.health import add_health_routes
 from replay_console.http import (
+    ACTION,
     COOKIE,
     COOKIE_VALUE,
     LOCAL_PATH,
@@ -68,6 +71,13 @@ from replay_console.http import (
 from replay_console.pool import ConnPool
 from replay_console.problem import Problem
 from replay_console.rules import ActionError, Lookup
+from replay_console.throttle import (
+    RefusalAudit,
+    SignInThrottle,
+    Throttled,
+    client_address,
+    route_action,
+)
 
 __all__ = ["make_app", "serve"]
 
@@ -78,7 +88,9 @@ def make_app(settings: Settings, *, lookup: Lookup | None = None,
              pool: ConnPool | None = None) -> web.Application:
     """The console app. ``lookup`` is the DNS seam of the SSRF check (tests)."""
     c = Console(settings, pool or ConnPool(settings.database_url), lookup)
-    app = web.Application(middlewares=[_middleware(c)], client_max_size=MAX_BODY)
+    throttle = SignInThrottle()  # this instance's own counts
+    app = web.Application(middlewares=[_middleware(c, throttle, RefusalAudit())],
+                          client_max_size=MAX_BODY)
 
     async def secure_headers(request: web.Request, response: web.StreamResponse) -> None:
         c.secure_headers(request, response)
@@ -90,7 +102,7 @@ def make_app(settings: Settings, *, lookup: Lookup | None = None,
     r.add_get("/healthz", _healthz)
     r.add_get("/metrics", _metrics)
     r.add_get("/login", _login_page(c))
-    r.add_post("/login", _login(c))
+    r.add_post("/login", _login(c, throttle))
     r.add_post("/logout", _logout)
     r.add_get("/", _home)
     for prefix in ("", "/api/v1"):
@@ -101,6 +113,7 @@ def make_app(settings: Settings, *, lookup: Lookup | None = None,
         r.add_get(f"{prefix}/replays/preview", _preview(c))
         r.add_post(f"{prefix}/replays", w.replay_bulk(c))
         r.add_get(f"{prefix}/replays/{{job}}", _job(c))
+        r.add_post(f"{prefix}/endpoints", w.endpoint_create(c))
         r.add_get(f"{prefix}/endpoints/{{id}}", _endpoint(c))
         r.add_post(f"{prefix}/endpoints/{{id}}", w.endpoint_save(c))
         r.add_post(f"{prefix}/endpoints/{{id}}/secrets", w.rotate(c))
@@ -126,16 +139,42 @@ def _route(request: web.Request) -> str:
     return info.canonical if info is not None else "unmatched"
 
 
-def _middleware(c: Console) -> Any:
+def _bearer(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    return auth[7:].strip() if auth.startswith("Bearer ") else None
+
+
+async def _audit_refusal(c: Console, refusals: RefusalAudit, request: web.Request,
+                         status: int, reason: str) -> None:
+    p = request.get(PRINCIPAL)
+    actor = p.actor if p is not None else \
+        f"anonymous:{client_address(request, c.trusted_proxies)}"
+    action = route_action(request, request.get(ACTION))
+    if not refusals.admit(actor, action):
+        return
+    try:
+        await c.pool.run(lambda conn: refusals.write(conn, actor, action, request.path,
+                                                     status, reason))
+    except Exception:  # the refusal stands; its audit row is best effort
+        log.exception("console: could not audit a refused request")
+
+
+def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) -> Any:
     @web.middleware
     async def mw(request: web.Request, handler: Handler) -> web.StreamResponse:
         start = time.perf_counter()
         status = 500
+        reason = ""
         try:
             check_request(request)  # every path segment, parameter, header and cookie
             if request.path not in _PUBLIC and not request.path.startswith(_PUBLIC_PREFIX):
+                bearer = _bearer(request)
+                keys = () if bearer is None else throttle.keys(
+                    client_address(request, c.trusted_proxies), bearer)
+                throttle.check(keys)
                 p, cookie = await c.principal(request)
                 if p is None:
+                    throttle.failed(keys)
                     raise Problem(401, "sign in first (a console token)")
                 request[PRINCIPAL] = p
                 if cookie is not None:
@@ -151,11 +190,16 @@ def _middleware(c: Console) -> Any:
             resp = await handler(request)
             status = resp.status
             return resp
+        except Throttled as exc:
+            status, reason = 429, str(exc)
+            resp = problem(c, request, 429, reason, {"retry_after_s": exc.retry_after_s})
+            resp.headers["Retry-After"] = str(exc.retry_after_s)
+            return resp
         except Problem as exc:
-            status = exc.status
+            status, reason = exc.status, str(exc)
             return problem(c, request, exc.status, str(exc), exc.extra)
         except ActionError as exc:
-            status = exc.status
+            status, reason = exc.status, str(exc)
             return problem(c, request, exc.status, str(exc), exc.extra)
         except (q.FilterError, OverrideError) as exc:
             status = 400
@@ -186,6 +230,8 @@ def _middleware(c: Console) -> Any:
         finally:
             CONSOLE_REQUESTS.labels(_route(request), f"{status // 100}xx").observe(
                 time.perf_counter() - start)
+            if status in (403, 429):
+                await _audit_refusal(c, refusals, request, status, reason)
 
     return mw
 
@@ -219,7 +265,7 @@ def _login_page(c: Console) -> Handler:
     return h
 
 
-def _login(c: Console) -> Handler:
+def _login(c: Console, throttle: SignInThrottle) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         body = await body_of(request)
         token = text(body, "token") or ""
@@ -235,11 +281,19 @@ def _login(c: Console) -> Handler:
         if site == "cross-site" or (origin and origin != c.origin(request)):
             counted("login", "refused")
             raise Problem(403, "sign in from the console's own page")
+        keys = throttle.keys(client_address(request, c.trusted_proxies), token)
+        try:
+            throttle.check(keys)  # before the lookup: a right token is refused too
+        except Throttled:
+            counted("login", "refused")
+            raise
         p = await c.pool.run(lambda conn: lookup_token(conn, token)) if token else None
         if p is None:
             counted("login", "refused")
-            return c.render(request, "login.html", status=401, error="unknown or revoked token",
-                            next=nxt)
+            if token:
+                throttle.failed(keys)
+            return c.render(request, "login.html", status=401,
+                            error="unknown, expired or revoked token", next=nxt)
         counted("login", "ok")
         resp = redirect(nxt)
         resp.set_cookie(COOKIE, session_cookie(c.key, p.token_id), httponly=True,
@@ -328,10 +382,20 @@ def _held(c: Console) -> Handler:
 def _dead_letters(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = staff(request, "dead letters are")
-        unresolved = request.query.get("all") != "1"
-        rows = await c.pool.run(lambda conn: q.dead_letters(conn, p, unresolved=unresolved))
-        return c.reply(request, {"dead_letters": rows}, "dead_letters.html", rows=rows,
-                       unresolved=unresolved)
+        flt = q.parse_dead_letter_filter(dict(request.query))
+        page = await c.pool.run(lambda conn: q.dead_letters(conn, p, flt))
+        params = flt.to_params()
+        if flt.limit != 100:
+            params["limit"] = str(flt.limit)
+        links: dict[str, str | None] = {"next": None, "previous": None}
+        if flt.offset + flt.limit < page["total"]:
+            links["next"] = f"?{urlencode({**params, 'offset': flt.offset + flt.limit})}"
+        if flt.offset > 0:
+            back = max(0, flt.offset - flt.limit)
+            links["previous"] = f"?{urlencode({**params, 'offset': back})}"
+        data = {**page, "offset": flt.offset, "limit": flt.limit, **links}
+        return c.reply(request, data, "dead_letters.html", rows=page["dead_letters"],
+                       unresolved=flt.unresolved, dl=data, f=flt.to_params())
     return h
 
 

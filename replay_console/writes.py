@@ -14,7 +14,7 @@ from aiohttp import web
 from replay_console import actions as act
 from replay_console import endpoints as eps
 from replay_console import queries as q
-from replay_console.auth import may
+from replay_console.auth import issue_step_up, may
 from replay_console.forms import (
     body_of,
     filter_from,
@@ -36,8 +36,9 @@ from replay_console.http import (
     not_for_publishers,
 )
 from replay_console.problem import Problem
+from replay_console.rules import ActionError
 
-__all__ = ["endpoint_save", "replay_bulk", "replay_one", "resolve", "resolve_dl",
+__all__ = ["endpoint_create", "endpoint_save", "replay_bulk", "replay_one", "resolve", "resolve_dl",
            "rotate", "send_test", "suppress"]
 
 def replay_one(c: Console) -> Handler:
@@ -57,15 +58,20 @@ def replay_one(c: Console) -> Handler:
         if override is not None and not confirmed:
             d, diff = await c.pool.run(lambda conn: act.preview_edit(
                 conn, c.settings, p, did, override, lookup=c.lookup))
+            # promoting a URL change: this page is its step-up confirmation
+            confirmation = (issue_step_up(c.key, p, d["endpoint_id"], override.url.strip())
+                            if promote and override.url and may(p, "edit_endpoint")
+                            else "")
             return c.render(request, "delivery.html", d=d, diff=diff,
-                            edit={"url": override.url or "",
+                            edit={"url": override.url or "", "confirmation": confirmation,
                                   "fields": ",".join(override.fields or ()),
                                   "aliases": json.dumps(dict(override.aliases))
                                   if override.aliases is not None else "",
                                   "note": note or "", "promote": promote})
         job = await c.pool.run(lambda conn: act.create_replay(
             conn, c.settings, p, delivery_ids=[did], override=override, note=note,
-            promote=promote, confirm_token=text(body, "confirm_token"), lookup=c.lookup))
+            promote=promote, confirmation=text(body, "confirmation"), lookup=c.lookup,
+            step_up_key=c.key))
         return done(request, {"job_id": job.job_id, "total": job.total,
                               "diff": [list(x) for x in job.diff]},
                     f"/replays/{job.job_id}", status=202)
@@ -164,11 +170,23 @@ def endpoint_save(c: Console) -> Handler:
         else:
             listed = text(body, "event_types")
             types = listed.split(",") if listed else None
-        problems = await c.pool.run(lambda conn: eps.save_endpoint(
-            conn, c.settings, p, eid, url=text(body, "url"), config=config,
-            event_types=types,
-            confirm_token=text(body, "confirm_token"), note=text(body, "note"),
-            lookup=c.lookup))
+        try:
+            problems = await c.pool.run(lambda conn: eps.save_endpoint(
+                conn, c.settings, p, eid, url=text(body, "url"), config=config,
+                event_types=types,
+                confirmation=text(body, "confirmation"), note=text(body, "note"),
+                lookup=c.lookup, step_up_key=c.key))
+        except ActionError as exc:
+            if is_api(request) or "confirmation" not in exc.extra:
+                raise
+            # the page: the same change again, with its confirmation code, to confirm
+            e = await c.pool.run(lambda conn: q.endpoint_detail(conn, p, eid))
+            return c.render(request, "endpoint.html", status=409, e=e, problems=[],
+                            sent=None, step_up={
+                                "confirmation": exc.extra["confirmation"],
+                                "url": exc.extra["url"], "config": body.get("config") or "",
+                                "event_types": text(body, "event_types") or "",
+                                "note": text(body, "note") or "", "message": str(exc)})
         if problems:
             counted(request[ACTION], "refused")
             if is_api(request):
@@ -222,4 +240,51 @@ def send_test(c: Console) -> Handler:
             return web.json_response(sent)
         e = await c.pool.run(lambda conn: q.endpoint_detail(conn, p, eid))
         return c.render(request, "endpoint.html", e=e, problems=[], sent=sent)
+    return h
+
+
+def endpoint_create(c: Console) -> Handler:
+    """Create an endpoint (admin): the edit's checks, a new signing secret shown once."""
+    async def h(request: web.Request) -> web.StreamResponse:
+        p = me(request)
+        doing(request, "endpoint_create")
+        if not may(p, "edit_endpoint"):
+            raise Problem(403, f"a {p.role} may not create endpoints")
+        body = await body_of(request)
+        config = body.get("config")
+        if isinstance(config, str):
+            try:
+                config = json.loads(config) if config.strip() else None
+            except ValueError as exc:
+                raise Problem(400, f"config is not JSON: {exc}") from exc
+        if config is not None and not isinstance(config, dict):
+            raise Problem(400, "config must be a JSON object")
+        raw_types = body.get("event_types")
+        if isinstance(raw_types, list) and is_api(request):
+            types = [str(t) for t in raw_types]
+        else:
+            types = (text(body, "event_types") or "*").split(",")
+        app_id, url = text(body, "app_id") or "", text(body, "url") or ""
+        if not app_id or not url:
+            raise Problem(400, "app_id and url are required")
+        problems, created = await c.pool.run(lambda conn: eps.create_endpoint(
+            conn, c.settings, p, app_id=app_id, url=url,
+            provider=text(body, "provider") or "v3", event_types=types, config=config,
+            name=text(body, "name") or "", note=text(body, "note"), lookup=c.lookup))
+        if created is None:
+            counted(request[ACTION], "refused")
+            if is_api(request):
+                return web.json_response({"error": "endpoint not created",
+                                          "problems": problems}, status=422)
+            return c.render(request, "endpoint_created.html", status=422, created=None,
+                            problems=problems, form={k: text(body, k) or "" for k in (
+                                "app_id", "url", "provider", "event_types", "config",
+                                "name")})
+        counted(request[ACTION], "ok")
+        eid = created["endpoint_id"]
+        out = {**created, "test_send": f"/api/v1/endpoints/{eid}/test-send"}
+        if is_api(request):
+            return web.json_response(out, status=201)
+        return c.render(request, "endpoint_created.html", status=201, created=out,
+                        problems=[], form={})
     return h

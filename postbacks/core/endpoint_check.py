@@ -3,7 +3,8 @@
 :func:`endpoint_problems` is what the API runs when an endpoint is created or edited
 (an empty list = save it). It checks, in order:
 
-1. the stored config parses (``config_error``) and the endpoint subscribes to something;
+1. the stored config parses (``config_error``) and the endpoint subscribes to something,
+   every event type known (:mod:`postbacks.core.event_types`, ``*`` for all);
    ``notify_endpoint_id``, when set, names another endpoint (whether it exists is the
    caller's database check);
 2. the URL parses, is http(s) and names a host;
@@ -24,6 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from postbacks.core.endpoint import Endpoint, SigningSecret, active_keys
+from postbacks.core.event_types import event_type_problems
 from postbacks.core.macros import SNAPSHOT_PREFIX, RenderError, find_macros
 from postbacks.core.providers import get_provider, provider_names
 from postbacks.core.providers.base import url_problems
@@ -76,6 +78,7 @@ def endpoint_problems(endpoint: Endpoint, *, now_ms: int) -> list[str]:
         problems.append(f"config does not parse: {endpoint.config_error}")
     if not endpoint.event_types:
         problems.append("endpoint subscribes to no event types")
+    problems += event_type_problems(endpoint.event_types)
     problems += url_problems(endpoint.url)
     if endpoint.provider in provider_names():
         problems += get_provider(endpoint.provider).check_config(endpoint)

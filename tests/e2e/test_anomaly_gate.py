@@ -83,8 +83,10 @@ def test_retrodated_held_under_enforce_delivered_under_detect_untouched_under_of
     h.wait_status(eps["enf"], "delivered", 4)
     got = [r for r in h.received() if r["endpoint_id"] == eps["enf"]]
     assert {r["idempotency_key"] for r in got} == keys
-    assert h.scalar("SELECT count(*) FROM delivery_attempts WHERE endpoint_id = %s"
-                    " AND trigger = 'release'", (eps["enf"],)) == 4
+    # the attempts reach PostgreSQL through their own topic: a moment after the status
+    wait_for(lambda: h.scalar("SELECT count(*) FROM delivery_attempts WHERE endpoint_id = %s"
+                              " AND trigger = 'release'", (eps["enf"],)) == 4, 60,
+             what="the 4 release attempts on record")
     # Reject: resolved as never sent.
     assert run_cli(monkeypatch, settings, "held", "reject", "--endpoint", eps["enf2"],
                    "--actor", "bob", "--note", "fraud") == 0

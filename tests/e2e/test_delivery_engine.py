@@ -77,7 +77,10 @@ def test_a_slow_endpoint_does_not_hold_back_healthy_ones_on_its_partition(h: Har
              if _partition(f"ep_{h.namespace}_{n}") == _partition(slow)][:20]
     healthy = [h.endpoint(n) for n in names]
     assert len(healthy) == 20
-    h.script(slow, statuses=[200], delay_ms=15_000)
+    # Each of the slow endpoint's answers takes 25 s: healthy deliveries held back behind
+    # it would finish after that; isolated, they finish within seconds (a margin for a
+    # loaded 2-core machine).
+    h.script(slow, statuses=[200], delay_ms=25_000)
     h.start_stages({"POSTBACKS_HTTP_TIMEOUT_S": "30"})
     start = time.monotonic()
     h.emit("slow", 8)
@@ -87,7 +90,7 @@ def test_a_slow_endpoint_does_not_hold_back_healthy_ones_on_its_partition(h: Har
         h.wait_status(ep, "delivered", 5, timeout=60)
     healthy_done = time.monotonic() - start
     assert h.status_counts(slow).get("delivered", 0) < 8
-    assert healthy_done < 14.0, f"healthy endpoints took {healthy_done:.1f}s"
+    assert healthy_done < 24.0, f"healthy endpoints took {healthy_done:.1f}s"
     on_partition = {m.partition() for m in read_topic(h.settings, TOPICS.dispatch.base, 108)
                     if m.key().decode() in {slow, *healthy}}
     assert on_partition == {_partition(slow)}  # they really shared one partition

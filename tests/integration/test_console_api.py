@@ -301,13 +301,14 @@ def test_edits_are_ssrf_checked_and_nothing_changes_when_refused(
         r = admin.post(ep_path, body={"url": "http://internal.test/hook"})
         assert r.status == 422 and any("10.1.2.3" in p for p in r.json()["problems"])
         r = admin.post(ep_path, body={"url": "https://public.test/new"})
-        assert r.status == 401 and r.json()["step_up"] is True
+        assert r.status == 409 and r.json()["step_up"] is True
+        code = r.json()["confirmation"]
         r = admin.post(ep_path, body={"url": "https://public.test/new",
-                                      "confirm_token": "pbc_wrong"})
-        assert r.status == 401
+                                      "confirmation": "stp_wrong"})
+        assert r.status == 403
         r = admin.post(ep_path, body={"config": {"fields": ["no_such_field"]}})
         assert r.status == 422 and "no_such_field" in json.dumps(r.json()["problems"])
-        r = admin.post(ep_path, body={"url": "https://public.test/new", "confirm_token": admin_tok,
+        r = admin.post(ep_path, body={"url": "https://public.test/new", "confirmation": code,
                                       "note": "publisher moved"})
         assert r.status == 200, r.text
     with connect(settings.database_url) as conn:
@@ -583,9 +584,11 @@ def test_json_booleans_promote_and_release_all(settings: Settings, namespace: st
     with console_server(settings, lookup=lookup) as port:
         admin_tok = token(settings, f"adm-{ns}", "admin")
         admin = Client(port, bearer=admin_tok)
+        edit = {"override": {"url": "https://moved.test/h"}, "promote": True}
+        r = admin.post(f"/api/v1/deliveries/dlv_{ns}_5/replay", body=edit)
+        assert r.status == 409 and r.json()["step_up"] is True, r.text
         r = admin.post(f"/api/v1/deliveries/dlv_{ns}_5/replay",
-                       body={"override": {"url": "https://moved.test/h"}, "promote": True,
-                             "confirm_token": admin_tok})
+                       body={**edit, "confirmation": r.json()["confirmation"]})
         assert r.status == 202, r.text
         assert admin.get(f"/api/v1/endpoints/{w['ep_a']}").json()["url"] == \
             "https://moved.test/h"

@@ -70,7 +70,7 @@ NASTY: list[str] = [
 # (surrogates after decoding), over-long and non-ASCII digits.
 BAD: list[str | bytes] = ["\x00", "a\x00b", "\udc80", "x\ud800", b"\xff", b"\xed\xa0\x80",
                           b"\xc3", "A" * 300, "9" * 5000, "²", "\u0660", "-0", "1" * 20]
-FIELDS = ["note", "reason", "url", "fields", "aliases", "promote", "confirm", "confirm_token",
+FIELDS = ["note", "reason", "url", "fields", "aliases", "promote", "confirm", "confirmation",
           "delivery_ids", "filter", "override", "endpoint", "app", "status", "error", "since",
           "until", "all", "config", "event_types", "secret", "overlap_s", "token", "next",
           "csrf", "cursor", "limit", "actor", "action", "target", "target_type", "target_id",

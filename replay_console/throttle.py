@@ -1,0 +1,182 @@
+"""Throttling of failed sign-ins, and the bounded audit of refused requests.
+
+:class:`SignInThrottle`: a token presented at ``POST /login`` or as ``Authorization:
+Bearer`` that signs nothing in is a failure, counted against the client address and
+against the presented token's first :data:`PREFIX_CHARS` characters (console tokens carry
+no id, so the prefix is of what was presented). Once a key has :data:`LIMIT` failures
+within :data:`WINDOW_S` seconds, every sign-in attempt under that key is answered 429 with
+``Retry-After`` until its oldest counted failure leaves the window, a correct token
+included, so a guesser learns nothing from the answer. A refused attempt is not counted
+(the window is not pushed out by the refusals themselves); a successful sign-in does not
+clear a key. The counts are held in this process: each console instance counts its own.
+At most :data:`MAX_KEYS` keys are tracked; past that the least recently failing ones are
+forgotten first.
+
+:class:`RefusalAudit`: every 403 and 429 the console answers writes an ``audit_log`` row
+(actor the principal or ``anonymous:<address>``, action ``refused.<action>``, the status
+and reason in ``after``), at most one per actor, action and minute, and at most
+:data:`AUDIT_PER_MINUTE` rows a minute per instance; the rest are counted in the log.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import re
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from aiohttp import web
+from psycopg.types.json import Jsonb
+
+__all__ = ["AUDIT_PER_MINUTE", "LIMIT", "MAX_KEYS", "PREFIX_CHARS", "WINDOW_S",
+           "RefusalAudit", "SignInThrottle", "Throttled", "client_address"]
+
+log = logging.getLogger("postbacks.console")
+
+LIMIT = 10
+WINDOW_S = 300.0
+PREFIX_CHARS = 8
+MAX_KEYS = 10_000
+AUDIT_PER_MINUTE = 1_000
+
+
+class Throttled(Exception):
+    """Too many failed sign-ins under a key: answer 429 with ``Retry-After``."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"too many failed sign-ins from this address or for this token: "
+                         f"try again in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+def client_address(request: web.Request,
+                   trusted_proxies: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]
+                   ) -> str:
+    """The client's address: the peer, or, when the peer is a trusted proxy, the last
+    address it appended to ``X-Forwarded-For``."""
+    peer = request.remote or "unknown"
+    forwarded = request.headers.get("X-Forwarded-For", "")
+    if forwarded and trusted_proxies:
+        try:
+            ip = ipaddress.ip_address(peer)
+        except ValueError:
+            return peer
+        if any(ip in net for net in trusted_proxies):
+            last = forwarded.split(",")[-1].strip()
+            try:
+                return str(ipaddress.ip_address(last))
+            except ValueError:
+                return peer
+    return peer
+
+
+class SignInThrottle:
+    """Failed sign-ins per client address and per presented-token prefix (thread-safe)."""
+
+    def __init__(self, *, limit: int = LIMIT, window_s: float = WINDOW_S,
+                 max_keys: int = MAX_KEYS) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self.max_keys = max_keys
+        self._fails: OrderedDict[str, deque[float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def keys(address: str, presented: str) -> tuple[str, ...]:
+        prefix = presented.strip()[:PREFIX_CHARS]
+        return (f"addr:{address}",) + ((f"prefix:{prefix}",) if prefix else ())
+
+    def check(self, keys: Sequence[str], *, now: float | None = None) -> None:
+        """Raise :class:`Throttled` when any key is at the limit."""
+        t = time.monotonic() if now is None else now
+        wait = 0.0
+        with self._lock:
+            for k in keys:
+                q = self._fails.get(k)
+                if q is None:
+                    continue
+                while q and q[0] <= t - self.window_s:
+                    q.popleft()
+                if not q:
+                    del self._fails[k]
+                elif len(q) >= self.limit:
+                    wait = max(wait, q[0] + self.window_s - t)
+        if wait > 0:
+            raise Throttled(max(1, math.ceil(wait)))
+
+    def failed(self, keys: Sequence[str], *, now: float | None = None) -> None:
+        """Count one failed sign-in under each key."""
+        t = time.monotonic() if now is None else now
+        with self._lock:
+            for k in keys:
+                q = self._fails.pop(k, None)
+                if q is None:
+                    q = deque(maxlen=self.limit)
+                q.append(t)
+                self._fails[k] = q  # the most recently failing last
+            while len(self._fails) > self.max_keys:
+                self._fails.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._fails)
+
+
+_NAME = re.compile(r"[^a-z]+")
+
+
+def route_action(request: web.Request, action: str | None) -> str:
+    """``refused.<action>``: the action the request named, else its route, e.g.
+    ``refused.endpoints_id`` (letters and underscores, as the audit filter takes)."""
+    if action:
+        name = _NAME.sub("_", action.lower()).strip("_")
+    else:
+        info = request.match_info.route.resource
+        path = info.canonical if info is not None else "unmatched"
+        path = path.removeprefix("/api/v1")
+        name = _NAME.sub("_", path.lower()).strip("_") or "home"
+    return f"refused.{name[:40]}"
+
+
+class RefusalAudit:
+    """Writes the audit row of a refused request, bounded (see the module doc)."""
+
+    def __init__(self, per_minute: int = AUDIT_PER_MINUTE) -> None:
+        self.per_minute = per_minute
+        self._minute = -1
+        self._seen: set[tuple[str, str]] = set()
+        self._dropped = 0
+        self._lock = threading.Lock()
+
+    def admit(self, actor: str, action: str, *, now: float | None = None) -> bool:
+        """Whether to write this row: the first of its (actor, action) this minute, and
+        within this minute's budget."""
+        minute = int((time.time() if now is None else now) // 60)
+        with self._lock:
+            if minute != self._minute:
+                if self._dropped:
+                    log.warning("console: %d refused requests were not audited in the "
+                                "last minute (over %d rows)", self._dropped, self.per_minute)
+                self._minute, self._seen, self._dropped = minute, set(), 0
+            key = (actor, action)
+            if key in self._seen:
+                return False
+            if len(self._seen) >= self.per_minute:
+                self._dropped += 1
+                return False
+            self._seen.add(key)
+            return True
+
+    @staticmethod
+    def write(conn: psycopg.Connection[Any], actor: str, action: str, path: str,
+              status: int, reason: str) -> None:
+        conn.execute(
+            "INSERT INTO audit_log (actor, action, target_type, target_id, after)"
+            " VALUES (%s, %s, 'console_route', %s, %s)",
+            (actor[:200], action, path[:200], Jsonb({"status": status, "reason": reason[:500]})),
+        )
