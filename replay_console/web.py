@@ -3,9 +3,9 @@
 Pages (``/deliveries``, ``/deliveries/{id}``, ``/endpoints/{id}``, ``/held``,
 ``/dead-letters``, ``/suppressions``, ``/audit``, ``/replays/{job}``) and the API
 (``/api/v1/...``, same paths) call the same queries (:mod:`.queries`) and actions
-(:mod:`.actions`). This module holds the routes, the middleware, sign-in and the read
-handlers; the state-changing handlers are in :mod:`.writes`, the plumbing both share in
-:mod:`.http`. PostgreSQL work runs on a small pool of connections in threads, so a
+(:mod:`.actions`). This module holds the routes, the middleware and sign-in; the read
+handlers are in :mod:`.reads`, the state-changing ones in :mod:`.writes`, the plumbing
+they share in :mod:`.http`. PostgreSQL work runs on a small pool of connections in threads, so a
 slow query never blocks the event loop. Pages are plain HTML (no build step, no script
 needed to use them; the one stylesheet is ``/static/console.css``). Every response is timed
 in ``postbacks_console_request_seconds``; ``/metrics``, ``/healthz`` and ``/static/`` are
@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import threading
 import time
 from importlib import resources
 from typing import Any
-from urllib.parse import urlencode
 
 import psycopg
 from aiohttp import web
@@ -45,12 +43,11 @@ from postbacks.core.override import OverrideError
 from postbacks.errors import ServiceUnavailable
 from postbacks.metrics import CONSOLE_REQUESTS
 from postbacks.settings import Settings
-from replay_console import actions as act
 from replay_console import queries as q
+from replay_console import reads as rd
 from replay_console import writes as w
-from replay_console.auth import check_csrf, lookup_token, may, session_cookie
-from replay_console.filters import ID, MAX_PAGE
-from replay_console.forms import MAX_BODY, body_of, filter_from, text
+from replay_console.auth import check_csrf, lookup_token, session_cookie
+from replay_console.forms import MAX_BODY, body_of, text
 from replay_console.guard import check_request
 from replay_console.health import add_health_routes
 from replay_console.http import (
@@ -62,11 +59,8 @@ from replay_console.http import (
     Console,
     Handler,
     counted,
-    me,
-    not_for_publishers,
     problem,
     redirect,
-    staff,
 )
 from replay_console.pool import ConnPool
 from replay_console.problem import Problem
@@ -106,25 +100,25 @@ def make_app(settings: Settings, *, lookup: Lookup | None = None,
     r.add_post("/logout", _logout)
     r.add_get("/", _home)
     for prefix in ("", "/api/v1"):
-        r.add_get(f"{prefix}/deliveries", _list(c))
-        r.add_get(f"{prefix}/deliveries/{{id}}", _detail(c))
+        r.add_get(f"{prefix}/deliveries", rd.deliveries(c))
+        r.add_get(f"{prefix}/deliveries/{{id}}", rd.delivery(c))
         r.add_post(f"{prefix}/deliveries/{{id}}/replay", w.replay_one(c))
         r.add_post(f"{prefix}/deliveries/{{id}}/suppress", w.suppress(c))
-        r.add_get(f"{prefix}/replays/preview", _preview(c))
+        r.add_get(f"{prefix}/replays/preview", rd.preview(c))
         r.add_post(f"{prefix}/replays", w.replay_bulk(c))
-        r.add_get(f"{prefix}/replays/{{job}}", _job(c))
+        r.add_get(f"{prefix}/replays/{{job}}", rd.job(c))
         r.add_post(f"{prefix}/endpoints", w.endpoint_create(c))
-        r.add_get(f"{prefix}/endpoints/{{id}}", _endpoint(c))
+        r.add_get(f"{prefix}/endpoints/{{id}}", rd.endpoint(c))
         r.add_post(f"{prefix}/endpoints/{{id}}", w.endpoint_save(c))
         r.add_post(f"{prefix}/endpoints/{{id}}/secrets", w.rotate(c))
         r.add_post(f"{prefix}/endpoints/{{id}}/test-send", w.send_test(c))
-        r.add_get(f"{prefix}/held", _held(c))
+        r.add_get(f"{prefix}/held", rd.held(c))
         r.add_post(f"{prefix}/held/release", w.resolve(c, "released"))
         r.add_post(f"{prefix}/held/reject", w.resolve(c, "rejected"))
-        r.add_get(f"{prefix}/dead-letters", _dead_letters(c))
+        r.add_get(f"{prefix}/dead-letters", rd.dead_letters(c))
         r.add_post(f"{prefix}/dead-letters/{{id}}/resolve", w.resolve_dl(c))
-        r.add_get(f"{prefix}/suppressions", _suppressions(c))
-        r.add_get(f"{prefix}/audit", _audit(c))
+        r.add_get(f"{prefix}/suppressions", rd.suppressions(c))
+        r.add_get(f"{prefix}/audit", rd.audit(c))
     add_health_routes(r, c)
     app.on_cleanup.append(lambda _a: asyncio.to_thread(c.pool.close))
     return app
@@ -310,170 +304,6 @@ async def _logout(_request: web.Request) -> web.StreamResponse:
 
 
 # --- reads ------------------------------------------------------------------------------
-
-def _list(c: Console) -> Handler:
-    async def h(request: web.Request) -> web.StreamResponse:
-        p = me(request)
-        statuses = q.PUBLISHER_STATUSES if p.is_publisher else q.STATUSES
-        flt = q.parse_filter(dict(request.query), statuses)
-        rows, nxt = await c.pool.run(lambda conn: q.list_deliveries(conn, p, flt))
-        params = flt.to_params()
-        if flt.limit != 50:
-            params["limit"] = str(flt.limit)
-        next_url = f"?{urlencode({**params, 'cursor': nxt})}" if nxt else None
-        data = {"deliveries": rows, "next_cursor": nxt}
-        return c.reply(request, data, "deliveries.html", rows=rows, next_url=next_url,
-                       f=params, statuses=statuses, query=urlencode(params))
-    return h
-
-
-def _detail(c: Console) -> Handler:
-    async def h(request: web.Request) -> web.StreamResponse:
-        p = me(request)
-        did = request.match_info["id"]
-        d = await c.pool.run(lambda conn: q.delivery_detail(conn, p, did))
-        return c.reply(request, d, "delivery.html", d=d, diff=None, edit={})
-    return h
-
-
-def _endpoint(c: Console) -> Handler:
-    async def h(request: web.Request) -> web.StreamResponse:
-        p = me(request)
-        eid = request.match_info["id"]
-        e = await c.pool.run(lambda conn: q.endpoint_detail(conn, p, eid))
-        return c.reply(request, e, "endpoint.html", e=e, problems=[], sent=None)
-    return h
-
-
-# The held page lists at most this many cohorts and deliveries, the oldest holds first,
-# and says so when it leaves some out (filters narrow it).
-HELD_PAGE_LIMIT = 500
-
-
-def _held(c: Console) -> Handler:
-    async def h(request: web.Request) -> web.StreamResponse:
-        not_for_publishers(request)
-        from postbacks.db.anomaly import held_cohorts, held_deliveries
-
-        flt = {k: request.query.get(k) or None for k in ("endpoint", "reason", "app")}
-        for k, v in flt.items():
-            if v is not None and not ID.match(v):
-                raise Problem(400, f"{k} {v[:60]!r} is not a valid id")
-        n = HELD_PAGE_LIMIT
-
-        def read(conn: psycopg.Connection[Any]) -> tuple[list[Any], list[dict[str, Any]]]:
-            # one more than shown of each: whether the page leaves some out
-            return (held_deliveries(conn, endpoint_id=flt["endpoint"], reason=flt["reason"],
-                                    app_id=flt["app"], limit=n + 1),
-                    held_cohorts(conn, endpoint_id=flt["endpoint"], reason=flt["reason"],
-                                 app_id=flt["app"], limit=n + 1))
-        held, cohorts = await c.pool.run(read)
-        rows = [{"delivery_id": x.delivery_id, "endpoint_id": x.endpoint_id,
-                 "app_id": x.app_id, "hold_reason": x.hold_reason, "held_at_ms": x.held_at_ms,
-                 "payout_usd_micros": x.payout_usd_micros, "idempotency_key": x.idempotency_key}
-                for x in held[:n]]
-        more = {"held": len(held) > n, "cohorts": len(cohorts) > n}
-        data = {"held": rows, "cohorts": cohorts[:n], "more": more}
-        return c.reply(request, data, "held.html", rows=rows, cohorts=cohorts[:n], more=more,
-                       limit=n, f={k: v for k, v in flt.items() if v})
-    return h
-
-
-def _dead_letters(c: Console) -> Handler:
-    async def h(request: web.Request) -> web.StreamResponse:
-        p = staff(request, "dead letters are")
-        flt = q.parse_dead_letter_filter(dict(request.query))
-        page = await c.pool.run(lambda conn: q.dead_letters(conn, p, flt))
-        params = flt.to_params()
-        if flt.limit != 100:
-            params["limit"] = str(flt.limit)
-        links: dict[str, str | None] = {"next": None, "previous": None}
-        if flt.offset + flt.limit < page["total"]:
-            links["next"] = f"?{urlencode({**params, 'offset': flt.offset + flt.limit})}"
-        if flt.offset > 0:
-            back = max(0, flt.offset - flt.limit)
-            links["previous"] = f"?{urlencode({**params, 'offset': back})}"
-        data = {**page, "offset": flt.offset, "limit": flt.limit, **links}
-        return c.reply(request, data, "dead_letters.html", rows=page["dead_letters"],
-                       unresolved=flt.unresolved, dl=data, f=flt.to_params())
-    return h
-
-
-def _suppressions(c: Console) -> Handler:
-    async def h(request: web.Request) -> web.StreamResponse:
-        p = staff(request, "suppressions are")
-        rows = await c.pool.run(lambda conn: q.suppressions(conn, p))
-        return c.reply(request, {"suppressions": rows}, "suppressions.html", rows=rows)
-    return h
-
-
-_AUDIT_PARAMS = {"actor", "action", "target", "target_type", "target_id", "limit"}
-_AUDIT_ACTION = re.compile(r"[a-z_]{1,40}(\.[a-z_]{1,40}){0,3}", re.ASCII)
-_AUDIT_TARGET_TYPE = re.compile(r"[a-z_]{1,40}", re.ASCII)
-
-
-def _audit_filter(query: Any) -> tuple[dict[str, str], int]:
-    """The audit page's filters (actor, action, target type, target id) and limit; a 400
-    names a bad one."""
-    unknown = sorted(set(query) - _AUDIT_PARAMS)
-    if unknown:
-        raise Problem(400, f"unknown audit filter(s): {', '.join(unknown)} "
-                      f"(use {', '.join(sorted(_AUDIT_PARAMS))})")
-    f = {k: v.strip() for k in sorted(_AUDIT_PARAMS - {"limit"})
-         if (v := query.get(k, "")).strip()}
-    if "target" in f and "target_id" in f and f["target"] != f["target_id"]:
-        raise Problem(400, "give the target id once (target or target_id)")
-    if "target_id" in f:
-        f["target"] = f.pop("target_id")
-    if "actor" in f and len(f["actor"]) > 200:
-        raise Problem(400, "actor is longer than 200 characters")
-    if "action" in f and not _AUDIT_ACTION.fullmatch(f["action"]):
-        raise Problem(400, "action must look like held.release or delivery.replay")
-    if "target_type" in f and not _AUDIT_TARGET_TYPE.fullmatch(f["target_type"]):
-        raise Problem(400, "target_type must look like delivery or endpoint")
-    if "target" in f and not ID.match(f["target"]):
-        raise Problem(400, "target is not a valid id")
-    raw = query.get("limit", "").strip()
-    limit = 100
-    if raw:
-        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PAGE:
-            raise Problem(400, f"limit must be a whole number from 1 to {MAX_PAGE}")
-        limit = int(raw)
-    return f, limit
-
-
-def _audit(c: Console) -> Handler:
-    async def h(request: web.Request) -> web.StreamResponse:
-        staff(request, "the audit log is")
-        f, limit = _audit_filter(request.query)
-        rows = await c.pool.run(lambda conn: q.audit_rows(
-            conn, target_type=f.get("target_type"), target_id=f.get("target"),
-            actor=f.get("actor"), action=f.get("action"), limit=limit))
-        return c.reply(request, {"audit": rows}, "audit.html", rows=rows, f=f, limit=limit)
-    return h
-
-
-def _job(c: Console) -> Handler:
-    async def h(request: web.Request) -> web.StreamResponse:
-        p = me(request)
-        if not may(p, "replay"):
-            raise Problem(403, f"a {p.role} may not see replay jobs")
-        job = request.match_info["job"]
-        status = await c.pool.run(lambda conn: act.job_status(conn, job))
-        return c.reply(request, status, "replay_job.html", job=status)
-    return h
-
-
-def _preview(c: Console) -> Handler:
-    async def h(request: web.Request) -> web.StreamResponse:
-        p = me(request)
-        if not may(p, "replay"):  # before the filter: its errors name internal statuses
-            raise Problem(403, f"a {p.role} may not replay deliveries")
-        flt = filter_from(dict(request.query))
-        pv = await c.pool.run(lambda conn: act.replay_preview(conn, p, flt, c.settings))
-        return c.reply(request, pv, "replay_preview.html", pv=pv, f=flt.to_params())
-    return h
-
 
 # --- serve ------------------------------------------------------------------------------
 

@@ -603,12 +603,12 @@ def test_the_held_page_says_when_it_leaves_cohorts_and_holds_out(
     """The held page shows the oldest holds first, at most HELD_PAGE_LIMIT cohorts and
     deliveries; past that it says more are held and how to see them (a newer cohort left
     off the page without a word looks resolved)."""
-    import replay_console.web as web_module
+    import replay_console.reads as reads_module
 
     w = _world(settings, namespace)  # app a: one held delivery (d3), "retrodated"
     more = held_delivery(namespace, 9, endpoint=w["ep_a"], app=w["a"])
     insert_deliveries(settings, [more], reason="payout_rate_endpoint")
-    monkeypatch.setattr(web_module, "HELD_PAGE_LIMIT", 1)
+    monkeypatch.setattr(reads_module, "HELD_PAGE_LIMIT", 1)
     with console_server(settings) as port:
         rev = Client(port, bearer=token(settings, f"rev-{namespace}", "reviewer"))
         body = rev.get(f"/api/v1/held?app={w['a']}").json()
@@ -616,7 +616,7 @@ def test_the_held_page_says_when_it_leaves_cohorts_and_holds_out(
         assert len(body["cohorts"]) == 1 and len(body["held"]) == 1
         page = rev.get(f"/held?app={w['a']}").text
         assert 'id="cohorts-more"' in page and 'id="held-more"' in page
-        monkeypatch.setattr(web_module, "HELD_PAGE_LIMIT", 2)  # exactly all: no notice
+        monkeypatch.setattr(reads_module, "HELD_PAGE_LIMIT", 2)  # exactly all: no notice
         body = rev.get(f"/api/v1/held?app={w['a']}").json()
         assert body["more"] == {"held": False, "cohorts": False}
         assert {c["hold_reason"] for c in body["cohorts"]} == {"retrodated",
