@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from aiohttp import web
 
@@ -150,26 +152,32 @@ def resolve(c: Console, kind: str) -> Handler:
     return h
 
 
+def _config_and_types(request: web.Request, body: Mapping[str, Any],
+                      ) -> tuple[dict[str, Any] | None, list[str] | None]:
+    """An endpoint form's or API body's ``config`` (a JSON object, or JSON text in a form)
+    and ``event_types`` (a list in the API, comma-separated in a form); None when absent."""
+    config = body.get("config")
+    if isinstance(config, str):
+        try:
+            config = json.loads(config) if config.strip() else None
+        except ValueError as exc:
+            raise Problem(400, f"config is not JSON: {exc}") from exc
+    if config is not None and not isinstance(config, dict):
+        raise Problem(400, "config must be a JSON object")
+    raw_types = body.get("event_types")
+    if isinstance(raw_types, list) and is_api(request):
+        return config, [str(t) for t in raw_types]
+    listed = text(body, "event_types")
+    return config, listed.split(",") if listed else None
+
+
 def endpoint_save(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = me(request)
         doing(request, "endpoint_save")
         eid = request.match_info["id"]
         body = await body_of(request)
-        config = body.get("config")
-        if isinstance(config, str):
-            try:
-                config = json.loads(config) if config.strip() else None
-            except ValueError as exc:
-                raise Problem(400, f"config is not JSON: {exc}") from exc
-        if config is not None and not isinstance(config, dict):
-            raise Problem(400, "config must be a JSON object")
-        raw_types = body.get("event_types")
-        if isinstance(raw_types, list) and is_api(request):
-            types: list[str] | None = [str(t) for t in raw_types]
-        else:
-            listed = text(body, "event_types")
-            types = listed.split(",") if listed else None
+        config, types = _config_and_types(request, body)
         try:
             problems = await c.pool.run(lambda conn: eps.save_endpoint(
                 conn, c.settings, p, eid, url=text(body, "url"), config=config,
@@ -251,19 +259,8 @@ def endpoint_create(c: Console) -> Handler:
         if not may(p, "edit_endpoint"):
             raise Problem(403, f"a {p.role} may not create endpoints")
         body = await body_of(request)
-        config = body.get("config")
-        if isinstance(config, str):
-            try:
-                config = json.loads(config) if config.strip() else None
-            except ValueError as exc:
-                raise Problem(400, f"config is not JSON: {exc}") from exc
-        if config is not None and not isinstance(config, dict):
-            raise Problem(400, "config must be a JSON object")
-        raw_types = body.get("event_types")
-        if isinstance(raw_types, list) and is_api(request):
-            types = [str(t) for t in raw_types]
-        else:
-            types = (text(body, "event_types") or "*").split(",")
+        config, listed = _config_and_types(request, body)
+        types = listed or ["*"]
         app_id, url = text(body, "app_id") or "", text(body, "url") or ""
         if not app_id or not url:
             raise Problem(400, "app_id and url are required")
