@@ -330,12 +330,13 @@ Exit 1 when a group's counts are not what it should show.""")
     sp.set_defaults(func=_demo)
 
     from replay_console import cli as console_cli
-    from replay_console import endpoints_cli, held
+    from replay_console import deliveries_cli, endpoints_cli, held
     from streams.anomaly_gate import admin as anomaly_admin
 
     held.add_parser(sub)
     anomaly_admin.add_parser(sub)
     console_cli.add_parser(sub)
+    deliveries_cli.add_parser(sub)
     endpoints_cli.add_parser(sub)
     return p
 

@@ -30,26 +30,57 @@ from postbacks.core.override import Override, apply_override, override_diff
 from postbacks.ids import new_id
 from postbacks.settings import Settings
 from replay_console.auth import Principal, may
-from replay_console.endpoints import check_target, load_endpoint, save_endpoint
+from replay_console.endpoints import check_reach, check_target, load_endpoint, save_endpoint
 from replay_console.queries import DeliveryFilter, NotFound, count_deliveries, filter_sql
 from replay_console.rules import ActionError, Lookup, audit, require
 
 __all__ = [
+    "RENDER_FAILED",
     "REPLAYABLE",
+    "RERENDERABLE",
+    "RERENDER_NOT_QUEUED",
     "ReplayJob",
     "create_replay",
+    "eligibility",
     "job_status",
     "preview_edit",
+    "redrivable",
     "replay_preview",
-    "resolve_dead_letter",
-    "suppress_delivery",
 ]
 
 # Statuses a replay may re-drive: terminal ones (delivered too: "replay of already-delivered
 # events"). A failing, quarantined, released or replayed delivery still has a live copy in
 # the retry topics; replaying it would start a second chain beside it.
 REPLAYABLE = ("delivered", "exhausted", "dead_lettered")
-_SUPPRESSIBLE = ("exhausted", "dead_lettered")
+# A re-render (fix once, re-render many) re-drives one endpoint's undelivered deliveries
+# with its current config: exhausted, dead-lettered, and suppressed ones whose suppression
+# is a render failure (``render_failed: ...``, written when the agent could not render it).
+RERENDERABLE = ("suppressed", "exhausted", "dead_lettered")
+RENDER_FAILED = "render_failed"
+# ... and not already queued by a replay the drainer has yet to publish
+RERENDER_NOT_QUEUED = ("NOT EXISTS (SELECT 1 FROM replay_items qi JOIN replay_jobs qj"
+                       " USING (job_id) WHERE qi.delivery_id = d.delivery_id"
+                       " AND qi.published_at IS NULL AND qj.state = 'queued')")
+
+
+def redrivable(status: str | None, kind: str) -> bool:
+    """Whether a delivery in ``status`` may be published by a replay job of ``kind`` (the
+    drainer's re-check; a suppression, if any, is checked apart)."""
+    return status in REPLAYABLE or (kind == "rerender" and status in RERENDERABLE)
+
+
+def eligibility(status: str, sup_reason: str | None, sup_open: bool, rerender: bool
+              ) -> tuple[bool, str]:
+    """(may be replayed, the status it is counted under)."""
+    if not rerender:
+        shown = "suppressed" if sup_open else status
+        return shown in REPLAYABLE, shown
+    render_failed = sup_reason is not None and sup_reason.startswith(RENDER_FAILED)
+    if render_failed and status in RERENDERABLE:
+        return True, status
+    if sup_open:
+        return False, "suppressed"
+    return status in RERENDERABLE and status != "suppressed", status
 
 # --- replay -----------------------------------------------------------------------------
 
@@ -84,21 +115,33 @@ def create_replay(
     delivery_ids: Sequence[str] = (), flt: DeliveryFilter | None = None,
     override: Override | None = None, note: str | None = None, confirm: int | None = None,
     promote: bool = False, confirmation: str | None = None, lookup: Lookup | None = None,
-    step_up_key: bytes | None = None,
+    step_up_key: bytes | None = None, rerender: bool = False,
 ) -> ReplayJob:
     """Queue a replay of ``delivery_ids`` or of every delivery matching ``flt`` (bulk: more
     than ``console_bulk_confirm_above`` need ``confirm`` = the previewed count). With an
     ``override`` (edit & replay: one endpoint only, URL SSRF-checked), optionally promoted
-    to the endpoint's config (admin, step-up for a URL). Raises ActionError."""
+    to the endpoint's config (admin, step-up for a URL). ``rerender`` (a filter naming one
+    endpoint, no override): its :data:`RERENDERABLE` deliveries, suppressed render failures
+    included, whose suppressions are resolved in the same transaction; the agent renders
+    them with the endpoint's current config. Raises ActionError."""
     require(p, "replay", "replay deliveries")
     if bool(delivery_ids) == (flt is not None):
         raise ActionError("replay either delivery ids or a filter")
+    if rerender and (flt is None or flt.endpoint is None or override is not None):
+        raise ActionError("a re-render replays one endpoint's deliveries, without an edit")
     ids = list(dict.fromkeys(delivery_ids))
     if flt is not None:
         where, args = filter_sql(p, replace(flt, cursor=None), paging=False)
-        kind = "bulk_replay"
+        kind = "rerender" if rerender else "bulk_replay"
         cap = settings.console_bulk_max
-        n = count_deliveries(conn, p, replace(flt, cursor=None), cap)
+        if rerender:
+            where += " AND d.status = ANY(%s) AND " + RERENDER_NOT_QUEUED
+            args.append(list(RERENDERABLE))
+            row = conn.execute(f"SELECT count(*) FROM (SELECT 1 FROM deliveries d WHERE {where}"
+                               " LIMIT %s) x", (*args, cap + 1)).fetchone()
+            n = int(row[0]) if row else 0
+        else:
+            n = count_deliveries(conn, p, replace(flt, cursor=None), cap)
         if n > cap:
             raise ActionError(f"more than {cap} deliveries match; narrow the filter", 400)
     else:
@@ -108,8 +151,10 @@ def create_replay(
             raise ActionError(f"at most {settings.console_bulk_max} ids per replay")
     rows = conn.execute(
         "SELECT d.delivery_id, d.endpoint_id, d.app_id, d.status, d.created_at,"
-        " EXISTS (SELECT 1 FROM postback_suppressions s WHERE s.delivery_id = d.delivery_id)"
-        f" FROM deliveries d WHERE {where} ORDER BY d.created_at, d.delivery_id", args,
+        " s.delivery_id IS NOT NULL AND s.resolved_at IS NULL, s.reason"
+        " FROM deliveries d LEFT JOIN postback_suppressions s"
+        "  ON s.delivery_id = d.delivery_id"
+        f" WHERE {where} ORDER BY d.created_at, d.delivery_id", args,
     ).fetchall()
     if ids:
         missing = sorted(set(ids) - {r[0] for r in rows})
@@ -119,8 +164,8 @@ def create_replay(
     ok: list[Any] = []
     skipped: dict[str, int] = {}
     for r in rows:
-        status = "suppressed" if r[5] else r[3]
-        if status in REPLAYABLE:
+        eligible, status = eligibility(r[3], r[6], bool(r[5]), rerender)
+        if eligible:
             ok.append(r)
         else:
             skipped[status] = skipped.get(status, 0) + 1
@@ -153,7 +198,9 @@ def create_replay(
                 problems.append(why)
         if problems:
             raise ActionError("edit refused: " + "; ".join(problems), 400, problems=problems)
-    if kind == "bulk_replay" and len(ok) > settings.console_bulk_confirm_above \
+        if override.url is not None:
+            check_reach(p, ep, override.url)
+    if kind in ("bulk_replay", "rerender") and len(ok) > settings.console_bulk_confirm_above \
             and confirm != len(ok):
         raise ActionError(
             f"{len(ok)} deliveries would be replayed: confirm with that count", 409,
@@ -204,6 +251,8 @@ def create_replay(
             " VALUES (%s, %s, %s, %s, %s)",
             [(job_id, seq, r[0], r[1], r[2]) for seq, r in enumerate(order)],
         )
+        if rerender:
+            _resolve_render_failures(conn, p, [r[0] for r in ok if r[5]], job_id)
         after: dict[str, Any] = {"job_id": job_id, "kind": kind, "trigger": "manual"}
         if diff:
             after["override"] = {w: {"from": a, "to": b} for w, a, b in diff}
@@ -217,6 +266,23 @@ def create_replay(
            {"total": len(ok), "skipped": skipped, "selection": selection,
             **({"override": after["override"]} if diff else {})}, note)
     return ReplayJob(job_id, len(ok), skipped, diff)
+
+
+def _resolve_render_failures(conn: psycopg.Connection[Any], p: Principal,
+                             delivery_ids: list[str], job_id: str) -> None:
+    """A re-render's suppressions (render failures) resolved, each audited."""
+    if not delivery_ids:
+        return
+    done = conn.execute(
+        "UPDATE postback_suppressions SET resolved_at = now(), resolved_by = %s"
+        " WHERE delivery_id = ANY(%s) AND resolved_at IS NULL RETURNING delivery_id, reason",
+        (p.actor, delivery_ids)).fetchall()
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO audit_log (actor, action, target_type, target_id, before, after,"
+            " note) VALUES (%s, 'suppression.resolve', 'delivery', %s, %s, %s, NULL)",
+            [(p.actor, d, Jsonb({"resolved": False, "reason": why}),
+              Jsonb({"resolved": True, "by_replay": job_id})) for d, why in done])
 
 
 _REPLAY_LOCK = 7_424_611_002  # serialises replay creation (the per-app limit is checked)
@@ -236,7 +302,10 @@ def preview_edit(conn: psycopg.Connection[Any], settings: Settings, p: Principal
                            lookup=lookup)
         if why:
             raise ActionError(f"edit refused: {why}", 400)
-    return d, override_diff(load_endpoint(conn, d["endpoint_id"]), override)
+    ep = load_endpoint(conn, d["endpoint_id"])
+    if override.url is not None:
+        check_reach(p, ep, override.url)
+    return d, override_diff(ep, override)
 
 
 def replay_preview(conn: psycopg.Connection[Any], p: Principal, flt: DeliveryFilter,
@@ -248,7 +317,8 @@ def replay_preview(conn: psycopg.Connection[Any], p: Principal, flt: DeliveryFil
     cap = settings.console_bulk_max
     counts = dict(conn.execute(
         "SELECT CASE WHEN EXISTS (SELECT 1 FROM postback_suppressions s"
-        "  WHERE s.delivery_id = x.delivery_id) THEN 'suppressed' ELSE x.status END, count(*)"
+        "  WHERE s.delivery_id = x.delivery_id AND s.resolved_at IS NULL)"
+        " THEN 'suppressed' ELSE x.status END, count(*)"
         f" FROM (SELECT d.delivery_id, d.status FROM deliveries d WHERE {where} LIMIT %s) x"
         " GROUP BY 1", (*args, cap + 1),
     ).fetchall())
@@ -276,46 +346,3 @@ def job_status(conn: psycopg.Connection[Any], job_id: str) -> dict[str, Any]:
 
 
 # --- suppress / resolve -----------------------------------------------------------------
-
-def suppress_delivery(conn: psycopg.Connection[Any], p: Principal, delivery_id: str,
-                      reason: str) -> None:
-    """Mark a poison delivery as never to be sent again (replays skip it). Only
-    deliveries that are not in flight: exhausted or dead-lettered."""
-    require(p, "suppress", "suppress deliveries")
-    if not reason.strip():
-        raise ActionError("a suppression needs a reason")
-    row = conn.execute("SELECT endpoint_id, status FROM deliveries WHERE delivery_id = %s"
-                       " FOR UPDATE", (delivery_id,)).fetchone()
-    if row is None:
-        raise ActionError(f"no delivery {delivery_id!r}", 404)
-    if row[1] not in _SUPPRESSIBLE:
-        raise ActionError(f"delivery {delivery_id} is {row[1]}; only {', '.join(_SUPPRESSIBLE)}"
-                          " deliveries can be suppressed", 409)
-    done = conn.execute(
-        "INSERT INTO postback_suppressions (delivery_id, endpoint_id, reason, created_by)"
-        " VALUES (%s, %s, %s, %s) ON CONFLICT (delivery_id) DO NOTHING RETURNING 1",
-        (delivery_id, row[0], reason.strip(), p.actor)).fetchone()
-    if done is None:
-        raise ActionError(f"delivery {delivery_id} is already suppressed", 409)
-    audit(conn, p, "delivery.suppress", "delivery", delivery_id, {"status": row[1]},
-           {"suppressed": True, "reason": reason.strip()})
-
-
-def resolve_dead_letter(conn: psycopg.Connection[Any], p: Principal, dead_letter_id: str,
-                        note: str | None) -> None:
-    """Mark a dead letter handled (it stays, with who resolved it and when)."""
-    require(p, "suppress", "resolve dead letters")
-    row = conn.execute(
-        "UPDATE dead_letters SET resolved_at = now(), resolved_by = %s"
-        " WHERE dead_letter_id = %s AND resolved_at IS NULL RETURNING reason",
-        (p.actor, dead_letter_id)).fetchone()
-    if row is None:
-        exists = conn.execute("SELECT 1 FROM dead_letters WHERE dead_letter_id = %s",
-                              (dead_letter_id,)).fetchone()
-        raise ActionError(f"dead letter {dead_letter_id} is already resolved" if exists
-                          else f"no dead letter {dead_letter_id!r}", 409 if exists else 404)
-    audit(conn, p, "dead_letter.resolve", "dead_letter", dead_letter_id,
-           {"resolved": False, "reason": row[0]}, {"resolved": True}, note)
-
-
-

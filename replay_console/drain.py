@@ -35,7 +35,7 @@ from postbacks.errors import ServiceUnavailable
 from postbacks.kafka.publish import Item, TransactionalPublisher
 from postbacks.metrics import CONSOLE_REPLAY_PENDING, CONSOLE_REPLAYED
 from postbacks.settings import Settings
-from replay_console.actions import REPLAYABLE
+from replay_console.actions import redrivable
 from replay_console.held import RELEASE_TIER, redrive_record
 from topics import TOPICS
 
@@ -87,7 +87,8 @@ class Drainer:
             "SELECT x.job_id, x.seq, x.delivery_id, x.endpoint_id, j.actor, j.override,"
             " d.idempotency_key, d.snapshot, d.created_at, d.attempt_count, d.status,"
             " EXISTS (SELECT 1 FROM postback_suppressions s"
-            "         WHERE s.delivery_id = x.delivery_id), x.rn"
+            "         WHERE s.delivery_id = x.delivery_id AND s.resolved_at IS NULL), j.kind,"
+            " x.rn"
             " FROM (SELECT i.job_id, i.seq, i.delivery_id, i.endpoint_id,"
             "        row_number() OVER (PARTITION BY i.endpoint_id"
             "                           ORDER BY j.created_at, i.job_id, i.seq) AS rn"
@@ -104,7 +105,7 @@ class Drainer:
         done: list[tuple[str, int, str | None]] = []
         dcodec, ocodec = codec_for("Delivery"), codec_for("Outcome")
         for (job_id, seq, delivery_id, endpoint_id, actor, override, key, snapshot,
-             created_at, attempts, status, suppressed) in self._fair(rows):
+             created_at, attempts, status, suppressed, kind) in self._fair(rows):
             if self.total_tokens < 1:
                 break
             have = self.tokens.get(endpoint_id, self.burst)
@@ -115,7 +116,7 @@ class Drainer:
             if snapshot is None:
                 done.append((job_id, seq, "delivery row is gone"))
                 continue
-            if suppressed or status not in REPLAYABLE:
+            if suppressed or not redrivable(status, kind):
                 # changed since the replay was queued (held, suppressed, rejected, in flight)
                 done.append((job_id, seq, "not replayed: it is now "
                              + ("suppressed" if suppressed else str(status))))

@@ -5,10 +5,23 @@ Step-up: a URL change that passes every check is not saved at once. The answer i
 with ``step_up: true`` and a ``confirmation`` code (:func:`replay_console.auth.issue_step_up`:
 signed, bound to the principal's token, the endpoint and the new URL, valid five minutes,
 single use); the change is saved when the same change comes back with that code in
-``confirmation``. A wrong, expired or spent code is refused (403)."""
+``confirmation``. A wrong, expired or spent code is refused (403).
+
+Reach (:func:`check_reach`): a test-send or an edit & replay to a URL whose host is not
+the endpoint's own (the host of its stored URL) nor in its ``test_hosts`` config is
+refused (403) for support; a reviewer or an admin may target any host. The SSRF check
+applies to everyone, before the reach.
+
+Test-send shows no live signature: the receiver gets the request signed with the
+endpoint's active secrets (it verifies as a real delivery would), but the request the
+console answers with has every signature value replaced by ``[redacted]`` (``v1,[redacted]``
+per Standard Webhooks signature, so a rotation still shows two), and any copy of a
+signature in the receiver's response excerpt is redacted too."""
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import socket
 import time
 from collections.abc import Sequence
@@ -29,8 +42,11 @@ from replay_console.queries import NotFound, masked_config
 from replay_console.rules import ActionError, Lookup, audit, require
 
 __all__ = [
+    "REDACTED",
+    "WIDE_REACH",
     "add_secret",
     "audit_test_send",
+    "check_reach",
     "check_target",
     "create_endpoint",
     "load_endpoint",
@@ -69,6 +85,40 @@ def check_target(url: str, *, allow_loopback: bool, lookup: Lookup | None = None
         if why:
             return f"{url}: host {host!r} resolves to {a}, refused ({why})"
     return None
+
+
+# --- reach: which hosts a role may send a test or an edited replay to ------------------
+
+WIDE_REACH = ("reviewer", "admin")  # may target any host that passes the SSRF check
+
+
+def _host(url: str) -> str:
+    try:
+        host = (urlsplit(url).hostname or "").lower().rstrip(".")
+    except ValueError:
+        return ""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host
+
+
+def check_reach(p: Principal, endpoint: Endpoint, url: str) -> None:
+    """Refuse (403) a send to ``url`` on ``endpoint``'s behalf that ``p`` may not make: a
+    role outside :data:`WIDE_REACH` may target only the host of the endpoint's stored URL
+    and the hosts of its ``test_hosts`` config."""
+    if p.role in WIDE_REACH:
+        return
+    own = _host(endpoint.url)
+    host = _host(url)
+    if host and (host == own or host in endpoint.config.test_hosts):
+        return
+    listed = ", ".join(endpoint.config.test_hosts) or "none"
+    raise ActionError(
+        f"a {p.role} may send to the endpoint's own host ({own or 'none'}) or its "
+        f"test_hosts ({listed}) only; {host or url[:80]!r} needs a reviewer or an admin "
+        f"(ask one to send it, or an admin to add the host to test_hosts)", 403,
+        host=host, allowed=[own, *endpoint.config.test_hosts])
 
 
 # --- endpoints --------------------------------------------------------------------------
@@ -260,10 +310,14 @@ def load_for_test_send(conn: psycopg.Connection[Any], settings: Settings, p: Pri
 
 
 async def test_send(settings: Settings, endpoint: Endpoint, *,
-                    override: Override | None = None) -> dict[str, Any]:
+                    override: Override | None = None, lookup: Lookup | None = None
+                    ) -> dict[str, Any]:
     """Render a sample delivery for ``endpoint`` (plus an optional override) through the
     real render and sign path, send it through the real transport (SSRF guard included)
-    and return the exact request and the receiver's response."""
+    and return the exact request (signatures redacted) and the receiver's response.
+    ``lookup`` is the console's DNS seam, used by the transport too when given."""
+    import asyncio
+
     from postbacks.core.endpoint_check import sample_delivery
     from postbacks.core.render import RenderError, render
     from postbacks.transport.http import HttpTransport
@@ -275,17 +329,58 @@ async def test_send(settings: Settings, endpoint: Endpoint, *,
         req = render(d, ep, now_ms=now_ms)
     except RenderError as exc:
         return {"ok": False, "stage": "render", "error": str(exc)}
-    request = {"method": req.method, "url": req.url, "headers": dict(req.headers),
+    signatures = _signatures(d, ep, dict(req.headers), now_ms)
+    request = {"method": req.method, "url": req.url,
+               "headers": {k: _redact(v, signatures) for k, v in req.headers.items()},
                "body": req.body.decode("utf-8", "replace")}
+    resolve = None
+    if lookup is not None:
+        seam = lookup
+
+        async def resolve(host: str) -> list[str]:
+            return await asyncio.to_thread(seam, host)
     async with HttpTransport(timeout_s=settings.http_timeout_s,
-                             allow_loopback=settings.allow_loopback_targets, limit=4) as t:
+                             allow_loopback=settings.allow_loopback_targets, limit=4,
+                             lookup=resolve) as t:
         result = await t.send(req, follow_redirects=ep.config.follow_redirects)
     response = {"status": result.http.status, "error_class": result.http.error_class,
                 "blocked": result.blocked, "wire_ms": round(result.wire_ms, 1),
-                "body_excerpt": (result.excerpt or b"").decode("utf-8", "replace")}
+                "body_excerpt": _redact((result.excerpt or b"").decode("utf-8", "replace"),
+                                        signatures)}
     ok = result.blocked is None and result.http.status is not None \
         and 200 <= result.http.status < 300
     return {"ok": ok, "stage": "send", "request": request, "response": response}
+
+
+REDACTED = "[redacted]"
+
+
+def _signatures(d: Any, ep: Endpoint, headers: dict[str, str], now_ms: int) -> set[str]:
+    """The parts of the rendered headers made with the endpoint's secrets: the request is
+    rendered again with other keys, and every space-separated value that changes is one
+    (a Standard Webhooks ``v1,...``, a provider's hex, whatever the provider signs with)."""
+    from postbacks.core.render import render
+
+    other = replace(ep, secrets=tuple(replace(s, key=os.urandom(32)) for s in ep.secrets))
+    again = dict(render(d, other, now_ms=now_ms).headers)
+    out: set[str] = set()
+    for k, v in headers.items():
+        if again.get(k) != v:
+            seen = set(again.get(k, "").split(" "))
+            out.update(t for t in v.split(" ") if t and t not in seen)
+    return out
+
+
+def _redact(text: str, signatures: set[str]) -> str:
+    """``text`` with every signature in it replaced (``v1,<sig>`` keeps its ``v1,``)."""
+    for sig in sorted(signatures, key=len, reverse=True):
+        scheme, comma, value = sig.partition(",")
+        if comma and value:
+            text = text.replace(sig, f"{scheme},{REDACTED}")
+            text = text.replace(value, REDACTED)  # the bare value, wherever it is echoed
+        else:
+            text = text.replace(sig, REDACTED)
+    return text
 
 
 def audit_test_send(conn: psycopg.Connection[Any], p: Principal, endpoint_id: str,

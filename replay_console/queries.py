@@ -214,10 +214,12 @@ def delivery_detail(conn: psycopg.Connection[Any], p: Principal, delivery_id: st
                 " WHERE delivery_id = %s ORDER BY occurred_at", (delivery_id,))
         ]
         out["audit"] = audit_rows(conn, target_type="delivery", target_id=delivery_id)
-        sup = conn.execute("SELECT reason, created_at, created_by FROM postback_suppressions"
-                           " WHERE delivery_id = %s", (delivery_id,)).fetchone()
+        sup = conn.execute("SELECT reason, created_at, created_by, resolved_at, resolved_by"
+                           " FROM postback_suppressions WHERE delivery_id = %s",
+                           (delivery_id,)).fetchone()
         out["suppression"] = None if sup is None else {
-            "reason": sup[0], "created_at_ms": _ms(sup[1]), "created_by": sup[2]}
+            "reason": sup[0], "created_at_ms": _ms(sup[1]), "created_by": sup[2],
+            "resolved_at_ms": _ms(sup[3]), "resolved_by": sup[4]}
     return out
 
 
@@ -330,10 +332,11 @@ def suppressions(conn: psycopg.Connection[Any], p: Principal, *, limit: int = 10
         return []
     return [
         {"delivery_id": r[0], "endpoint_id": r[1], "reason": r[2], "created_at_ms": _ms(r[3]),
-         "created_by": r[4]}
+         "created_by": r[4], "resolved_at_ms": _ms(r[5]), "resolved_by": r[6]}
         for r in conn.execute(
-            "SELECT delivery_id, endpoint_id, reason, created_at, created_by"
-            " FROM postback_suppressions ORDER BY created_at DESC LIMIT %s",
+            "SELECT delivery_id, endpoint_id, reason, created_at, created_by, resolved_at,"
+            " resolved_by FROM postback_suppressions"
+            " ORDER BY resolved_at IS NOT NULL, created_at DESC LIMIT %s",
             (min(limit, MAX_PAGE),))
     ]
 

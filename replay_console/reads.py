@@ -21,7 +21,7 @@ from replay_console.http import Console, Handler, me, not_for_publishers, staff
 from replay_console.problem import Problem
 
 __all__ = ["HELD_PAGE_LIMIT", "audit", "audit_filter", "dead_letters", "deliveries",
-           "delivery", "endpoint", "held", "job", "preview", "suppressions"]
+           "delivery", "endpoint", "held", "job", "preview", "rerender", "suppressions"]
 
 
 def deliveries(c: Console) -> Handler:
@@ -185,4 +185,18 @@ def preview(c: Console) -> Handler:
         flt = filter_from(dict(request.query))
         pv = await c.pool.run(lambda conn: act.replay_preview(conn, p, flt, c.settings))
         return c.reply(request, pv, "replay_preview.html", pv=pv, f=flt.to_params())
+    return h
+
+
+def rerender(c: Console) -> Handler:
+    """A re-render's preview: the endpoint's undelivered deliveries rendered now."""
+    async def h(request: web.Request) -> web.StreamResponse:
+        from replay_console.rerender import rerender_preview
+
+        p = staff(request, "re-renders are")
+        if not may(p, "replay"):
+            raise Problem(403, f"a {p.role} may not replay deliveries")
+        eid = request.match_info["id"]
+        pv = await c.pool.run(lambda conn: rerender_preview(conn, c.settings, p, eid))
+        return c.reply(request, pv, "rerender.html", pv=pv)
     return h

@@ -16,6 +16,7 @@ from aiohttp import web
 from replay_console import actions as act
 from replay_console import endpoints as eps
 from replay_console import queries as q
+from replay_console import suppressions as sup
 from replay_console.auth import issue_step_up, may
 from replay_console.forms import (
     body_of,
@@ -40,8 +41,8 @@ from replay_console.http import (
 from replay_console.problem import Problem
 from replay_console.rules import ActionError
 
-__all__ = ["endpoint_create", "endpoint_save", "replay_bulk", "replay_one", "resolve", "resolve_dl",
-           "rotate", "send_test", "suppress"]
+__all__ = ["endpoint_create", "endpoint_save", "replay_bulk", "replay_one", "rerender",
+           "resolve", "resolve_dl", "resolve_suppression", "rotate", "send_test", "suppress"]
 
 def replay_one(c: Console) -> Handler:
     """Replay one delivery; with url/fields/aliases it is an edit & replay: the first POST
@@ -104,7 +105,7 @@ def suppress(c: Console) -> Handler:
         did = request.match_info["id"]
         doing(request, "suppress")
         body = await body_of(request)
-        await c.pool.run(lambda conn: act.suppress_delivery(conn, p, did,
+        await c.pool.run(lambda conn: sup.suppress_delivery(conn, p, did,
                                                             text(body, "reason") or ""))
         return done(request, {"suppressed": did}, f"/deliveries/{did}")
     return h
@@ -116,8 +117,38 @@ def resolve_dl(c: Console) -> Handler:
         dl = request.match_info["id"]
         doing(request, "resolve_dead_letter")
         body = await body_of(request)
-        await c.pool.run(lambda conn: act.resolve_dead_letter(conn, p, dl, text(body, "note")))
+        await c.pool.run(lambda conn: sup.resolve_dead_letter(conn, p, dl, text(body, "note")))
         return done(request, {"resolved": dl}, "/dead-letters")
+    return h
+
+
+def resolve_suppression(c: Console) -> Handler:
+    async def h(request: web.Request) -> web.StreamResponse:
+        p = me(request)
+        did = request.match_info["id"]
+        doing(request, "resolve_suppression")
+        body = await body_of(request)
+        await c.pool.run(lambda conn: sup.resolve_suppression(conn, p, did,
+                                                              text(body, "note")))
+        return done(request, {"resolved": did}, "/suppressions")
+    return h
+
+
+def rerender(c: Console) -> Handler:
+    """Re-render and replay an endpoint's undelivered deliveries (a bulk replay)."""
+    async def h(request: web.Request) -> web.StreamResponse:
+        from replay_console.rerender import rerender_replay
+
+        p = me(request)
+        eid = request.match_info["id"]
+        doing(request, "rerender")
+        if not may(p, "replay"):
+            raise Problem(403, f"a {p.role} may not replay deliveries")
+        body = await body_of(request)
+        job = await c.pool.run(lambda conn: rerender_replay(
+            conn, c.settings, p, eid, confirm=whole(body, "confirm"), note=text(body, "note")))
+        return done(request, {"job_id": job.job_id, "total": job.total,
+                              "skipped": job.skipped}, f"/replays/{job.job_id}", status=202)
     return h
 
 
@@ -240,7 +271,9 @@ def send_test(c: Console) -> Handler:
             if why:
                 raise Problem(400, f"test-send refused: {why}")
         ep = await c.pool.run(lambda conn: eps.load_for_test_send(conn, c.settings, p, eid))
-        sent = await eps.test_send(c.settings, ep, override=override)
+        if override is not None and override.url is not None:
+            eps.check_reach(p, ep, override.url)  # 403 (audited) past the allowed hosts
+        sent = await eps.test_send(c.settings, ep, override=override, lookup=c.lookup)
 
         await c.pool.run(lambda conn: eps.audit_test_send(conn, p, eid, sent))
         counted(request[ACTION], "ok" if sent["ok"] else "refused")

@@ -77,6 +77,10 @@ def project_status(conn: psycopg.Connection[Any], delivery_ids: list[str],
             "INSERT INTO postback_suppressions (delivery_id, endpoint_id, reason, created_at)"
             " SELECT DISTINCT ON (delivery_id) delivery_id, endpoint_id, coalesce(reason, ''),"
             " occurred_at FROM delivery_outcomes WHERE outcome_id = ANY(%(ids)s)"
-            " ORDER BY delivery_id, occurred_at ON CONFLICT (delivery_id) DO NOTHING",
+            " ORDER BY delivery_id, occurred_at ON CONFLICT (delivery_id) DO UPDATE SET"
+            " reason = EXCLUDED.reason, created_at = EXCLUDED.created_at, created_by = NULL,"
+            " resolved_at = NULL, resolved_by = NULL"  # suppressed again after a resolve
+            " WHERE postback_suppressions.resolved_at IS NOT NULL"
+            " AND postback_suppressions.resolved_at < EXCLUDED.created_at",
             {"ids": suppressed},
         )

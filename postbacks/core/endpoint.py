@@ -9,6 +9,8 @@ instead of being sent with a guessed config.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -47,8 +49,11 @@ class ValidatorSpec:
 _CONFIG_KEYS = {
     "schema_version", "fields", "aliases", "validator", "on_validation_failure",
     "redact_fields", "max_attempts", "follow_redirects", "headers", "provider_options",
-    "disable_on_gone", "notify_endpoint_id",
+    "disable_on_gone", "notify_endpoint_id", "test_hosts",
 }
+MAX_TEST_HOSTS = 20
+_HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?"
+                        r"(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,8 @@ class EndpointConfig:
     provider_options: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     disable_on_gone: bool = False  # a 410 Gone disables the endpoint at once (postbacks monitor)
     notify_endpoint_id: str | None = None  # ep_... the owner's notifications go to (notifier)
+    # Hosts besides the URL's own that support may test-send or edit-and-replay to (console).
+    test_hosts: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> EndpointConfig:
@@ -112,6 +119,8 @@ class EndpointConfig:
             if not isinstance(target, str) or not target.startswith("ep_") or not target[3:]:
                 raise ConfigError("notify_endpoint_id must be an endpoint id (ep_...)")
             kw["notify_endpoint_id"] = target
+        if data.get("test_hosts") is not None:
+            kw["test_hosts"] = _test_hosts(data)
         if "headers" in data:
             kw["headers"] = MappingProxyType(dict(_str_map(data, "headers")))
         if "provider_options" in data:
@@ -142,6 +151,8 @@ class EndpointConfig:
             out["disable_on_gone"] = True
         if self.notify_endpoint_id is not None:
             out["notify_endpoint_id"] = self.notify_endpoint_id
+        if self.test_hosts:
+            out["test_hosts"] = list(self.test_hosts)
         return out
 
 
@@ -157,6 +168,28 @@ def _str_list(data: Mapping[str, Any], key: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
         raise ConfigError(f"{key} must be a list of non-empty strings")
     return value
+
+
+def _test_hosts(data: Mapping[str, Any]) -> tuple[str, ...]:
+    """``test_hosts``: bare host names or IP literals (no scheme, port or path), at most
+    :data:`MAX_TEST_HOSTS`, kept lower-case (as a URL's host is compared)."""
+    hosts = _str_list(data, "test_hosts")
+    if len(hosts) > MAX_TEST_HOSTS:
+        raise ConfigError(f"test_hosts holds at most {MAX_TEST_HOSTS} hosts")
+    out: list[str] = []
+    for raw in hosts:
+        host = raw.strip().lower().rstrip(".")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        try:
+            host = str(ipaddress.ip_address(host))
+        except ValueError:
+            if len(host) > 253 or not _HOST_NAME.fullmatch(host):
+                raise ConfigError(f"test_hosts: {raw[:80]!r} is not a host name or IP "
+                                  "address (no scheme, port or path)") from None
+        if host not in out:
+            out.append(host)
+    return tuple(out)
 
 
 def _str_map(data: Mapping[str, Any], key: str) -> Mapping[str, str]:

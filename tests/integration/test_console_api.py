@@ -281,13 +281,15 @@ def test_edits_are_ssrf_checked_and_nothing_changes_when_refused(
             r = sup.post(path, body={"override": {"url": url}})
             assert r.status == 400, (url, r.text)
             assert words in r.json()["error"].lower() or words in r.json()["error"], (url, r.text)
-        r = sup.post(path, body={"override": {"url": "https://public.test/hook"}})
+        # another host than the endpoint's own: a reviewer's reach (test_console_reach.py)
+        rev = Client(port, bearer=token(settings, f"rev-{ns}", "reviewer"))
+        r = rev.post(path, body={"override": {"url": "https://public.test/hook"}})
         assert r.status == 202, r.text
         assert r.json()["diff"] == [["url", f"https://pub.example/{w['ep_a']}",
                                      "https://public.test/hook"]]
         # the page's first POST shows the diff, the second queues
         page = Client(port)
-        page.sign_in(token(settings, f"sup2-{ns}", "support"))
+        page.sign_in(token(settings, f"rev2-{ns}", "reviewer"))
         r = page.post(f"/deliveries/dlv_{ns}_1/replay",
                       form={"url": "https://public.test/other", "csrf": page.csrf})
         assert r.status == 200 and "https://public.test/other" in r.text and "confirm" in r.text

@@ -1,0 +1,279 @@
+"""``postbacks deliveries list | show | replay | rerender``: the console's delivery views and
+replay from the command line (release and reject are ``postbacks held release | reject``).
+
+The CLI runs the same queries and actions as the web console, as a staff principal named
+by ``--actor`` (with ``--role``, default support; the console's rate limit and bulk
+confirmation apply the same way). A replay is queued, then drained here at the
+per-endpoint cap with progress on stderr — or, when a console server is draining, waited
+for (``--no-wait`` returns at once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from typing import Any, cast
+
+from postbacks.cli_output import fail, iso, print_json, print_table, usd
+from postbacks.settings import Settings
+
+__all__ = ["add_parser"]
+
+
+def _principal(args: argparse.Namespace) -> Any:
+    from replay_console.auth import Principal
+
+    return Principal("cli", args.actor.strip(), args.role, ())
+
+
+_FILTER_ARGS = ("q", "app", "endpoint", "status", "error", "error_class", "since", "until",
+                "created_from", "created_to")
+
+
+def _filter(args: argparse.Namespace) -> Any:
+    from replay_console.queries import parse_filter
+
+    params = {k: str(getattr(args, k)) for k in (*_FILTER_ARGS, "cursor", "limit")
+              if getattr(args, k, None) not in (None, "")}
+    return parse_filter(params)
+
+
+def _list(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.db.connect import connect
+    from replay_console.queries import FilterError, list_deliveries
+
+    try:
+        flt = _filter(args)
+    except FilterError as exc:
+        return fail(args, str(exc), 2)
+    with connect(settings.database_url) as conn:
+        rows, nxt = list_deliveries(conn, _principal(args), flt)
+    if args.json:
+        print_json({"deliveries": rows, "next_cursor": nxt})
+        return 0
+    print_table(["DELIVERY", "ENDPOINT", "APP", "STATUS", "ATTEMPTS", "LAST ERROR", "PAYOUT",
+                 "CREATED"],
+                [[r["delivery_id"], r["endpoint_id"], r["app_id"], r["status"],
+                  r["attempt_count"], r["last_error"] or "", usd(r["payout_usd_micros"]),
+                  iso(r["created_at_ms"])] for r in rows])
+    if nxt:
+        print(f"\nmore: --cursor {nxt}")
+    return 0
+
+
+def _show(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.db.connect import connect
+    from replay_console.queries import NotFound, delivery_detail
+
+    with connect(settings.database_url) as conn:
+        try:
+            d = delivery_detail(conn, _principal(args), args.delivery_id)
+        except NotFound as exc:
+            return fail(args, str(exc), 1)
+    if args.json:
+        print_json(d)
+        return 0
+    print(f"{d['delivery_id']}  {d['status']}  endpoint {d['endpoint_id']}  app {d['app_id']}")
+    print(f"idempotency key {d['idempotency_key']}  attempts {d['attempt_count']}  "
+          f"payout {usd(d['payout_usd_micros'])}  created {iso(d['created_at_ms'])}")
+    if d.get("hold_reason"):
+        print(f"held: {d['hold_reason']} since {iso(d.get('held_at_ms'))}")
+    for a in d["attempts"]:
+        print(f"\n#{a['attempt_no']} {a['trigger']} {a['result']} "
+              f"{a['status_code'] or ''} {iso(a['attempted_at_ms'])}"
+              f"{' ' + (a['error_class'] or '') if a['error_class'] else ''}")
+        print(f"  > {a['request_method']} {a['request_url']}")
+        for k, v in sorted(a["request_headers"].items()):
+            print(f"  > {k}: {v}")
+        if a["request_body"]:
+            print(f"  > {a['request_body']}")
+        if a["response_excerpt"]:
+            print(f"  < {a['response_excerpt']}")
+    print("\noutcomes: " + ", ".join(f"{o['kind']}@{iso(o['occurred_at_ms'])}"
+                                      for o in d["outcomes"]))
+    return 0
+
+
+def _replay(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.core.override import OverrideError, parse_override
+    from postbacks.db.connect import connect
+    from replay_console.actions import create_replay
+    from replay_console.drain import wait_for_job
+    from replay_console.queries import FilterError
+    from replay_console.rules import ActionError
+
+    if not args.actor.strip():
+        return fail(args, "--actor must name who you are", 2)
+    has_filter = any(getattr(args, k, None) for k in _FILTER_ARGS)
+    if bool(args.delivery_ids) == has_filter:
+        return fail(args, "give delivery ids or filters (--app/--endpoint/--status/--error/"
+                    "--since/--until), not both and not neither", 2)
+    try:
+        flt = _filter(args) if has_filter else None
+        raw: dict[str, Any] = {}
+        if args.url:
+            raw["url"] = args.url
+        if args.fields:
+            raw["fields"] = [f.strip() for f in args.fields.split(",") if f.strip()]
+        if args.aliases:
+            raw["aliases"] = json.loads(args.aliases)
+        override = parse_override(raw) if raw else None
+    except (FilterError, OverrideError, ValueError) as exc:
+        return fail(args, str(exc), 2)
+    with connect(settings.database_url) as conn:
+        try:
+            job = create_replay(conn, settings, _principal(args),
+                                delivery_ids=args.delivery_ids or (), flt=flt,
+                                override=override, note=args.note,
+                                confirm=args.confirm if not args.yes else None)
+        except ActionError as exc:
+            needs = exc.extra.get("needs_confirmation")
+            if needs is not None and args.yes:
+                try:
+                    job = create_replay(conn, settings, _principal(args), flt=flt,
+                                        note=args.note, confirm=int(needs))
+                except ActionError as again:
+                    return fail(args, str(again), 1)
+            else:
+                hint = f" (re-run with --confirm {needs})" if needs is not None else ""
+                return fail(args, f"{exc}{hint}", 1 if exc.status != 400 else 2)
+        conn.commit()
+    for what, before, after in job.diff:
+        print(f"  {what}: {before} -> {after}", file=sys.stderr)
+    skipped = ", ".join(f"{n} {s}" for s, n in sorted(job.skipped.items()))
+    print(f"queued replay {job.job_id}: {job.total} deliveries"
+          + (f" (not replayable, left out: {skipped})" if skipped else ""), file=sys.stderr)
+    if args.no_wait:
+        print(job.job_id)
+        return 0
+
+    def progress(status: dict[str, Any]) -> None:
+        print(f"  published {status['published']}/{status['total']}", file=sys.stderr,
+              flush=True)
+
+    status = wait_for_job(settings, job.job_id, threading.Event(), progress=progress)
+    print(f"{job.job_id}\t{status['published']}/{status['total']} published\t{status['state']}")
+    return 0 if status["state"] == "done" else 1
+
+
+def _rerender(settings: Settings, args: argparse.Namespace) -> int:
+    """Preview an endpoint's re-render (each delivery rendered with the current config);
+    with --yes, queue it as a bulk replay of the previewed count and drain it."""
+    from postbacks.db.connect import connect
+    from replay_console.drain import wait_for_job
+    from replay_console.queries import NotFound
+    from replay_console.rerender import rerender_preview, rerender_replay
+    from replay_console.rules import ActionError
+
+    if not args.actor.strip():
+        return fail(args, "--actor must name who you are", 2)
+    p = _principal(args)
+    with connect(settings.database_url) as conn:
+        try:
+            pv = rerender_preview(conn, settings, p, args.endpoint)
+        except NotFound as exc:
+            return fail(args, str(exc), 1)
+        except ActionError as exc:
+            return fail(args, str(exc), 1)
+        conn.rollback()
+        if args.json:
+            print_json(pv)
+        else:
+            for x in pv["deliveries"]:
+                first = (f"{x['request']['method']} {x['request']['url']}" if x["renders"]
+                         else f"still fails: {x['error']}")
+                print(f"{x['delivery_id']}	{x['status']}	{first}")
+            skipped = ", ".join(f"{n} {s}" for s, n in sorted(pv["skipped"].items()))
+            print(f"{pv['replayable']} to re-render: {pv['renders']} render now, "
+                  f"{pv['still_failing']} still fail"
+                  + (f" (left out: {skipped})" if skipped else ""), file=sys.stderr)
+        if not args.yes:
+            if pv["replayable"]:
+                print("re-run with --yes to replay them", file=sys.stderr)
+            return 0
+        try:
+            job = rerender_replay(conn, settings, p, args.endpoint, confirm=pv["replayable"],
+                                  note=args.note)
+        except ActionError as exc:
+            return fail(args, str(exc), 1 if exc.status != 400 else 2)
+        conn.commit()
+    print(f"queued re-render {job.job_id}: {job.total} deliveries", file=sys.stderr)
+    if args.no_wait:
+        print(job.job_id)
+        return 0
+    status = wait_for_job(settings, job.job_id, threading.Event())
+    print(f"{job.job_id}\t{status['published']}/{status['total']} published\t{status['state']}")
+    return 0 if status["state"] == "done" else 1
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``deliveries`` and its actions to the top-level subparsers."""
+    sub = cast(argparse._SubParsersAction, subparsers)  # type: ignore[type-arg]
+    p = sub.add_parser("deliveries", help="find, inspect and replay deliveries",
+                       description="The console's delivery views and replay from the "
+                       "command line (release/reject: postbacks held).")
+    acts = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--actor", default="cli", help="who you are (audited)")
+    common.add_argument("--role", default="support", choices=["support", "reviewer", "admin"],
+                        help="act with this staff role's rights (default support)")
+    sp = acts.add_parser("list", parents=[common], help="list deliveries, newest first",
+                         description="Deliveries matching every filter, newest first.")
+    _filters(sp)
+    sp.add_argument("--cursor", help="the 'more' cursor of the previous page")
+    sp.add_argument("--limit", type=int, default=50, help="rows per page (1-200)")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=_list)
+    sp = acts.add_parser("show", parents=[common], help="one delivery with every attempt",
+                         description="A delivery, its attempts (exact request and response "
+                         "excerpt), outcomes and audit trail.")
+    sp.add_argument("delivery_id")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=_show)
+    sp = acts.add_parser(
+        "replay", parents=[common], help="re-drive deliveries (original idempotency key)",
+        description="Queue a replay of the given deliveries, or of every delivery matching "
+        "the filters (bulk), then publish it at the per-endpoint cap. --url/--fields/"
+        "--aliases edit this re-drive only (SSRF-checked).")
+    sp.add_argument("delivery_ids", nargs="*", metavar="DELIVERY_ID")
+    _filters(sp)
+    sp.add_argument("--url", help="edit: send this re-drive to this URL")
+    sp.add_argument("--fields", help="edit: V3 field subset, comma separated")
+    sp.add_argument("--aliases", help='edit: V3 key aliases as JSON, e.g. {"payout":"amount"}')
+    sp.add_argument("--note", help="why (audited)")
+    sp.add_argument("--confirm", type=int, help="bulk: the number of deliveries you expect")
+    sp.add_argument("--yes", action="store_true", help="bulk: confirm whatever matches")
+    sp.add_argument("--no-wait", action="store_true", help="queue it and return")
+    sp.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    sp.set_defaults(func=_replay)
+    sp = acts.add_parser(
+        "rerender", parents=[common], help="re-render an endpoint's undelivered deliveries",
+        description="Render the endpoint's exhausted, dead-lettered and render-failed "
+        "deliveries with its current config (a preview: nothing sent), then, with --yes, "
+        "replay them as a bulk replay of the previewed count (capped and audited).")
+    sp.add_argument("--endpoint", required=True, help="endpoint id")
+    sp.add_argument("--note", help="why (audited)")
+    sp.add_argument("--yes", action="store_true", help="replay what the preview shows")
+    sp.add_argument("--no-wait", action="store_true", help="queue it and return")
+    sp.add_argument("--json", action="store_true", help="the preview as JSON")
+    sp.set_defaults(func=_rerender)
+
+
+def _filters(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--app", help="app id")
+    sp.add_argument("--endpoint", help="endpoint id")
+    sp.add_argument("--status", help="delivery status (delivered, dead_lettered, ...)")
+    sp.add_argument("--error", help="error class of the last attempt (e.g. http_5xx)")
+    sp.add_argument("--since", help="created at or after (2026-11-30 or an ISO time)")
+    sp.add_argument("--until", help="created before")
+    sp.add_argument("--search", dest="q", metavar="ID",
+                    help="one delivery by any of its ids, exact: delivery id, conversion id, "
+                    "idempotency key or webhook-id")
+    sp.add_argument("--error-class", dest="error_class",
+                    help="error class of the last attempt (same as --error)")
+    sp.add_argument("--from", dest="created_from",
+                    help="created at or after (2026-11-30 or an ISO time with offset)")
+    sp.add_argument("--to", dest="created_to",
+                    help="created up to (a date includes that whole day; a time is exclusive)")

@@ -1,0 +1,169 @@
+"""The console's reach against real PostgreSQL and a real receiver: support may test-send
+or edit-and-replay only to the endpoint's own host or its ``test_hosts`` (another host is
+a 403, audited); a reviewer may target any host that passes the SSRF check; and no
+signature made with the endpoint's live secret appears in what the test-send answers,
+on its page or in the audit log."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from postbacks.core.endpoint import EndpointConfig
+from postbacks.core.signing import decode_secret, generate_secret, sign
+from postbacks.db.connect import connect
+from postbacks.db.crypto import SecretBox
+from postbacks.db.endpoints import add_secret, upsert_endpoint
+from postbacks.settings import Settings
+from tests.integration.anomaly_helpers import held_delivery, insert_deliveries
+from tests.integration.console_util import Client, console_server, token
+
+
+def _lookup(host: str) -> list[str]:
+    host = host.lower()
+    if host in ("own.test", "allowed.test", "other.test"):
+        return ["127.0.0.1"]  # the receiver, on loopback (the test settings allow it)
+    if host == "internal.test":
+        return ["10.1.2.3"]
+    raise OSError("name does not resolve")
+
+
+def _refusals(settings: Settings, actor: str) -> list[tuple[str, str, Any]]:
+    with connect(settings.database_url) as conn:
+        return [(r[0], r[1], r[2]) for r in conn.execute(
+            "SELECT action, target_id, after FROM audit_log WHERE actor = %s"
+            " AND action LIKE 'refused.%%' ORDER BY audit_id", (actor,))]
+
+
+def _live_signature(live: str, sent: dict[str, Any]) -> str:
+    """The signature the live secret makes over the request the console says it sent,
+    without its ``v1,`` (the value itself must appear nowhere)."""
+    h = sent["request"]["headers"]
+    sig = sign(decode_secret(live), h["webhook-id"], int(h["webhook-timestamp"]),
+               sent["request"]["body"].encode())
+    return sig.removeprefix("v1,")
+
+
+def test_support_reaches_only_the_endpoints_own_and_listed_hosts(
+        settings: Settings, namespace: str, stack: Any) -> None:
+    from postbacks.tools.procs import free_port, http_json, wait_for
+
+    ns = namespace
+    app, ep = f"app_{ns}", f"ep_{ns}"
+    rport = free_port()
+    stack.start("receiver", "receiver", "--port", str(rport))
+    rbase = f"http://127.0.0.1:{rport}"
+    wait_for(lambda: http_json(f"{rbase}/_control/stats"), 30, what="receiver")
+    live = generate_secret()
+    http_json(f"{rbase}/_control/secrets", {ep: [live]})  # the receiver verifies with it
+    with connect(settings.database_url) as conn:
+        upsert_endpoint(conn, endpoint_id=ep, app_id=app,
+                        url=f"http://own.test:{rport}/hooks/{ep}",
+                        config=EndpointConfig.from_json({"test_hosts": ["Allowed.Test"]}))
+        add_secret(conn, SecretBox(settings.secrets_key.reveal()), ep, live,
+                   now_ms=int(time.time() * 1000))
+        conn.commit()
+    for n in (1, 2, 3):
+        insert_deliveries(settings, [held_delivery(ns, n, endpoint=ep, app=app)],
+                          status="dead_lettered")
+    other = f"http://other.test:{rport}/hooks/{ep}"
+    send = f"/api/v1/endpoints/{ep}/test-send"
+    with console_server(settings, lookup=_lookup) as port:
+        sup = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
+        rev = Client(port, bearer=token(settings, f"rev-{ns}", "reviewer"))
+
+        # support, another host: refused with the reason, nothing sent
+        r = sup.post(send, body={"override": {"url": other}})
+        assert r.status == 403, r.text
+        err = r.json()["error"]
+        assert "other.test" in err and "reviewer" in err and "allowed.test" in err, err
+        assert http_json(f"{rbase}/_control/stats")["per_endpoint"].get(ep, 0) == 0
+        # the SSRF check still comes first, for every role
+        r = rev.post(send, body={"override": {"url": "http://internal.test/x"}})
+        assert r.status == 400 and "10.1.2.3" in r.json()["error"], r.text
+
+        # support, the endpoint's own host (stored URL, or typed with another case and
+        # path) and an allow-listed host: sent, signed with the live secret
+        lives: list[str] = []  # every signature the live secret made for these sends
+        answers = [sup.post(send, body={})]
+        for url in (f"http://OWN.test:{rport}/hooks/{ep}?again=1",
+                    f"http://allowed.test:{rport}/hooks/{ep}"):
+            answers.append(sup.post(send, body={"override": {"url": url}}))
+        # a reviewer, another host: allowed
+        answers.append(rev.post(send, body={"override": {"url": other}}))
+        for r in answers:
+            assert r.status == 200, r.text
+            sent = r.json()
+            assert sent["ok"] and sent["response"]["status"] == 200, sent
+            shown = sent["request"]["headers"]["webhook-signature"]
+            assert shown == "v1,[redacted]", shown
+            lives.append(_live_signature(live, sent))
+            assert lives[-1] not in r.text
+        assert answers[-1].json()["request"]["url"] == other
+        got = http_json(f"{rbase}/_control/received?endpoint={ep}")
+        assert [g["signature"] for g in got] == ["ok"] * 4  # the receiver got live signatures
+
+        # the page: the same redaction, the same refusal
+        page = Client(port)
+        page.sign_in(token(settings, f"sup2-{ns}", "support"))
+        t0 = int(time.time())
+        html = page.post(f"/endpoints/{ep}/test-send", form={"csrf": page.csrf})
+        t1 = int(time.time())
+        assert html.status == 200 and "v1,[redacted]" in html.text, html.text
+        [last] = http_json(f"{rbase}/_control/received?endpoint={ep}")[-1:]
+        assert last["signature"] == "ok" and last["webhook_id"] in html.text
+        # the live signature over what the page's send carried, at any second it could
+        # have been stamped with
+        key = decode_secret(live)
+        page_lives = [sign(key, last["webhook_id"], ts, last["body"].encode()).removeprefix("v1,")
+                      for ts in range(t0 - 1, t1 + 2)]
+        assert not [x for x in page_lives if x in html.text]
+        lives += page_lives
+        r = page.post(f"/endpoints/{ep}/test-send", form={"csrf": page.csrf, "url": other})
+        assert r.status == 403 and "needs a reviewer" in r.text
+
+        # edit & replay: the same reach
+        path = f"/api/v1/deliveries/dlv_{ns}_1/replay"
+        r = sup.post(path, body={"override": {"url": other}})
+        assert r.status == 403 and "other.test" in r.json()["error"], r.text
+        r = page.post(f"/deliveries/dlv_{ns}_2/replay", form={"csrf": page.csrf, "url": other})
+        assert r.status == 403 and "needs a reviewer" in r.text  # the diff page too
+        r = sup.post(path, body={"override": {"url": f"https://allowed.test/{ep}"}})
+        assert r.status == 202, r.text
+        r = rev.post(f"/api/v1/deliveries/dlv_{ns}_3/replay",
+                     body={"override": {"url": "https://other.test/moved"}})
+        assert r.status == 202, r.text
+
+    # refusals are audited (403 by the middleware), with the reason
+    refused = _refusals(settings, f"support:sup-{ns}")
+    assert [(a, t) for a, t, _ in refused] == [
+        ("refused.test_send", send), ("refused.edit_replay", path)], refused
+    assert refused[0][2]["status"] == 403 and "other.test" in refused[0][2]["reason"]
+    assert [a for a, _t, _ in _refusals(settings, f"support:sup2-{ns}")] == [
+        "refused.test_send", "refused.edit_replay"]
+    with connect(settings.database_url) as conn:
+        rows = conn.execute("SELECT after FROM audit_log WHERE target_id = %s", (ep,)).fetchall()
+        edits = conn.execute("SELECT count(*) FROM replay_items WHERE delivery_id = ANY(%s)",
+                             ([f"dlv_{ns}_{n}" for n in (1, 2, 3)],)).fetchone()
+    audited = json.dumps([r[0] for r in rows])
+    assert len(rows) == 5 and not [x for x in lives if x in audited], audited
+    assert edits == (2,)  # the allowed support edit and the reviewer's
+
+
+def test_test_hosts_is_validated_on_save(settings: Settings, namespace: str) -> None:
+    ns = namespace
+    with connect(settings.database_url) as conn:
+        upsert_endpoint(conn, endpoint_id=f"ep_{ns}", app_id=f"app_{ns}",
+                        url="https://own.test/h", config=EndpointConfig())
+        conn.commit()
+    with console_server(settings, lookup=_lookup) as port:
+        admin = Client(port, bearer=token(settings, f"adm-{ns}", "admin"))
+        path = f"/api/v1/endpoints/ep_{ns}"
+        for bad, words in (("https://x.test/", "not a host name"), ("x.test:8080", "port"),
+                           ("", "non-empty"), (7, "non-empty")):
+            r = admin.post(path, body={"config": {"test_hosts": [bad]}})
+            assert r.status == 422 and words in json.dumps(r.json()["problems"]), (bad, r.text)
+        r = admin.post(path, body={"config": {"test_hosts": ["Staging.Test.", "10.0.0.1"]}})
+        assert r.status == 200, r.text
+        assert admin.get(path).json()["config"]["test_hosts"] == ["staging.test", "10.0.0.1"]
