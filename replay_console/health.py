@@ -35,7 +35,6 @@ per endpoint.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +43,7 @@ from urllib.parse import urlencode
 import psycopg
 from aiohttp import web
 
+from postbacks.db.times import ms_of
 from replay_console import queries as q
 from replay_console.auth import Principal, may
 from replay_console.filters import ID, STATUSES, DeliveryFilter
@@ -233,10 +233,6 @@ SELECT endpoint_id, app_id, name, enabled, state, n_1h, ok_1h, n_24h, ok_24h, la
     return sql, args
 
 
-def _ms(t: dt.datetime | None) -> int | None:
-    return None if t is None else int(t.timestamp() * 1000)
-
-
 def _rate(ok: int, n: int) -> float | None:
     return None if n == 0 else ok / n
 
@@ -246,7 +242,7 @@ def _row(r: tuple[Any, ...], p: Principal) -> dict[str, Any]:
         "endpoint_id": r[0], "app_id": r[1], "name": r[2], "enabled": r[3], "state": r[4],
         "success_rate": {"1h": _rate(r[6], r[5]), "24h": _rate(r[8], r[7])},
         "attempts": {"1h": r[5], "24h": r[7]},
-        "last_success_at_ms": _ms(r[9]), "last_failure_at_ms": _ms(r[10]),
+        "last_success_at_ms": ms_of(r[9]), "last_failure_at_ms": ms_of(r[10]),
         "breaker": "open" if r[11] else "closed", "backlog": r[12],
     }
     if not p.is_publisher:

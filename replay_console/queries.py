@@ -13,12 +13,12 @@ page 1 and page 10,000.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
 import psycopg
 
+from postbacks.db.times import ms_of, ts_of
 from replay_console.auth import Principal, may
 from replay_console.filters import (  # the filter names are re-exported (reads API)
     ID,
@@ -59,14 +59,6 @@ class NotFound(LookupError):
     probe for other apps' ids)."""
 
 
-def _ms(t: dt.datetime | None) -> int | None:
-    return None if t is None else int(t.timestamp() * 1000)
-
-
-def _ts(ms: int) -> dt.datetime:
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
-
-
 def _scope(p: Principal, where: list[str], args: list[Any], alias: str = "d") -> None:
     """The principal's visibility, as SQL."""
     if p.is_publisher:
@@ -98,13 +90,13 @@ def filter_sql(p: Principal, f: DeliveryFilter, *, paging: bool = True
         args += [f.q, f.q, f.q]
     if f.since_ms is not None:
         where.append("d.created_at >= %s")
-        args.append(_ts(f.since_ms))
+        args.append(ts_of(f.since_ms))
     if f.until_ms is not None:
         where.append("d.created_at < %s")
-        args.append(_ts(f.until_ms))
+        args.append(ts_of(f.until_ms))
     if paging and f.cursor is not None:
         where.append("(d.created_at, d.delivery_id) < (%s, %s)")
-        args += [_ts(f.cursor[0]), f.cursor[1]]
+        args += [ts_of(f.cursor[0]), f.cursor[1]]
     return (" AND ".join(where) or "true"), args
 
 
@@ -119,8 +111,8 @@ def _list_row(r: tuple[Any, ...], p: Principal, hold_reason: str | None) -> dict
     out = {
         "delivery_id": r[0], "endpoint_id": r[1], "app_id": r[2], "conversion_id": r[3],
         "event_type": r[4], "goal_id": r[5], "idempotency_key": r[6],
-        "payout_usd_micros": r[7], "status": r[8], "status_at_ms": _ms(r[9]),
-        "attempt_count": r[10], "last_error": r[11], "created_at_ms": _ms(r[12]),
+        "payout_usd_micros": r[7], "status": r[8], "status_at_ms": ms_of(r[9]),
+        "attempt_count": r[10], "last_error": r[11], "created_at_ms": ms_of(r[12]),
     }
     if not p.is_publisher:
         out["hold_reason"] = hold_reason
@@ -176,9 +168,9 @@ def delivery_detail(conn: psycopg.Connection[Any], p: Principal, delivery_id: st
     out["event_id"] = row[15]
     if not p.is_publisher:
         out["snapshot"] = row[14]
-        out["held_at_ms"] = _ms(row[16])
+        out["held_at_ms"] = ms_of(row[16])
     out["attempts"] = [
-        {"attempt_id": a[0], "attempted_at_ms": _ms(a[1]), "attempt_no": a[2],
+        {"attempt_id": a[0], "attempted_at_ms": ms_of(a[1]), "attempt_no": a[2],
          "trigger": _PUBLISHER_TRIGGER.get(a[3], a[3]) if p.is_publisher else a[3],
          "result": a[4], "status_code": a[5], "error_class": a[6],
          "error_message": a[7], "queue_ms": a[8], "platform_ms": a[9], "wire_ms": a[10],
@@ -196,7 +188,7 @@ def delivery_detail(conn: psycopg.Connection[Any], p: Principal, delivery_id: st
     hidden = list(_HIDDEN_FROM_PUBLISHERS) if p.is_publisher else []
     out["outcomes"] = [
         {"kind": o[0], "attempt_no": o[1], "reason": None if p.is_publisher else o[2],
-         "actor": None if p.is_publisher else o[3], "occurred_at_ms": _ms(o[4])}
+         "actor": None if p.is_publisher else o[3], "occurred_at_ms": ms_of(o[4])}
         for o in conn.execute(
             "SELECT kind, attempt_no, reason, actor, occurred_at FROM delivery_outcomes"
             " WHERE delivery_id = %s AND kind <> ALL(%s) ORDER BY occurred_at, outcome_id",
@@ -206,8 +198,8 @@ def delivery_detail(conn: psycopg.Connection[Any], p: Principal, delivery_id: st
     if not p.is_publisher:
         out["dead_letters"] = [
             {"dead_letter_id": r[0], "reason": r[1], "error_class": r[2],
-             "error_message": r[3], "stage": r[4], "occurred_at_ms": _ms(r[5]),
-             "resolved_at_ms": _ms(r[6]), "resolved_by": r[7]}
+             "error_message": r[3], "stage": r[4], "occurred_at_ms": ms_of(r[5]),
+             "resolved_at_ms": ms_of(r[6]), "resolved_by": r[7]}
             for r in conn.execute(
                 "SELECT dead_letter_id, reason, error_class, error_message, stage,"
                 " occurred_at, resolved_at, resolved_by FROM dead_letters"
@@ -218,8 +210,8 @@ def delivery_detail(conn: psycopg.Connection[Any], p: Principal, delivery_id: st
                            " FROM postback_suppressions WHERE delivery_id = %s",
                            (delivery_id,)).fetchone()
         out["suppression"] = None if sup is None else {
-            "reason": sup[0], "created_at_ms": _ms(sup[1]), "created_by": sup[2],
-            "resolved_at_ms": _ms(sup[3]), "resolved_by": sup[4]}
+            "reason": sup[0], "created_at_ms": ms_of(sup[1]), "created_by": sup[2],
+            "resolved_at_ms": ms_of(sup[3]), "resolved_by": sup[4]}
     return out
 
 
@@ -249,10 +241,10 @@ def endpoint_detail(conn: psycopg.Connection[Any], p: Principal, endpoint_id: st
         "url": row[4], "method": row[5], "provider": row[6], "event_types": list(row[7]),
         "enabled": row[8], "concurrency": row[9],
         "config": row[10] if may(p, "edit_endpoint") else masked_config(row[10] or {}),
-        "created_at_ms": _ms(row[11]), "updated_at_ms": _ms(row[12]),
+        "created_at_ms": ms_of(row[11]), "updated_at_ms": ms_of(row[12]),
     }
     out["secrets"] = [
-        {"secret_id": s[0], "active_from_ms": _ms(s[1]), "active_until_ms": _ms(s[2]),
+        {"secret_id": s[0], "active_from_ms": ms_of(s[1]), "active_until_ms": ms_of(s[2]),
          "active": bool(s[3])}
         for s in conn.execute(
             "SELECT secret_id, active_from, active_until,"
@@ -276,9 +268,9 @@ def endpoint_detail(conn: psycopg.Connection[Any], p: Principal, endpoint_id: st
     quarantined = conn.execute(
         "SELECT max(occurred_at) FROM delivery_outcomes WHERE endpoint_id = %s"
         " AND kind = 'quarantined'", (endpoint_id,)).fetchone()
-    out["last_quarantined_at_ms"] = _ms(quarantined[0]) if quarantined else None
+    out["last_quarantined_at_ms"] = ms_of(quarantined[0]) if quarantined else None
     out["recent_outcomes"] = [
-        {"delivery_id": o[0], "kind": o[1], "reason": o[2], "occurred_at_ms": _ms(o[3])}
+        {"delivery_id": o[0], "kind": o[1], "reason": o[2], "occurred_at_ms": ms_of(o[3])}
         for o in conn.execute(
             "SELECT delivery_id, kind, reason, occurred_at FROM delivery_outcomes"
             " WHERE endpoint_id = %s ORDER BY occurred_at DESC LIMIT 20", (endpoint_id,))
@@ -303,15 +295,15 @@ def dead_letters(conn: psycopg.Connection[Any], p: Principal,
             args.append(value)
     if f.since_ms is not None:
         where.append("occurred_at >= %s")
-        args.append(_ts(f.since_ms))
+        args.append(ts_of(f.since_ms))
     if f.until_ms is not None:
         where.append("occurred_at < %s")
-        args.append(_ts(f.until_ms))
+        args.append(ts_of(f.until_ms))
     cond = " AND ".join(where) or "true"
     rows = [
         {"dead_letter_id": r[0], "reason": r[1], "error_class": r[2], "error_message": r[3],
          "stage": r[4], "origin": f"{r[5]}[{r[6]}]@{r[7]}", "delivery_id": r[8],
-         "endpoint_id": r[9], "occurred_at_ms": _ms(r[10]), "resolved_at_ms": _ms(r[11]),
+         "endpoint_id": r[9], "occurred_at_ms": ms_of(r[10]), "resolved_at_ms": ms_of(r[11]),
          "resolved_by": r[12]}
         for r in conn.execute(
             "SELECT dead_letter_id, reason, error_class, error_message, stage, origin_topic,"
@@ -331,8 +323,8 @@ def suppressions(conn: psycopg.Connection[Any], p: Principal, *, limit: int = 10
     if not may(p, "read_internal"):
         return []
     return [
-        {"delivery_id": r[0], "endpoint_id": r[1], "reason": r[2], "created_at_ms": _ms(r[3]),
-         "created_by": r[4], "resolved_at_ms": _ms(r[5]), "resolved_by": r[6]}
+        {"delivery_id": r[0], "endpoint_id": r[1], "reason": r[2], "created_at_ms": ms_of(r[3]),
+         "created_by": r[4], "resolved_at_ms": ms_of(r[5]), "resolved_by": r[6]}
         for r in conn.execute(
             "SELECT delivery_id, endpoint_id, reason, created_at, created_by, resolved_at,"
             " resolved_by FROM postback_suppressions"
@@ -351,7 +343,7 @@ def audit_rows(conn: psycopg.Connection[Any], *, target_type: str | None = None,
             where.append(f"{column} = %s")
             args.append(value)
     return [
-        {"audit_id": r[0], "at_ms": _ms(r[1]), "actor": r[2], "action": r[3],
+        {"audit_id": r[0], "at_ms": ms_of(r[1]), "actor": r[2], "action": r[3],
          "target_type": r[4], "target_id": r[5], "before": r[6], "after": r[7], "note": r[8]}
         for r in conn.execute(
             "SELECT audit_id, at, actor, action, target_type, target_id, before, after, note"

@@ -19,7 +19,6 @@ held and rejected deliveries are excluded **in the query**.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -29,6 +28,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from postbacks.core.anomaly.modes import Detector, HaltState, Mode
+from postbacks.db.times import ms_of, ts_of
 
 __all__ = [
     "GLOBAL_KEY",
@@ -99,19 +99,11 @@ class HeldDelivery:
     snapshot: dict[str, Any]  # the ConversionEvent as stored by the sink
 
 
-def _ms(t: dt.datetime | None) -> int | None:
-    return None if t is None else int(t.timestamp() * 1000)
-
-
-def _ts(ms: int) -> dt.datetime:
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
-
-
 _COLS = "scope, scope_key, detector, mode, params, state, state_changed_at, state_reason"
 
 
 def _row(r: Sequence[Any]) -> AnomalyRow:
-    return AnomalyRow(r[0], r[1], r[2], r[3], dict(r[4] or {}), r[5], _ms(r[6]), r[7])
+    return AnomalyRow(r[0], r[1], r[2], r[3], dict(r[4] or {}), r[5], ms_of(r[6]), r[7])
 
 
 def _check_target(scope: str, scope_key: str, detector: str) -> None:
@@ -244,7 +236,7 @@ def record_trip(
             " AND (payout_anomaly_settings.state_changed_at IS NULL"
             "      OR payout_anomaly_settings.state_changed_at < EXCLUDED.state_changed_at)"
             f" RETURNING {_COLS}",
-            (scope, scope_key, detector, _ts(at_ms), reason),
+            (scope, scope_key, detector, ts_of(at_ms), reason),
         ).fetchone()
         if r is None:  # a concurrent trip inserted the row first
             return False
@@ -324,7 +316,7 @@ def held_deliveries(
         (*args, limit),
     ).fetchall()
     return [
-        HeldDelivery(r[0], r[1], r[2], r[3], r[4], _ms(r[5]), r[6], r[7], _ms(r[8]) or 0,
+        HeldDelivery(r[0], r[1], r[2], r[3], r[4], ms_of(r[5]), r[6], r[7], ms_of(r[8]) or 0,
                      dict(r[9]))
         for r in rows
     ]
@@ -339,7 +331,7 @@ def held_cohorts(
     where, args = _held_where(endpoint_id, reason, app_id, None)
     return [
         {"endpoint_id": r[0], "hold_reason": r[1], "count": int(r[2]),
-         "payout_usd_micros": int(r[3] or 0), "oldest_ms": _ms(r[4])}
+         "payout_usd_micros": int(r[3] or 0), "oldest_ms": ms_of(r[4])}
         for r in conn.execute(
             "SELECT d.endpoint_id, d.hold_reason, count(*), sum(d.payout_usd_micros),"
             f" min(d.held_at) FROM deliveries d WHERE {where}"
@@ -388,7 +380,7 @@ def publisher_deliveries(
     return [
         {"delivery_id": r[0], "endpoint_id": r[1], "app_id": r[2], "conversion_id": r[3],
          "event_type": r[4], "goal_id": r[5], "idempotency_key": r[6],
-         "payout_usd_micros": r[7], "status": r[8], "status_at_ms": _ms(r[9]),
-         "attempt_count": r[10], "created_at_ms": _ms(r[11])}
+         "payout_usd_micros": r[7], "status": r[8], "status_at_ms": ms_of(r[9]),
+         "attempt_count": r[10], "created_at_ms": ms_of(r[11])}
         for r in rows
     ]

@@ -6,7 +6,6 @@ SQL form of :func:`~postbacks.core.endpoint_health.merge`.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from typing import Any
 import psycopg
 
 from postbacks.core.endpoint_health import BatchHealth, Health
+from postbacks.db.times import ms_of, ts_of
 
 __all__ = ["Candidate", "candidates", "disable", "enable", "record_batch"]
 
@@ -33,14 +33,6 @@ ON CONFLICT (endpoint_id) DO UPDATE SET
 """
 
 
-def _ts(ms: int | None) -> dt.datetime | None:
-    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
-
-
-def _ms(t: dt.datetime | None) -> int | None:
-    return None if t is None else int(t.timestamp() * 1000)
-
-
 def record_batch(conn: psycopg.Connection[Any], batch: Mapping[str, BatchHealth]) -> None:
     """Merge one flush's health into ``endpoint_health``, in the caller's transaction
     (endpoints in id order: two sinks never lock the same rows the other way round)."""
@@ -48,8 +40,8 @@ def record_batch(conn: psycopg.Connection[Any], batch: Mapping[str, BatchHealth]
         return
     with conn.cursor() as cur:
         cur.executemany(_UPSERT, [
-            {"ep": ep, "success": _ts(b.last_success_ms), "failing": _ts(b.failing_since_ms),
-             "gone": _ts(b.last_gone_ms)}
+            {"ep": ep, "success": ts_of(b.last_success_ms), "failing": ts_of(b.failing_since_ms),
+             "gone": ts_of(b.last_gone_ms)}
             for ep, b in sorted(batch.items())])
 
 
@@ -70,7 +62,7 @@ def candidates(conn: psycopg.Connection[Any]) -> list[Candidate]:
         " WHERE e.enabled AND e.disabled_at IS NULL"
         "   AND (h.failing_since IS NOT NULL OR h.last_gone_at IS NOT NULL)"
         " ORDER BY e.endpoint_id").fetchall()
-    return [Candidate(ep, app, Health(_ms(s), _ms(f), _ms(g)), bool(gone))
+    return [Candidate(ep, app, Health(ms_of(s), ms_of(f), ms_of(g)), bool(gone))
             for ep, app, s, f, g, gone in rows]
 
 

@@ -12,14 +12,11 @@ from psycopg.types.json import Jsonb
 from postbacks.core.endpoint import Endpoint, EndpointConfig, SigningSecret
 from postbacks.core.signing import decode_secret
 from postbacks.db.crypto import SecretBox
+from postbacks.db.times import ms_of
 from postbacks.errors import ConfigError
 from postbacks.ids import new_id
 
 __all__ = ["add_secret", "end_other_secrets", "load_endpoints", "upsert_endpoint"]
-
-
-def _ms(t: dt.datetime | None) -> int | None:
-    return None if t is None else int(t.timestamp() * 1000)
 
 
 def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox,
@@ -35,7 +32,7 @@ def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox,
     ):
         key = decode_secret(box.open(bytes(ciphertext), secret_id))
         secrets.setdefault(endpoint_id, []).append(
-            SigningSecret(secret_id, key, _ms(active_from) or 0, _ms(active_until))
+            SigningSecret(secret_id, key, ms_of(active_from) or 0, ms_of(active_until))
         )
     out = []
     for row in conn.execute(
@@ -55,7 +52,7 @@ def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox,
                 endpoint_id=endpoint_id, app_id=app_id, url=url, method=method,
                 provider=provider, event_types=frozenset(event_types), enabled=enabled,
                 concurrency=concurrency, secrets=tuple(secrets.get(endpoint_id, ())),
-                config=config, config_error=error, disabled_at_ms=_ms(disabled_at),
+                config=config, config_error=error, disabled_at_ms=ms_of(disabled_at),
             )
         )
     return out

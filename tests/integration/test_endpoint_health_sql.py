@@ -3,25 +3,15 @@ their promises (once, audited, history cleared) on the real PostgreSQL."""
 
 from __future__ import annotations
 
-import datetime as dt
-from typing import Any
-
 import pytest
 
 from postbacks.core.endpoint_health import BatchHealth, Health
 from postbacks.db.connect import connect
 from postbacks.db.endpoint_health import candidates, disable, enable, record_batch
 from postbacks.db.endpoints import upsert_endpoint
+from postbacks.db.times import ms_of, ts_of
 from postbacks.settings import Settings
 from tests.unit.test_endpoint_health import MERGE_CASES
-
-
-def _ts(ms: int | None) -> dt.datetime | None:
-    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
-
-
-def _ms(t: Any) -> int | None:
-    return None if t is None else int(t.timestamp() * 1000)
 
 
 @pytest.mark.parametrize("case", range(len(MERGE_CASES)))
@@ -32,14 +22,14 @@ def test_the_sql_merge_is_the_pure_rule(settings: Settings, namespace: str, case
         if stored is not None:
             conn.execute("INSERT INTO endpoint_health (endpoint_id, last_success_at,"
                          " failing_since, last_gone_at) VALUES (%s, %s, %s, %s)",
-                         (ep, _ts(stored.last_success_ms), _ts(stored.failing_since_ms),
-                          _ts(stored.last_gone_ms)))
+                         (ep, ts_of(stored.last_success_ms), ts_of(stored.failing_since_ms),
+                          ts_of(stored.last_gone_ms)))
         record_batch(conn, {ep: batch})
         row = conn.execute("SELECT last_success_at, failing_since, last_gone_at"
                            " FROM endpoint_health WHERE endpoint_id = %s", (ep,)).fetchone()
         conn.rollback()
     assert row is not None
-    assert Health(_ms(row[0]), _ms(row[1]), _ms(row[2])) == want
+    assert Health(ms_of(row[0]), ms_of(row[1]), ms_of(row[2])) == want
 
 
 def test_disable_once_with_an_audit_row_and_enable_clears_the_history(
