@@ -65,9 +65,9 @@ _RIGHTS: dict[str, frozenset[str]] = {
     "publisher": frozenset({"read"}),
     "support": frozenset({"read", "read_internal", "replay", "suppress", "test_send"}),
     "reviewer": frozenset({"read", "read_internal", "replay", "suppress", "test_send",
-                           "resolve_held"}),
+                           "resolve_held", "import"}),
     "admin": frozenset({"read", "read_internal", "replay", "suppress", "test_send",
-                        "resolve_held", "edit_endpoint", "unlimited_replay"}),
+                        "resolve_held", "import", "edit_endpoint", "unlimited_replay"}),
 }
 
 

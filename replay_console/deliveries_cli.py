@@ -1,5 +1,6 @@
-"""``postbacks deliveries list | show | replay | rerender``: the console's delivery views and
-replay from the command line (release and reject are ``postbacks held release | reject``).
+"""``postbacks deliveries list | show | replay | rerender | import``: the console's delivery
+views, replay and backfill import from the command line (release and reject are
+``postbacks held release | reject``).
 
 The CLI runs the same queries and actions as the web console, as a staff principal named
 by ``--actor`` (with ``--role``, default support; the console's rate limit and bulk
@@ -208,6 +209,48 @@ def _rerender(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if status["state"] == "done" else 1
 
 
+def _import(settings: Settings, args: argparse.Namespace) -> int:
+    from postbacks.core.backfill import sniff_format
+    from postbacks.db.connect import connect
+    from replay_console.backfill import import_deliveries
+    from replay_console.rules import ActionError
+
+    try:
+        with open(args.file, encoding="utf-8", errors="surrogateescape", newline="") as f:
+            text = f.read()
+    except OSError as exc:
+        return fail(args, f"cannot read {args.file}: {exc.strerror or exc}", 2)
+    fmt = args.format or sniff_format(args.file, text[:200])
+
+    def progress(n: int) -> None:
+        print(f"... {n} lines checked", file=sys.stderr)
+
+    with connect(settings.database_url) as conn:
+        try:
+            report = import_deliveries(conn, settings, _principal(args), text, fmt=fmt,
+                                       dry_run=args.dry_run, source=args.file,
+                                       progress=progress)
+        except ActionError as exc:
+            return fail(args, str(exc), 1)
+        conn.commit()
+    out = report.as_dict()
+    if args.json:
+        print_json(out)
+    else:
+        print_table(["LINE", "RESULT", "LEGACY ID", "DELIVERY", "RENDERS", "MESSAGE"],
+                    [[x["line"], x["result"], x.get("legacy_id") or "",
+                      x.get("delivery_id") or "",
+                      {True: "yes", False: "no", None: ""}[x.get("renders")],
+                      x.get("message") or x.get("render_error") or ""]
+                     for x in out["lines"] if args.all or x["result"] not in (
+                         "imported", "would_import") or x.get("renders") is False])
+    counts = ", ".join(f"{n} {k}" for k, n in out["counts"].items()) or "no lines"
+    verb = "dry run (nothing written)" if args.dry_run else "imported"
+    print(f"{verb}: {counts}; {out['not_rendering']} do not render with the endpoint's "
+          "current config", file=sys.stderr)
+    return 1 if out["counts"].get("invalid") else 0
+
+
 def add_parser(subparsers: Any) -> None:
     """Add ``deliveries`` and its actions to the top-level subparsers."""
     sub = cast(argparse._SubParsersAction, subparsers)  # type: ignore[type-arg]
@@ -259,6 +302,22 @@ def add_parser(subparsers: Any) -> None:
     sp.add_argument("--no-wait", action="store_true", help="queue it and return")
     sp.add_argument("--json", action="store_true", help="the preview as JSON")
     sp.set_defaults(func=_rerender)
+    sp = acts.add_parser(
+        "import", parents=[common], help="import legacy failed deliveries (CSV or JSONL)",
+        description="Import legacy failed deliveries as dead-lettered deliveries that can be "
+        "replayed (docs/backfill.md has the columns). Every line gets a verdict: imported, "
+        "exists (already there: re-runs create nothing new), duplicate, or invalid with the "
+        "reason; each is also rendered with the endpoint's current config. Exit 1 when a "
+        "line is invalid (the valid ones are imported). Needs the reviewer or admin role.")
+    sp.add_argument("file", help="a .csv (header row) or .jsonl file")
+    sp.add_argument("--format", choices=["csv", "jsonl"],
+                    help="the file's format (default: from the extension or the content)")
+    sp.add_argument("--dry-run", action="store_true",
+                    help="validate and report every line; write nothing")
+    sp.add_argument("--all", action="store_true",
+                    help="list every line (default: only those needing attention)")
+    sp.add_argument("--json", action="store_true", help="the whole report as JSON")
+    sp.set_defaults(func=_import)
 
 
 def _filters(sp: argparse.ArgumentParser) -> None:

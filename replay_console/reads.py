@@ -21,7 +21,8 @@ from replay_console.http import Console, Handler, me, not_for_publishers, staff
 from replay_console.problem import Problem
 
 __all__ = ["HELD_PAGE_LIMIT", "audit", "audit_filter", "dead_letters", "deliveries",
-           "delivery", "endpoint", "held", "job", "preview", "rerender", "suppressions"]
+           "delivery", "endpoint", "held", "import_page", "job", "preview", "rerender",
+           "suppressions"]
 
 
 def deliveries(c: Console) -> Handler:
@@ -200,3 +201,15 @@ def rerender(c: Console) -> Handler:
         pv = await c.pool.run(lambda conn: rerender_preview(conn, c.settings, p, eid))
         return c.reply(request, pv, "rerender.html", pv=pv)
     return h
+
+
+def import_page(c: Console) -> Handler:
+    """The backfill import form (the report comes back from ``POST /import``)."""
+    async def h(request: web.Request) -> web.StreamResponse:
+        p = staff(request, "imports are")
+        if not may(p, "import"):
+            raise Problem(403, f"a {p.role} may not import deliveries (reviewers and admins "
+                          "may)")
+        return c.render(request, "import.html", report=None, data="", fmt="auto")
+    return h
+

@@ -122,6 +122,8 @@ def make_app(settings: Settings, *, lookup: Lookup | None = None,
         r.add_get(f"{prefix}/suppressions", rd.suppressions(c))
         r.add_post(f"{prefix}/suppressions/{{id}}/resolve", w.resolve_suppression(c))
         r.add_get(f"{prefix}/audit", rd.audit(c))
+        r.add_post(f"{prefix}/import", w.import_backfill(c))
+    r.add_get("/import", rd.import_page(c))
     add_health_routes(r, c)
     app.on_cleanup.append(lambda _a: asyncio.to_thread(c.pool.close))
     return app

@@ -41,7 +41,8 @@ from replay_console.http import (
 from replay_console.problem import Problem
 from replay_console.rules import ActionError
 
-__all__ = ["endpoint_create", "endpoint_save", "replay_bulk", "replay_one", "rerender",
+__all__ = ["endpoint_create", "endpoint_save", "import_backfill", "replay_bulk", "replay_one",
+           "rerender",
            "resolve", "resolve_dl", "resolve_suppression", "rotate", "send_test", "suppress"]
 
 def replay_one(c: Console) -> Handler:
@@ -318,3 +319,42 @@ def endpoint_create(c: Console) -> Handler:
         return c.render(request, "endpoint_created.html", status=201, created=out,
                         problems=[], form={})
     return h
+
+
+def import_backfill(c: Console) -> Handler:
+    """Backfill import of legacy failed deliveries (:mod:`.backfill`): ``data`` (the CSV or
+    JSONL text), ``format`` (csv, jsonl or auto) and ``dry_run``. The page shows the
+    report with the text kept, so a dry run is followed by the real run; the API answers
+    the report (200, or 422 when a line is invalid)."""
+    async def h(request: web.Request) -> web.StreamResponse:
+        from postbacks.core.backfill import sniff_format
+        from replay_console.backfill import FORMATS, import_deliveries
+
+        doing(request, "import_deliveries")
+        p = not_for_publishers(request)
+        if not may(p, "import"):
+            raise Problem(403, f"a {p.role} may not import deliveries (reviewers and admins "
+                          "may)")
+        body = await body_of(request)
+        data = body.get("data")
+        if not isinstance(data, str) or not data.strip():
+            raise Problem(400, "data: paste the CSV or JSONL lines to import")
+        fmt = text(body, "format") or "auto"
+        if fmt not in (*FORMATS, "auto"):
+            raise Problem(400, f"format must be one of {', '.join(FORMATS)} or auto")
+        chosen = sniff_format(None, data[:200]) if fmt == "auto" else fmt
+        dry = flag(body, "dry_run")
+
+        def run(conn: Any) -> dict[str, Any]:
+            return import_deliveries(conn, c.settings, p, data, fmt=chosen, dry_run=dry,
+                                     source="console").as_dict()
+
+        report = await c.pool.run(run)
+        counted(request[ACTION], "ok")
+        status = 422 if report["counts"].get("invalid") else 200
+        if is_api(request):
+            return web.json_response(report, status=status)
+        return c.render(request, "import.html", status=status, report=report, data=data,
+                        fmt=fmt)
+    return h
+
