@@ -109,7 +109,8 @@ def status_cmd(settings: Settings, args: argparse.Namespace) -> int:
     tripped = [r for r in rows if r.state == "tripped"]
     print_table(
         ["SCOPE", "KEY", "DETECTOR", "MODE", "STATE", "SINCE", "PARAMS", "REASON"],
-        [[r.scope, r.scope_key, r.detector, r.mode,
+        [[r.scope, "* (every endpoint)" if r.scope == "endpoint" and r.scope_key == "*"
+          else r.scope_key, r.detector, r.mode,
           "TRIPPED <<" if r.state == "tripped" else r.state, iso(r.state_changed_at_ms),
           ",".join(f"{k}={v}" for k, v in sorted(r.params.items())) or "-", r.state_reason]
          for r in rows],
@@ -124,6 +125,8 @@ def status_cmd(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _key(settings: Settings, args: argparse.Namespace) -> str | None:
+    if getattr(args, "all_endpoints", False):
+        return "*" if args.scope == "endpoint" and args.key is None else None
     if args.key is not None:
         return str(args.key)
     return settings.anomaly_global_key if args.scope == "global" else None
@@ -135,6 +138,8 @@ def set_mode_cmd(settings: Settings, args: argparse.Namespace) -> int:
 
     key = _key(settings, args)
     if key is None:
+        if getattr(args, "all_endpoints", False):
+            return fail(args, "--all-endpoints goes with --scope endpoint and no --key", 2)
         return fail(args, "--key (the endpoint id) is required for --scope endpoint", 2)
     params: dict[str, Any] = {}
     if args.multiple is not None:
@@ -149,7 +154,7 @@ def set_mode_cmd(settings: Settings, args: argparse.Namespace) -> int:
                            mode=args.mode, params=params, actor=args.actor, note=args.note)
         except ValueError as exc:
             return fail(args, str(exc), 2)
-        if args.scope == "endpoint" and not endpoint_exists(conn, key):
+        if args.scope == "endpoint" and key != "*" and not endpoint_exists(conn, key):
             print(f"postbacks anomaly set-mode: warning: no endpoint {key!r} is configured "
                   "(a typo?); the setting is stored anyway", file=sys.stderr)
     print(f"{row.target_id}: mode {row.mode}, params {row.params or '{}'}, "
@@ -163,6 +168,8 @@ def close_cmd(settings: Settings, args: argparse.Namespace) -> int:
 
     key = _key(settings, args)
     if key is None:
+        if getattr(args, "all_endpoints", False):
+            return fail(args, "--all-endpoints goes with --scope endpoint and no --key", 2)
         return fail(args, "--key (the endpoint id) is required for --scope endpoint", 2)
     with connect(settings.database_url) as conn, conn.transaction():
         try:
@@ -214,6 +221,10 @@ def add_parser(subparsers: Any) -> None:
         "changes the halt state.",
     )
     target(sp)
+    sp.add_argument("--all-endpoints", action="store_true",
+                    help="scope endpoint: the default of every endpoint without a row of its "
+                    "own for this detector, new ones included (the key '*'); an endpoint's "
+                    "own row, off included, overrides it")
     sp.add_argument("--mode", required=True, choices=[m.value for m in Mode])
     sp.add_argument("--multiple", type=float,
                     help="value_rate: trip above this multiple of the baseline")

@@ -10,7 +10,9 @@ places, merged by ``changed_at`` (the latest change wins, a tie reads as tripped
 Nothing here moves a scope from tripped to closed except a newer ``closed`` state, which
 only the audited human command writes (``postbacks anomaly close``). The deployment's
 global rows are the ones whose ``scope_key`` is ``anomaly_global_key``; they map to the
-core's :data:`GLOBAL_SCOPE`.
+core's :data:`GLOBAL_SCOPE`. The endpoint row keyed ``*`` (:data:`ALL_ENDPOINTS`) is every
+endpoint's default: its mode, thresholds and window apply to an endpoint without a row of
+its own for that detector.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from postbacks.core.anomaly import (
+    ALL_ENDPOINTS,
     ENDPOINT_THRESHOLDS,
     GLOBAL_SCOPE,
     GLOBAL_THRESHOLDS,
@@ -74,10 +77,16 @@ class GateConfig:
         return m
 
     def thresholds(self, endpoint_id: str) -> RateThresholds:
-        return self.endpoint_thresholds.get(endpoint_id, ENDPOINT_THRESHOLDS)
+        own = self.endpoint_thresholds.get(endpoint_id)
+        if own is not None:
+            return own
+        return self.endpoint_thresholds.get(ALL_ENDPOINTS, ENDPOINT_THRESHOLDS)
 
     def window_ms(self, endpoint_id: str) -> int:
-        return self.retrodating_window_ms.get(endpoint_id, self.global_retrodating_window_ms)
+        own = self.retrodating_window_ms.get(endpoint_id)
+        if own is not None:
+            return own
+        return self.retrodating_window_ms.get(ALL_ENDPOINTS, self.global_retrodating_window_ms)
 
     @property
     def global_mode(self) -> Mode:
@@ -124,8 +133,9 @@ def build_config(rows: Iterable[Any], global_key: str) -> tuple[GateConfig, list
                 g_window = params["window_ms"]
             else:
                 windows[scope[1]] = params["window_ms"]
-        states.append(StateChange(scope, det.value, HaltState(r.state),
-                                  r.state_changed_at_ms or 0))
+        if scope[1] != ALL_ENDPOINTS or scope == GLOBAL_SCOPE:  # a default never halts
+            states.append(StateChange(scope, det.value, HaltState(r.state),
+                                      r.state_changed_at_ms or 0))
     return GateConfig(modes, ep_th, g_th, windows, g_window), states
 
 

@@ -103,6 +103,37 @@ def test_build_config_resolves_modes_thresholds_and_windows() -> None:
                                          GLOBAL_SCOPE]
 
 
+def test_one_row_arms_every_endpoint_and_an_endpoint_row_overrides_it() -> None:
+    rows = [
+        row("endpoint", "*", "value_rate", "enforce", {"multiple": 4.0, "floor_micros": 7}),
+        row("endpoint", "*", "retrodating", "enforce", {"window_ms": 2000}),
+        row("endpoint", "ep_quiet", "value_rate", "off"),
+        row("endpoint", "ep_quiet", "retrodating", "detect", {"window_ms": 9000}),
+        row("endpoint", "ep_own", "value_rate", "detect", {"multiple": 2.0}),
+    ]
+    cfg, states = build_config(rows, GKEY)
+    # any endpoint, never configured (a new one): the defaults
+    assert cfg.modes("ep_new") == GateModes(ENF, ENF, OFF)
+    assert cfg.thresholds("ep_new") == RateThresholds(4.0, 7)
+    assert cfg.window_ms("ep_new") == 2000
+    # an endpoint's own rows win, detector by detector, off included
+    assert cfg.modes("ep_quiet") == GateModes(DET, OFF, OFF)
+    assert cfg.window_ms("ep_quiet") == 9000
+    assert cfg.modes("ep_own") == GateModes(ENF, DET, OFF)
+    assert cfg.thresholds("ep_own") == RateThresholds(2.0, ENDPOINT_THRESHOLDS.floor_micros)
+    # the default row is a setting, never a halt scope
+    assert ("endpoint", "*") not in [s.scope for s in states]
+
+
+def test_arm_all_holds_a_new_endpoints_retrodated_delivery_but_not_an_overridden_one(
+) -> None:
+    engine = gate(row("endpoint", "*", "retrodating", "enforce"),
+                  row("endpoint", "ep_off", "retrodating", "off"))
+    out = run(engine, {}, [rec(1, ep="ep_brand_new", **RETRO), rec(2, ep="ep_off", **RETRO)])
+    assert [d["endpoint_id"] for d in on(out, "held.v1")] == ["ep_brand_new"]
+    assert [d["endpoint_id"] for d in on(out, "dispatch.v1")] == ["ep_off"]
+
+
 def test_global_rows_count_only_under_the_configured_key() -> None:
     rows = [row("global", "other", "retrodating", "enforce", {"window_ms": 5}, "tripped", 9)]
     cfg, states = build_config(rows, GKEY)

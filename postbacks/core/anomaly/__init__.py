@@ -46,6 +46,8 @@ from postbacks.core.anomaly.detectors import (
     value_rate,
 )
 from postbacks.core.anomaly.modes import (
+    ALL_ENDPOINTS,
+    DEFAULT_ENDPOINT_SCOPE,
     GLOBAL_SCOPE,
     Decision,
     Deliver,
@@ -73,6 +75,8 @@ from postbacks.core.anomaly.windows import (
 )
 
 __all__ = [
+    "ALL_ENDPOINTS",
+    "DEFAULT_ENDPOINT_SCOPE",
     "DEFAULT_WINDOW_MS",
     "ENDPOINT_THRESHOLDS",
     "GLOBAL_SCOPE",

@@ -2,8 +2,11 @@
 
 Modes are per (scope, detector) rows of ``payout_anomaly_settings``: ``off`` skips
 evaluation, ``detect`` evaluates and emits metrics but **never diverts**, ``enforce``
-diverts to ``held``. **A missing row reads as off**, so a new endpoint is never silently
-enforcing an uncalibrated threshold. The retrodating guard is per delivery: it runs under
+diverts to ``held``. **A missing row reads as off**, so nothing enforces without an
+explicit, audited decision. Arming at scale is one such decision: the row of the
+endpoint scope keyed :data:`ALL_ENDPOINTS` (``*``) is the default of every endpoint that
+has no row of its own for that detector, new endpoints included; an endpoint's own row
+(``off`` too) overrides it. The retrodating guard is per delivery: it runs under
 the stronger of the global row and the endpoint's row (arming it globally arms it
 everywhere). Missing or unparseable inputs are judged under the mode of the detector that
 needed them: detect -> ``missing_anomaly_inputs`` metric and deliver; enforce -> hold.
@@ -27,6 +30,8 @@ from types import MappingProxyType
 from postbacks.core.anomaly.detectors import MissingInputs, Over, RateResult
 
 __all__ = [
+    "ALL_ENDPOINTS",
+    "DEFAULT_ENDPOINT_SCOPE",
     "DELIVER",
     "GLOBAL_SCOPE",
     "Decision",
@@ -76,6 +81,8 @@ _PRIORITY = tuple(HoldReason)  # declaration order is the reporting priority
 
 Scope = tuple[str, str]  # ("endpoint", endpoint_id) | ("global", "*")
 GLOBAL_SCOPE: Scope = ("global", "*")
+ALL_ENDPOINTS = "*"  # the endpoint scope's key for "every endpoint without its own row"
+DEFAULT_ENDPOINT_SCOPE: Scope = ("endpoint", ALL_ENDPOINTS)
 
 
 def endpoint_scope(endpoint_id: str) -> Scope:
@@ -95,13 +102,19 @@ class GateModes:
 
 
 def resolve_modes(rows: Mapping[tuple[Scope, Detector], Mode], endpoint_id: str) -> GateModes:
-    """Modes for a delivery to ``endpoint_id`` from the settings rows (missing row = off)."""
+    """Modes for a delivery to ``endpoint_id`` from the settings rows: the endpoint's own
+    row, else the every-endpoint default row, else off."""
     ep = endpoint_scope(endpoint_id)
+
+    def own(det: Detector) -> Mode:
+        mode = rows.get((ep, det))
+        return mode if mode is not None else rows.get((DEFAULT_ENDPOINT_SCOPE, det), Mode.OFF)
+
     g_retro = rows.get((GLOBAL_SCOPE, Detector.RETRODATING), Mode.OFF)
-    e_retro = rows.get((ep, Detector.RETRODATING), Mode.OFF)
+    e_retro = own(Detector.RETRODATING)
     return GateModes(
         retrodating=max(g_retro, e_retro, key=_STRENGTH.__getitem__),
-        endpoint_rate=rows.get((ep, Detector.VALUE_RATE), Mode.OFF),
+        endpoint_rate=own(Detector.VALUE_RATE),
         global_rate=rows.get((GLOBAL_SCOPE, Detector.VALUE_RATE), Mode.OFF),
     )
 
