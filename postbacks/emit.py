@@ -1,7 +1,9 @@
 """The upstream producer helper, and synthetic conversions for demos and tests.
 
 ``ConversionProducer.send()`` validates, encodes (Avro) and produces one ConversionEvent
-keyed by ``conversion_id`` with an idempotent, ``acks=all`` producer: the delivery report
+keyed by ``conversion_id`` (its times may be given as epoch milliseconds or as ISO-8601
+strings with an offset; anything else is refused naming the field) with an idempotent,
+``acks=all`` producer: the delivery report
 (``flush()``) means the event is durable on the broker and will be delivered, held,
 suppressed or dead-lettered — never lost.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import KafkaError, Message
 
@@ -22,7 +24,28 @@ from postbacks.records import ConversionEvent
 from postbacks.settings import Settings
 from topics import TOPICS
 
-__all__ = ["ConversionProducer", "synthetic_conversions"]
+__all__ = ["TIME_FIELDS", "ConversionProducer", "synthetic_conversions", "with_instants"]
+
+TIME_FIELDS = ("occurred_at", "source_created_at", "source_completed_at")
+
+
+def with_instants(event: ConversionEvent) -> ConversionEvent:
+    """``event`` with ISO-8601 times (or digit strings) as epoch ms; InvalidRecord names a
+    time field that is neither."""
+    from postbacks.core.instants import InstantError, parse_instant
+    from postbacks.errors import InvalidRecord
+
+    bad = [f for f in TIME_FIELDS if isinstance(event.get(f), str)]
+    if not bad:
+        return event
+    out = dict(event)
+    for f in bad:
+        try:
+            out[f] = parse_instant(out[f], f)
+        except InstantError as exc:
+            raise InvalidRecord(f"conversion {event.get('conversion_id')!r}: {exc}",
+                                reason="invalid_field") from None
+    return cast(ConversionEvent, out)
 
 
 class ConversionProducer:
@@ -41,6 +64,7 @@ class ConversionProducer:
 
     def send(self, event: ConversionEvent) -> None:
         """Validate and enqueue; raises InvalidRecord before producing a bad event."""
+        event = with_instants(event)
         validate_conversion(event)
         value = self._codec.encode(event)
         while True:

@@ -231,7 +231,7 @@ class GateEngine:
                     halts = self.halts.halts
                 d["hold_reason"] = decision.reason.value
                 out.records.append((TOPICS.held.base, rec.key, self._delivery.encode(d)))
-                o = make_outcome(d, "held", now_ms=now_ms, reason=decision.reason.value)
+                o = make_outcome(d, "held", now_ms=now_ms, reason=decision.describe())
                 out.records.append((TOPICS.outcomes.base, rec.key, self._outcome.encode(o)))
                 out.held += 1
             else:

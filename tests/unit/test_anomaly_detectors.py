@@ -38,13 +38,28 @@ T = 1_700_000_000_000
     (None, T, MissingInputs(("source_created_at",))),
     (T, None, MissingInputs(("source_completed_at",))),
     (None, None, MissingInputs(("source_created_at", "source_completed_at"))),
-    ("2026-03-02", T, MissingInputs(("source_created_at",))),  # unparseable
-    (T, True, MissingInputs(("source_completed_at",))),   # a bool is not a time
-    (T, float("nan"), MissingInputs(("source_completed_at",))),
-    (T, 1.5, MissingInputs(("source_completed_at",))),
+    ("2026-03-02", T, MissingInputs(("source_created_at",), ("source_created_at",))),
+    (T, True, MissingInputs(("source_completed_at",), ("source_completed_at",))),
+    (T, float("nan"), MissingInputs(("source_completed_at",), ("source_completed_at",))),
+    (T, 1.5, MissingInputs(("source_completed_at",), ("source_completed_at",))),
+    # ISO-8601 with an offset is a time; without one, or out of range, it is not
+    ("2023-11-14T22:13:20Z", "2023-10-15T22:13:20+00:00", True),
+    ("2023-11-14T23:13:20+01:00", T - 60_000, False),
+    ("2023-11-14T22:13:20", T, MissingInputs(("source_created_at",), ("source_created_at",))),
+    (-5, T, MissingInputs(("source_created_at",), ("source_created_at",))),
+    (10**17, None, MissingInputs(("source_created_at", "source_completed_at"),
+                                 ("source_created_at",))),
+    (None, "garbage", MissingInputs(("source_created_at", "source_completed_at"),
+                                    ("source_completed_at",))),
 ])
 def test_retrodated(created: object, completed: object, expected: bool | MissingInputs) -> None:
     assert retrodated(created, completed) == expected
+
+
+def test_missing_inputs_name_their_fields() -> None:
+    got = retrodated(None, "soon")
+    assert isinstance(got, MissingInputs)
+    assert got.describe() == "source_created_at (missing), source_completed_at (unparseable)"
 
 
 def test_retrodating_window_is_configurable() -> None:
@@ -52,9 +67,12 @@ def test_retrodating_window_is_configurable() -> None:
     assert retrodated(T, T - 2 * DAY_MS) is False
 
 
+BAD_PAYOUT = MissingInputs(("payout_usd_micros",), ("payout_usd_micros",))
+
+
 @pytest.mark.parametrize(("value", "expected"), [
-    (1_250_000, 1_250_000), (0, 0), ("2500000", 2_500_000), (-1, MISSING_PAYOUT),
-    (None, MISSING_PAYOUT), ("1.25", MISSING_PAYOUT), (False, MISSING_PAYOUT),
+    (1_250_000, 1_250_000), (0, 0), ("2500000", 2_500_000), (-1, BAD_PAYOUT),
+    (None, MISSING_PAYOUT), ("1.25", BAD_PAYOUT), (False, BAD_PAYOUT),
 ])
 def test_payout_input(value: object, expected: int | MissingInputs) -> None:
     assert payout_input(value) == expected

@@ -54,10 +54,22 @@ def test_retrodated_per_mode(mode: Mode, expected: Deliver | Hold) -> None:
 @pytest.mark.parametrize(("mode", "expected"), [
     (OFF, DELIVER),
     (DET, Deliver((Signal(R.MISSING_ANOMALY_INPUTS, DET),))),
-    (ENF, Hold(R.MISSING_ANOMALY_INPUTS, (Signal(R.MISSING_ANOMALY_INPUTS, ENF),))),
+    (ENF, Hold(R.MISSING_ANOMALY_INPUTS, (Signal(R.MISSING_ANOMALY_INPUTS, ENF),),
+               detail="source_created_at (missing)")),
 ])
 def test_missing_timestamps_per_mode(mode: Mode, expected: Deliver | Hold) -> None:
     assert decide(EP, _modes(retro=mode), NO_TS, WITHIN) == expected
+
+
+def test_a_hold_on_inputs_names_each_field_and_why() -> None:
+    from postbacks.core.anomaly.detectors import payout_input, retrodated
+
+    d = decide(EP, _modes(retro=ENF, ep=ENF), retrodated("2026-03-01T12:00", None),
+               payout_input("lots"))
+    assert isinstance(d, Hold) and d.reason is R.MISSING_ANOMALY_INPUTS
+    assert d.describe() == ("missing_anomaly_inputs: source_created_at (unparseable), "
+                            "source_completed_at (missing); payout_usd_micros (unparseable)")
+    assert Hold(R.RETRODATED).describe() == "retrodated"
 
 
 @pytest.mark.parametrize(("modes", "held"), [

@@ -3,8 +3,10 @@
 **Retrodating guard** (per delivery): retrodated when
 ``source_created_at - source_completed_at`` *exceeds* the window (default 7 days; exactly
 the window is not retrodated). Completion after creation (a negative age) is not
-retrodated. A missing or unparseable timestamp is :class:`MissingInputs` — never a pass:
-the caller's mode decides (detect: metric and deliver; enforce: hold).
+retrodated. A timestamp is epoch milliseconds or ISO-8601 with an offset
+(:func:`postbacks.core.instants.parse_instant`); a missing one, or one that is neither (or
+outside 1970..9999), is :class:`MissingInputs` naming the field — never a pass: the
+caller's mode decides (detect: metric and deliver; enforce: hold).
 
 **Payout value rate** (per scope): the open window's running total is compared as it
 accumulates — so a sharp anomaly trips mid-window, not at close — against the scope's
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 from postbacks.core.anomaly.baseline import SeasonalBaseline, add
 from postbacks.core.anomaly.windows import DAY_MS
+from postbacks.core.instants import MAX_MS, InstantError, parse_instant
 
 __all__ = [
     "ENDPOINT_THRESHOLDS",
@@ -41,6 +44,7 @@ __all__ = [
     "RateThresholds",
     "Within",
     "as_ms",
+    "instant_input",
     "observe",
     "payout_input",
     "retrodated",
@@ -56,6 +60,12 @@ class MissingInputs:
     """Required inputs that were absent or unparseable, by record field name."""
 
     fields: tuple[str, ...]
+    unparseable: tuple[str, ...] = ()  # those of ``fields`` present but not usable
+
+    def describe(self) -> str:
+        """The fields, for a hold's reason: ``source_completed_at (unparseable), ...``."""
+        return ", ".join(f"{f} (unparseable)" if f in self.unparseable else f"{f} (missing)"
+                         for f in self.fields)
 
 
 _NO_CREATED = MissingInputs(("source_created_at",))
@@ -78,23 +88,52 @@ def as_ms(value: object) -> int | None:
     return None
 
 
+def instant_input(value: object, field: str) -> int | InstantError | None:
+    """An input timestamp as epoch ms; None when absent; the InstantError when present but
+    neither epoch ms (an int, an integral float, a digit string) nor ISO-8601 with an
+    offset, or outside 1970..9999."""
+    if value is None:
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    try:
+        return parse_instant(value, field)
+    except InstantError as exc:
+        return exc
+
+
+_C, _D = "source_created_at", "source_completed_at"
+
+
 def retrodated(created_ms: object, completed_ms: object,
                window_ms: int = RETRODATING_WINDOW_MS) -> bool | MissingInputs:
     """Is ``created - completed`` more than ``window_ms``? MissingInputs if undecidable."""
-    if type(created_ms) is int and type(completed_ms) is int:  # the hot path
+    if (type(created_ms) is int and type(completed_ms) is int  # the hot path
+            and 0 <= created_ms <= MAX_MS and 0 <= completed_ms <= MAX_MS):
         return created_ms - completed_ms > window_ms
-    created, completed = as_ms(created_ms), as_ms(completed_ms)
-    if created is None:
-        return _NO_TIMESTAMPS if completed is None else _NO_CREATED
-    if completed is None:
+    created, completed = instant_input(created_ms, _C), instant_input(completed_ms, _D)
+    if type(created) is int and type(completed) is int:
+        return created - completed > window_ms
+    if created is None and completed is None:
+        return _NO_TIMESTAMPS
+    if created is None and type(completed) is int:
+        return _NO_CREATED
+    if completed is None and type(created) is int:
         return _NO_COMPLETED
-    return created - completed > window_ms
+    fields = tuple(f for f, v in ((_C, created), (_D, completed)) if type(v) is not int)
+    bad = tuple(f for f, v in ((_C, created), (_D, completed)) if isinstance(v, InstantError))
+    return MissingInputs(fields, bad)
+
+
+_BAD_PAYOUT = MissingInputs(("payout_usd_micros",), ("payout_usd_micros",))
 
 
 def payout_input(value: object) -> int | MissingInputs:
     """The payout in micros, or MissingInputs when absent, unparseable or negative."""
+    if value is None:
+        return MISSING_PAYOUT
     micros = value if type(value) is int else as_ms(value)
-    return MISSING_PAYOUT if micros is None or micros < 0 else micros
+    return _BAD_PAYOUT if micros is None or micros < 0 else micros
 
 
 @dataclass(frozen=True, slots=True)

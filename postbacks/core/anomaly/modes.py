@@ -149,6 +149,11 @@ class Hold:
     reason: HoldReason
     metrics: tuple[Signal, ...] = ()
     trips: tuple[Trip, ...] = ()
+    detail: str | None = None  # missing_anomaly_inputs: the fields, missing or unparseable
+
+    def describe(self) -> str:
+        """The reason as an outcome records it, with the fields named when inputs failed."""
+        return self.reason.value if self.detail is None else f"{self.reason.value}: {self.detail}"
 
 
 Decision = Deliver | Hold
@@ -215,7 +220,11 @@ def decide(endpoint_id: str, modes: GateModes, retro: bool | MissingInputs,
     if not holds:
         return Deliver(signals) if signals else DELIVER
     reason = next(r for r in _PRIORITY if r in holds)
-    return Hold(reason, signals, tuple(trips))
+    detail = None
+    if reason is HoldReason.MISSING_ANOMALY_INPUTS:
+        failed = [x for x in (retro, global_rate, endpoint_rate) if isinstance(x, MissingInputs)]
+        detail = "; ".join(dict.fromkeys(x.describe() for x in failed)) or None
+    return Hold(reason, signals, tuple(trips), detail)
 
 
 def apply_trips(halts: Mapping[Scope, HaltState], trips: Iterable[Trip]) -> dict[Scope, HaltState]:
