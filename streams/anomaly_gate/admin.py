@@ -243,3 +243,14 @@ def add_parser(subparsers: Any) -> None:
     target(sp)
     sp.add_argument("--note", required=True, help="why it is safe to resume")
     sp.set_defaults(func=close_cmd)
+
+    from streams.anomaly_gate import rehearse
+
+    sp = actions.add_parser(
+        "rehearse", help="feed a history into conversions.v1, paced by event time",
+        description="Incident rehearsal: produce a recorded (--file) or generated "
+        "(--generate) conversion history to conversions.v1 through the real producer, "
+        "paced at --speedup, so it runs through fan-out, the gate, the held queue and "
+        "trips. Exit 1 when an event was not produced or not acknowledged.")
+    rehearse.add_arguments(sp)
+    sp.set_defaults(func=rehearse.run)
