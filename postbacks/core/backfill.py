@@ -235,6 +235,9 @@ def _jsonl_rows(text: str) -> Iterator[tuple[int, Mapping[str, Any] | str]]:
         except ValueError as exc:
             yield n, f"not JSON: {exc}"
             continue
+        except RecursionError:
+            yield n, "not JSON this import takes: nested too deeply"
+            continue
         yield n, row if isinstance(row, dict) else "a line must be one JSON object"
 
 

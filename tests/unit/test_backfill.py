@@ -80,6 +80,18 @@ def test_jsonl_lines_that_are_not_objects_are_reported_by_number() -> None:
     assert isinstance(out[1], LineError) and out[1].message.startswith("not JSON")
 
 
+def test_hostile_lines_are_line_errors() -> None:
+    text = "\n".join(["[" * 100_000, '{"legacy_id": ' + "9" * 5000 + "}",
+                      "x" * 200_000])
+    out = list(parse_file(text, "jsonl"))
+    assert [x.line for x in out] == [1, 2, 3]
+    assert all(isinstance(x, LineError) for x in out)
+    huge = "legacy_id,endpoint_id\n" + '"' + "y" * 200_000 + '",ep\nfw,ep\n'
+    csv_out = list(parse_file(huge, "csv"))
+    assert len(csv_out) == 1 and isinstance(csv_out[0], LineError)
+    assert "cannot be read from here on" in csv_out[0].message
+
+
 def test_csv_with_snapshot_columns_and_quoted_newlines() -> None:
     text = ("legacy_id,endpoint_id,conversion_id,event_type,occurred_at,snapshot.click_id,"
             "last_error,legacy_body\r\n"
