@@ -1,0 +1,385 @@
+"""Rolling-window payout detector: value rate over sliding spans against a seasonal expectation.
+
+Per scope (an endpoint, or the global roll-up) the state keeps the closed minutes of the
+last ``max(spans)`` minutes (observed, expected and variance, for payout value and for the
+count of conversions) plus the open minute, the open hour's accumulators, and an
+hour-of-week :mod:`profile <postbacks.core.anomaly.profile>` of the trailing weeks. Every
+span (default 5, 15 and 60 minutes) ends at the open minute and slides with it, one
+minute at a time.
+
+**Expectation for the same span.** Each minute's expectation is the profile's
+interpolated per-minute rate, fixed when the minute closes (so an hour that closes into the
+profile never explains itself away). A span sums the expectations of the minutes it
+covers; the open minute counts for the fraction of it already elapsed at ``now``. A span
+reaching back before the scope's first minute covers only the minutes seen: a partial
+window is judged against what was expected for the part already seen.
+
+**Today's level.** The expectation is multiplied by today's level against the profile
+(:mod:`.level`), learned from minutes that have left the windows, so a surge being judged
+never raises its own expectation.
+
+**Noise-aware trip.** For a span with observed ``O``, expected ``E`` and variance
+``V = (sum(minute variances) + cv2 * E^2) * (1 + 1/n)`` (minute noise, the level variation
+that remains, and the error of a mean of ``n`` weekly samples; see :mod:`.profile`), the
+score is ``z = (O' - E) / sqrt(V)`` where ``O'`` caps every minute at its expectation plus
+the larger of ``clip_sigmas`` minute deviations and the expectation
+(:meth:`RollingPolicy.cap`): one large payout moves the score by a bounded amount, a surge
+of up to +100% a minute is not capped. The same score is computed for the *count* of
+conversions (``zc``, uncapped: a count has no large payouts, so it is far steadier than
+value and sees a broad surge of ordinary conversions sooner). A span trips when **all**
+hold:
+
+- ``z > k_for(span)``, or ``zc > count_k_for(span)`` with ``z > support_k`` (the scope's
+  own noise: a steady global total trips on a small excess, a noisy small endpoint needs
+  a large one; a count surge trips only when the money moved with it);
+- ``O > multiple * E`` (the configured multiple: a floor on the relative excess);
+- ``O - E > floor_micros`` (an absolute minimum, for small endpoints only).
+
+No expectation (a slot with fewer than ``min_weeks`` samples in the span) never trips.
+Late events (an earlier minute than the open one) count in the open minute: late money
+still counts now. Minutes without events are zeros. Pure: event time drives everything.
+The state goes to a table changelog through :mod:`.rolling_codec` (``to_dict``,
+``from_dict``). The gate does not use this detector yet (``docs/detector.md``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from postbacks.core.anomaly.detectors import NO_BASELINE, WITHIN, Over, RateResult
+from postbacks.core.anomaly.level import NO_LEVEL, Level, age_out, current, in_hour
+from postbacks.core.anomaly.level import close_hour as close_level_hour
+from postbacks.core.anomaly.profile import (
+    COUNT,
+    MINUTE_MS,
+    SLOTS,
+    Profile,
+    ProfileStats,
+    close_hour,
+    count_stats,
+    expect_minute,
+    slot_of_hour,
+    stats,
+    with_slot,
+)
+
+__all__ = [
+    "DEFAULT_SPANS",
+    "ENDPOINT_ROLLING",
+    "GLOBAL_ROLLING",
+    "NO_PROFILE",
+    "NoProfile",
+    "RollingOver",
+    "RollingPolicy",
+    "RollingResult",
+    "RollingState",
+    "RollingThresholds",
+    "RollingWithin",
+    "SpanScore",
+    "add",
+    "advance",
+    "as_rate_result",
+    "empty",
+    "evaluate",
+    "push_minute",
+]
+
+DEFAULT_SPANS = (5, 15, 60)
+_NAN = float("nan")
+
+
+@dataclass(frozen=True, slots=True)
+class RollingPolicy:
+    """Spans (minutes), trailing weeks per hour-of-week slot, samples needed, clip."""
+
+    spans: tuple[int, ...] = DEFAULT_SPANS
+    weeks: int = 4
+    min_weeks: int = 2
+    clip_sigmas: float = 4.0
+
+    def __post_init__(self) -> None:
+        if not self.spans or any(not 1 <= s <= 24 * 60 for s in self.spans):
+            raise ValueError(f"spans must be 1..1440 minutes: {self.spans}")
+        if not 1 <= self.min_weeks <= self.weeks:
+            raise ValueError(f"need 1 <= min_weeks <= weeks: {self.min_weeks}, {self.weeks}")
+        if not self.clip_sigmas > 0:
+            raise ValueError(f"clip_sigmas must be > 0: {self.clip_sigmas}")
+
+    def cap(self, expected: float, variance: float) -> float:
+        """The most a minute counts in a score: expected + the larger of ``clip_sigmas``
+        deviations and the expectation itself (so a large scope's surge is not capped
+        below +100% a minute, while one large payout in a small minute is)."""
+        return expected + max(self.clip_sigmas * math.sqrt(variance), expected)
+
+    @property
+    def ring(self) -> int:
+        """Closed minutes kept: the longest span less the open minute."""
+        return max(self.spans) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class RollingThresholds:
+    """Trip when z > ``k_for(span)``, observed > ``multiple`` x expected, excess > floor.
+
+    ``k_for(span) = k + skew / sqrt(span)``: a sum of few minutes of skewed payouts has a
+    longer upper tail than a Gaussian (its skewness falls as 1/sqrt(span)), so a short
+    span needs a higher score for the same false-trip rate.
+    """
+
+    k: float = 4.5
+    skew: float = 3.0
+    multiple: float = 1.1
+    floor_micros: int = 50_000_000
+    cv_floor: float = 0.02  # level variation assumed at least this (a short history)
+    support_k: float = 2.0  # value score a count trip needs
+    count_skew: float = 2.0  # counts carry no payout sizes: less skew than value
+
+    def __post_init__(self) -> None:
+        if not (self.k > 0 and self.skew >= 0 and self.multiple >= 1
+                and self.floor_micros >= 0 and self.cv_floor >= 0 and self.support_k >= 0
+                and self.count_skew >= 0):
+            raise ValueError(f"bad rolling thresholds: {self}")
+
+    def k_for(self, span: int) -> float:
+        return self.k + self.skew / math.sqrt(span)
+
+    def count_k_for(self, span: int) -> float:
+        return self.k + self.count_skew / math.sqrt(span)
+
+
+GLOBAL_ROLLING = RollingThresholds(multiple=1.1, floor_micros=50_000_000)  # $50
+ENDPOINT_ROLLING = RollingThresholds(k=5.0, multiple=2.0, floor_micros=200_000_000)  # $200
+
+
+@dataclass(frozen=True, slots=True)
+class RollingState:
+    """One scope's state. ``obs`` .. ``cvar`` are the closed minutes, oldest -> newest."""
+
+    policy: RollingPolicy
+    minute: int | None  # the open minute (minutes since the epoch); None until an event
+    cur: int  # open minute's observed total (micros) and count
+    ccur: int
+    obs: tuple[int, ...]  # value: observed, capped at policy.cap, expected (NaN: none), var
+    capped: tuple[float, ...]
+    exp: tuple[float, ...]
+    var: tuple[float, ...]
+    cobs: tuple[int, ...]  # count: observed, expected, variance
+    cexp: tuple[float, ...]
+    cvar: tuple[float, ...]
+    h_total: int  # open hour (minute // 60): payout, count, sums of squared minute values
+    h_count: int
+    h_sq: float
+    h_csq: int
+    profile: Profile
+    st: ProfileStats  # value channel
+    cst: ProfileStats  # count channel
+    lv: Level = NO_LEVEL  # today's level, value channel (see :mod:`.level`)
+    lc: Level = NO_LEVEL  # and count channel
+
+
+@dataclass(frozen=True, slots=True)
+class SpanScore:
+    """One span's numbers, for metrics and for the trip."""
+
+    span: int  # minutes
+    seen: int  # minutes covered (< span for a partial window)
+    observed_micros: int
+    expected_micros: float
+    sigma_micros: float
+    score: float  # (capped observed - expected) / sigma
+    observed_count: int
+    expected_count: float
+    count_score: float
+
+
+@dataclass(frozen=True, slots=True)
+class RollingOver:
+    """A span is over its thresholds (the first, shortest one that is)."""
+
+    window_start_ms: int
+    over: SpanScore
+    scores: tuple[SpanScore, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RollingWithin:
+    scores: tuple[SpanScore, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NoProfile:
+    """No span has an expectation yet (a young scope): the rate cannot trip."""
+
+
+NO_PROFILE = NoProfile()
+RollingResult = RollingOver | RollingWithin | NoProfile
+
+
+def empty(policy: RollingPolicy | None = None) -> RollingState:
+    p = policy or RollingPolicy()
+    profile: Profile = ((),) * SLOTS
+    return RollingState(p, None, 0, 0, (), (), (), (), (), (), (), 0, 0, 0.0, 0, profile,
+                        stats(profile, p.min_weeks), count_stats(profile, p.min_weeks))
+
+
+def push_minute(s: RollingState, minute: int, observed: int, count: int) -> RollingState:
+    """Close ``minute`` into the ring (its expectations fixed now); keeps the ring's size."""
+    got = expect_minute(s.st, minute)
+    e, v = got if got is not None else (_NAN, 0.0)
+    cap = float(observed) if got is None else min(float(observed), s.policy.cap(e, v))
+    cgot = expect_minute(s.cst, minute)
+    ce, cv = cgot if cgot is not None else (_NAN, 0.0)
+    n = s.policy.ring
+    lv, lc = in_hour(s.lv, cap, e, v), in_hour(s.lc, float(count), ce, cv)
+    if len(s.obs) >= n:  # the oldest minute leaves the windows: it informs the level
+        lv = age_out(lv, s.capped[0], s.exp[0], s.var[0])
+        lc = age_out(lc, float(s.cobs[0]), s.cexp[0], s.cvar[0])
+    return replace(s, lv=lv, lc=lc, obs=(*s.obs, observed)[-n:], capped=(*s.capped, cap)[-n:],
+                   exp=(*s.exp, e)[-n:], var=(*s.var, v)[-n:],
+                   cobs=(*s.cobs, count)[-n:], cexp=(*s.cexp, ce)[-n:],
+                   cvar=(*s.cvar, cv)[-n:])
+
+
+def _close_hours(s: RollingState, first: int, upto: int) -> RollingState:
+    """Close hours ``first`` .. ``upto - 1`` (the first with the accumulators, then zeros)."""
+    p = s.policy
+    n = upto - first
+    if n <= 0:
+        return s
+    entry = (s.h_total, s.h_count, s.h_sq, s.h_csq)
+    blank = replace(s, h_total=0, h_count=0, h_sq=0.0, h_csq=0)
+    if n > p.weeks * SLOTS:  # longer than the history: every sample is a zero
+        profile: Profile = (((0, 0, 0.0, 0),) * p.weeks,) * SLOTS
+        return replace(blank, profile=profile, st=stats(profile, p.min_weeks),
+                       cst=count_stats(profile, p.min_weeks), lv=NO_LEVEL, lc=NO_LEVEL)
+    profile, st, cst, lv, lc = s.profile, s.st, s.cst, s.lv, s.lc
+    for h in range(first, upto):
+        slot = slot_of_hour(h)
+        profile = close_hour(profile, slot, entry, p.weeks)
+        st = with_slot(st, profile, slot, p.min_weeks)
+        cst = with_slot(cst, profile, slot, p.min_weeks, COUNT)
+        lv, lc = close_level_hour(lv, st.cv2), close_level_hour(lc, cst.cv2)
+        entry = (0, 0, 0.0, 0)
+    return replace(blank, profile=profile, st=st, cst=cst, lv=lv, lc=lc)
+
+
+def advance(s: RollingState, minute: int) -> RollingState:
+    """Close the open minute and every minute before ``minute`` (zeros); open ``minute``."""
+    old = s.minute
+    if old is None or minute <= old:
+        return s
+    cur, ccur = s.cur, s.ccur
+    s = push_minute(s, old, cur, ccur)
+    s = replace(s, h_sq=s.h_sq + float(cur) * cur, h_csq=s.h_csq + ccur * ccur, cur=0, ccur=0)
+    hour = old // 60
+    keep_from = minute - s.policy.ring
+    m = old + 1
+    if m < keep_from:  # a gap longer than the ring: its early minutes are only hours
+        m = keep_from
+        if m // 60 > hour:
+            s = _close_hours(s, hour, m // 60)
+            hour = m // 60
+    while m < minute:
+        if m // 60 > hour:
+            s = _close_hours(s, hour, m // 60)
+            hour = m // 60
+        s = push_minute(s, m, 0, 0)
+        m += 1
+    if minute // 60 > hour:
+        s = _close_hours(s, hour, minute // 60)
+    return replace(s, minute=minute)
+
+
+def add(s: RollingState, occurred_at_ms: int, micros: int, count: int = 1) -> RollingState:
+    """Count a payout (or a pre-aggregated ``count`` of them) at its event time."""
+    minute = occurred_at_ms // MINUTE_MS
+    if s.minute is None:
+        return replace(s, minute=minute, cur=micros, ccur=count, h_total=micros,
+                       h_count=count)
+    if minute > s.minute:
+        s = advance(s, minute)
+    return replace(s, cur=s.cur + micros, ccur=s.ccur + count, h_total=s.h_total + micros,
+                   h_count=s.h_count + count)
+
+
+def _z(o: float, e: float, v: float) -> float:
+    sigma = math.sqrt(v)
+    return (o - e) / sigma if sigma > 0 else (math.inf if o > e else 0.0)
+
+
+def _score(s: RollingState, span: int, frac: float, opens: tuple[float, float, float, float],
+           levels: tuple[float, float, float, float], inflate: float) -> SpanScore | None:
+    """``levels``: (value level, value cv2, count level, count cv2)."""
+    n = min(span - 1, len(s.obs))
+    e_open, v_open, ce_open, cv_open = opens
+    lv, cv2, lc, ccv2 = levels
+    e = math.fsum(s.exp[-n:]) + e_open * frac if n else e_open * frac
+    if math.isnan(e):
+        return None
+    v = (math.fsum(s.var[-n:]) if n else 0.0) + v_open * frac
+    o = (sum(s.obs[-n:]) if n else 0) + s.cur
+    oc = (math.fsum(s.capped[-n:]) if n else 0.0) + min(
+        float(s.cur), s.policy.cap(e_open * frac, v_open))
+    e *= lv
+    v = (v * lv + cv2 * e * e) * inflate
+    co = (sum(s.cobs[-n:]) if n else 0) + s.ccur
+    ce = ((math.fsum(s.cexp[-n:]) if n else 0.0) + ce_open * frac) * lc
+    cvv = ((math.fsum(s.cvar[-n:]) if n else 0.0) + cv_open * frac) * lc
+    cvv = (cvv + ccv2 * ce * ce) * inflate
+    cz = 0.0 if math.isnan(ce) else _z(co, ce, cvv)
+    return SpanScore(span, n + 1, o, e, math.sqrt(v), _z(oc, e, v), co, ce, cz)
+
+
+def evaluate(s: RollingState, th: RollingThresholds,
+             now_ms: int | None = None) -> RollingResult:
+    """Score every span ending at the open minute, as of ``now_ms`` (event time).
+
+    ``now_ms`` inside the open minute counts that minute's expectation pro rata (at its
+    start, nothing is expected of it yet); None or later counts the whole minute.
+    """
+    minute = s.minute
+    if minute is None:
+        return NO_PROFILE
+    frac = 1.0
+    if now_ms is not None:
+        frac = min(1.0, max(0.0, (now_ms - minute * MINUTE_MS) / MINUTE_MS))
+    got = expect_minute(s.st, minute)
+    cgot = expect_minute(s.cst, minute)
+    opens = ((got if got is not None else (_NAN, 0.0))
+             + (cgot if cgot is not None else (_NAN, 0.0)))
+    floor2 = th.cv_floor * th.cv_floor
+    lvl, cv2 = current(s.lv, max(s.st.cv2, floor2))
+    clvl, ccv2 = current(s.lc, max(s.cst.cv2, floor2))
+    levels = (lvl, max(cv2, floor2), clvl, max(ccv2, floor2))
+    # The expectation is itself a mean of n weekly samples: its error adds 1/n of the noise.
+    inflate = 1 + 1 / max(1, len(s.profile[slot_of_hour(minute // 60)]))
+    scores = []
+    over: SpanScore | None = None
+    for span in s.policy.spans:
+        sc = _score(s, span, frac, opens, levels, inflate)
+        if sc is None:
+            continue
+        scores.append(sc)
+        if (over is None
+                and (sc.score > th.k_for(span)
+                     or (sc.count_score > th.count_k_for(span) and sc.score > th.support_k))
+                and sc.observed_micros > th.multiple * sc.expected_micros
+                and sc.observed_micros - sc.expected_micros > th.floor_micros):
+            over = sc
+    if not scores:
+        return NO_PROFILE
+    if over is not None:
+        start = (minute - over.seen + 1) * MINUTE_MS
+        return RollingOver(start, over, tuple(scores))
+    return RollingWithin(tuple(scores))
+
+
+def as_rate_result(r: RollingResult) -> RateResult:
+    """The hourly detector's result type, so :func:`.modes.decide` takes either detector."""
+    match r:
+        case RollingOver(window_start_ms=start, over=sc):
+            return Over(start, sc.observed_micros, sc.expected_micros)
+        case RollingWithin():
+            return WITHIN
+    return NO_BASELINE
