@@ -96,12 +96,13 @@ def _iso(ms: int | None) -> str:
 
 def rehearse(settings: Settings, events: Iterable[ConversionEvent], *, speedup: float,
              tag: str | None = None, limit: int | None = None, progress_s: float = 5.0,
-             out: Any = sys.stderr, pacer: Pacer | None = None) -> RehearsalReport:
+             out: Any = None, pacer: Pacer | None = None) -> RehearsalReport:
     """Produce ``events`` (event-time ordered) to ``conversions.v1``, paced; see the module
     doc. Returns after every produced event is acknowledged (or failed)."""
     from postbacks.emit import ConversionProducer
 
     producer = ConversionProducer(settings)
+    out = out if out is not None else sys.stderr  # at call time: stderr may be replaced
     pacer = pacer or Pacer(speedup)
     report = RehearsalReport()
     start = last_print = time.monotonic()
