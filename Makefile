@@ -8,6 +8,7 @@ SERVICES := bash deploy/local/services.sh
 # Service addresses: the local script's (its ports too: POSTBACKS_KAFKA_PORT and
 # POSTBACKS_PG_PORT move both) unless already set in the environment.
 export KAFKA_BOOTSTRAP_SERVERS ?= 127.0.0.1:$(or $(POSTBACKS_KAFKA_PORT),19092)
+export POSTBACKS_KAFKA_REPLICATION ?= dev
 export POSTBACKS_DATABASE_URL ?= postgresql://postbacks@127.0.0.1:$(or $(POSTBACKS_PG_PORT),15432)/postbacks
 PYTEST_ARGS ?=
 
@@ -112,3 +113,14 @@ bench-http-choice: install services-up  # the agent's HTTP client, alternating
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build postbacks/*.c postbacks/*.so
+
+.PHONY: cluster-up cluster-down
+cluster-up:  # a three-broker Kafka cluster beside the single broker (services.sh cluster)
+	$(SERVICES) cluster up
+
+cluster-down:
+	$(SERVICES) cluster down
+
+.PHONY: k8s-check
+k8s-check: install  # deploy/k8s/ against the Kubernetes schemas, offline (also in tests/contract)
+	$(BIN)/kubernetes-validate --strict --quiet $(filter-out deploy/k8s/kustomization.yaml,$(wildcard deploy/k8s/*.yaml))

@@ -104,6 +104,9 @@ def run_replay(base: Settings, args: argparse.Namespace, log_dir: Path) -> dict[
     tag = f"r{secrets.token_hex(4)}"
     s = load_settings({}, kafka_bootstrap_servers=base.kafka_bootstrap_servers,
                       database_url=base.database_url,
+                      kafka_replication=base.kafka_replication,
+                      kafka_replication_factor=base.kafka_replication_factor,
+                      kafka_min_insync_replicas=base.kafka_min_insync_replicas,
                       topic_prefix=f"bench{int(time.time())}console.",
                       instance_id=f"bench-console-{tag}",
                       console_replay_rate_per_endpoint=args.cap,
@@ -254,8 +257,10 @@ def run_replay(base: Settings, args: argparse.Namespace, log_dir: Path) -> dict[
             out["drain"]["retry_topic_rate_per_s"] = round(
                 len(rts) / max(0.001, (rts[-1] - rts[0]) / 1000), 1)
             out["drain"]["retry_topic_per_second_max"] = max(rsecs)
-        attempts = read_topic(s, TOPICS.attempts.base, want=out["receiver_stats_total"],
-                              timeout=120)
+        # with intents on, every request has two records: its intent and its result
+        per_request = 2 if s.attempt_intents else 1
+        attempts = read_topic(s, TOPICS.attempts.base,
+                              want=out["receiver_stats_total"] * per_request, timeout=120)
         acodec = codec_for("Attempt")
         first_base: list[float] = []
         first_during: list[float] = []
@@ -269,6 +274,8 @@ def run_replay(base: Settings, args: argparse.Namespace, log_dir: Path) -> dict[
         triggers: Counter[str] = Counter()
         for _t, _k, v in attempts:
             a = acodec.decode(v)
+            if a["result"] == "sending":  # an intent: its result follows
+                continue
             triggers[a["trigger"]] += 1
             if a["trigger"] == "initial":
                 enq = stream.enqueued.get(a["delivery_id"])

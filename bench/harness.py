@@ -142,6 +142,9 @@ def fresh(base: Settings, name: str) -> Settings:
     """Settings with a fresh topic prefix, its topics created (deleted by ``cleanup``)."""
     s = load_settings({}, kafka_bootstrap_servers=base.kafka_bootstrap_servers,
                       database_url=base.database_url,
+                      kafka_replication=base.kafka_replication,
+                      kafka_replication_factor=base.kafka_replication_factor,
+                      kafka_min_insync_replicas=base.kafka_min_insync_replicas,
                       topic_prefix=f"bench{int(time.time())}{name}.",
                       instance_id=f"bench-{name}")
     create_topics(s)
@@ -160,6 +163,9 @@ def cleanup() -> None:
 def env_for(s: Settings, **extra: str) -> dict[str, str]:
     return {"KAFKA_BOOTSTRAP_SERVERS": s.kafka_bootstrap_servers,
             "POSTBACKS_DATABASE_URL": s.database_url, "POSTBACKS_TOPIC_PREFIX": s.topic_prefix,
+            "POSTBACKS_KAFKA_REPLICATION": s.kafka_replication,
+            "POSTBACKS_KAFKA_REPLICATION_FACTOR": str(s.kafka_replication_factor),
+            "POSTBACKS_KAFKA_MIN_INSYNC_REPLICAS": str(s.kafka_min_insync_replicas),
             "POSTBACKS_ALLOW_LOOPBACK_TARGETS": "true", "POSTBACKS_CONFIG_REFRESH_S": "2",
             "POSTBACKS_INSTANCE_ID": s.instance_id, **extra}
 

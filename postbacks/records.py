@@ -73,6 +73,7 @@ class AttemptRecord(TypedDict):
     request_headers: dict[str, str]
     request_body: bytes | None
     response_excerpt: bytes | None
+    agent_instance: NotRequired[str | None]  # v2: the agent process (intents, agent_lost)
 
 
 class OutcomeRecord(TypedDict):
@@ -118,6 +119,10 @@ class BreakerStateRecord(TypedDict):
     actor: str | None
     observed_value: float | None
     baseline_value: float | None
+    # v2, circuit breakers (detector "circuit" on breakers.v1; core/breaker.py)
+    opened_at: NotRequired[int | None]
+    ramp_started_at: NotRequired[int | None]
+    consecutive_failures: NotRequired[int | None]
 
 
 class PayoutPartialRecord(TypedDict):

@@ -46,6 +46,18 @@ class Settings:
 
     kafka_bootstrap_servers: str = "127.0.0.1:19092"
     kafka_compression: str = "none"  # the stages' producers: none, lz4, zstd, snappy, gzip
+    # Replication of every topic the product creates (the registry's and the gate's
+    # changelogs; docs/operators.md "Replication"): "cluster" = 3 replicas with
+    # min.insync.replicas 2, so an acknowledged record survives the loss of any one broker
+    # and producing goes on while one is down; "dev" = 1 and 1, for a single development
+    # broker (deploy/local/services.sh, the demo, the tests and CI select it explicitly).
+    kafka_replication: str = "cluster"
+    kafka_replication_factor: int = 0  # replicas per partition; 0 = the mode's (3 or 1)
+    kafka_min_insync_replicas: int = 0  # min.insync.replicas; 0 = the mode's (2 or 1)
+    # Every producer's acks. Only "all" is accepted: the producers are idempotent (and the
+    # stages' transactional), which Kafka allows only with acks=all, and an ack must mean
+    # "on min.insync.replicas brokers", not "on the leader".
+    kafka_acks: str = "all"
     database_url: str = "postgresql://postbacks@127.0.0.1:15432/postbacks"
     topic_prefix: str = ""
     instance_id: str = field(default_factory=lambda: socket.gethostname())
@@ -80,6 +92,12 @@ class Settings:
     max_buffered: int = 5000  # per agent: consumption pauses above this many unfinished
     commit_interval_ms: int = 100
     stall_restart_s: float = 120.0  # a Kafka call stuck this long restarts the process
+    # The agent records an intent before every request (core/intents.py): every request
+    # sent is in the attempt log, also when the agent dies before recording its result.
+    attempt_intents: bool = True
+    # The sink writes an intent with no result after this long as an `unknown` attempt
+    # (error class agent_lost); another agent process attempting it again does so at once.
+    attempt_lost_after_s: float = 600.0
     # Sink: a delivery row waits (in memory, its offset not yet stored) for its first
     # outcome, at most this long, and is then written with its status already projected,
     # which saves rewriting it (through every index of deliveries) a moment later.
@@ -133,6 +151,20 @@ class Settings:
     def topic(self, base: str) -> str:
         """Full topic name for a registry base name (prefix applied)."""
         return f"{self.topic_prefix}{base}"
+
+    @property
+    def replication_factor(self) -> int:
+        """Replicas per partition of every topic the product creates."""
+        return self.kafka_replication_factor or _REPLICATION[self.kafka_replication][0]
+
+    @property
+    def min_insync_replicas(self) -> int:
+        """``min.insync.replicas`` of every topic the product creates."""
+        return self.kafka_min_insync_replicas or _REPLICATION[self.kafka_replication][1]
+
+
+# The replication modes: (replication factor, min.insync.replicas).
+_REPLICATION: dict[str, tuple[int, int]] = {"cluster": (3, 2), "dev": (1, 1)}
 
 
 _ENV_NAMES: dict[str, str] = {
@@ -204,6 +236,7 @@ def _validate(s: Settings) -> None:
     if s.kafka_compression not in _COMPRESSION:
         raise ConfigError(f"POSTBACKS_KAFKA_COMPRESSION={s.kafka_compression!r}: expected one of "
                           f"{', '.join(_COMPRESSION)}")
+    _validate_replication(s)
     if s.retry_ceiling_s > 72 * 3600:
         raise ConfigError("POSTBACKS_RETRY_CEILING_S must be at most 72 h (259200)")
     for name in ("retry_base_s", "retry_max_delay_s", "retry_ceiling_s", "breaker_open_s",
@@ -244,6 +277,23 @@ def _validate(s: Settings) -> None:
     parse_event_type_limits(s.retry_max_attempts_by_event_type)
     if not s.database_url.startswith(("postgresql://", "postgres://")):
         raise ConfigError("POSTBACKS_DATABASE_URL must be a postgresql:// URL")
+
+
+def _validate_replication(s: Settings) -> None:
+    if s.kafka_replication not in _REPLICATION:
+        raise ConfigError(f"POSTBACKS_KAFKA_REPLICATION={s.kafka_replication!r}: expected "
+                          "cluster (3 replicas, min.insync.replicas 2) or dev (1 and 1, one "
+                          "development broker)")
+    if s.kafka_replication_factor < 0 or s.kafka_min_insync_replicas < 0:
+        raise ConfigError("POSTBACKS_KAFKA_REPLICATION_FACTOR and "
+                          "POSTBACKS_KAFKA_MIN_INSYNC_REPLICAS must be >= 0 (0 = the mode's)")
+    if s.min_insync_replicas > s.replication_factor:
+        raise ConfigError(f"min.insync.replicas {s.min_insync_replicas} is more than the "
+                          f"replication factor {s.replication_factor}: nothing could be "
+                          "produced (POSTBACKS_KAFKA_MIN_INSYNC_REPLICAS)")
+    if s.kafka_acks.strip().lower() not in ("all", "-1"):
+        raise ConfigError(f"POSTBACKS_KAFKA_ACKS={s.kafka_acks!r}: only all is accepted (the "
+                          "producers are idempotent and transactional, which needs acks=all)")
 
 
 def parse_event_type_limits(raw: str) -> dict[str, int]:

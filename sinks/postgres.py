@@ -51,6 +51,7 @@ from postbacks.kafka.watchdog import subscribe_watched
 from postbacks.metrics import SINK_ROWS, SINK_WAITING, STAGE_RECORDS
 from postbacks.settings import Settings
 from sinks import projection
+from sinks.intents import IntentBook
 from sinks.tables import STAGING_DDL, TABLES, column_types, ts_from_ms, use_orjson
 from sinks.waiting import Partition, WaitingRows
 from topics import TOPICS
@@ -82,6 +83,7 @@ class PostgresSink:
         self._waiting = WaitingRows(
             settings.sink_defer_s if defer_s is None else defer_s,
             settings.sink_defer_max if defer_max is None else defer_max)
+        self._intents = IntentBook(settings.attempt_lost_after_s)  # sinks/intents.py
         self._deliveries = settings.topic(TOPICS.deliveries.base)
         self._by_topic = {
             settings.topic(TOPICS.deliveries.base): ("Delivery", TABLES["deliveries"]),
@@ -149,6 +151,8 @@ class PostgresSink:
         except (ValueError, OverflowError, OSError) as exc:
             raise InvalidRecord(f"{table.name}: a value the table cannot hold: {exc}") from exc
         self._offsets[(topic, partition)] = offset + 1
+        if table.name == "attempts" and self._intents.add(value):
+            return  # an intent: kept apart until its attempt's record comes
         folded = False  # into a waiting row, whose release decides its projection
         if topic == self._deliveries:
             if not self._waiting.read(row, (topic, partition), offset):
@@ -221,7 +225,7 @@ class PostgresSink:
 
     def pending(self) -> bool:
         """Whether a flush has anything to write."""
-        return bool(self._offsets) or self._waiting.due()
+        return bool(self._offsets) or self._waiting.due() or self._intents.sweep_due()
 
     def _release(self, everything: bool) -> None:
         """The waiting rows due now into this flush; their partitions' offsets move on."""
@@ -240,6 +244,7 @@ class PostgresSink:
         conn = self.conn()
         try:
             with conn.transaction():
+                self._intents.answer(conn)
                 for name in ("deliveries", "attempts", "outcomes", "dead_letters"):
                     rows = self._rows.get(name)
                     if rows:
@@ -250,6 +255,7 @@ class PostgresSink:
                             self._via_staging.add(name)
                         else:
                             self._via_staging.discard(name)
+                self._intents.settle(conn)
                 if written.get("deliveries", 0) < len(self._rows.get("deliveries", ())):
                     # a row already stored (read again, or a conversion fanned out again)
                     # was not replaced by the one projected here: re-derive them all
@@ -271,6 +277,7 @@ class PostgresSink:
                          for (t, p), o in self._offsets.items()],
                     )
         finally:
+            self._intents.clear()
             self._rows.clear()
             self._touched.clear()
             self._settled.clear()
@@ -297,6 +304,7 @@ class PostgresSink:
         self._touched.clear()
         self._settled.clear()
         self._suppressed.clear()
+        self._intents.clear()
         self._offsets.clear()
         self._waiting.clear()
         if self._conn is not None:

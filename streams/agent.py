@@ -7,7 +7,10 @@ every ``commit_interval_ms`` the outputs of every finished record are produced i
 Kafka transaction** with the commit that covers them: the lowest unfinished offset plus
 the finished records above it, in the commit metadata (see offsets.py). HTTP is
 at-least-once: a crash after a send and before its commit re-sends the delivery with the
-same idempotency key; everything between topics is exactly-once.
+same idempotency key; everything between topics is exactly-once. Each request's intent is
+acknowledged by the broker before the request is sent (streams/intents.py), so the first
+request of such a pair is in the attempt log too; and the endpoints' breakers are shared
+with every other agent through ``breakers.v1`` (streams/breakers.py).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from postbacks.core.endpoint import Endpoint
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
 from postbacks.errors import PostbacksError
+from postbacks.ids import new_id
 from postbacks.kafka.clients import (
     check_broker,
     consume_ready,
@@ -37,7 +41,9 @@ from postbacks.metrics import STAGE_RECORDS, UNFINISHED
 from postbacks.policies import breaker_policy, retry_policy
 from postbacks.settings import Settings
 from postbacks.transport.http import HttpTransport
+from streams.breakers import BreakerFollower, breaker_publisher
 from streams.delivery import Deliverer
+from streams.intents import DirectLog
 from streams.lanes import Lanes
 from streams.offsets import Tracker, decode_done
 from topics import TOPICS
@@ -75,6 +81,9 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
     cache.start()
     consumer = make_consumer(settings, GROUP)
     producer = make_transactional_producer(settings, "agent")
+    direct = DirectLog(settings)  # intents (and breaker transitions)
+    # this process: the instance id and a run id of its own, new at every start
+    instance = f"{settings.instance_id}/{new_id('run', int(time.time() * 1000))}"
     revoked: list[TopicPartition] = []
     skip: dict[tuple[str, int], set[int]] = {}  # finished above the committed offset
 
@@ -96,10 +105,19 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
             timeout_s=settings.http_timeout_s, allow_loopback=settings.allow_loopback_targets,
             client=settings.http_client,
         ) as transport:
-            deliverer = Deliverer(transport, retry_policy(settings), settings.failing_after)
+            deliverer = Deliverer(transport, retry_policy(settings), settings.failing_after,
+                                  intents=direct if settings.attempt_intents else None,
+                                  instance=instance)
             lanes = Lanes(deliverer, _Endpoints(cache), breaker_policy(settings),
                           settings.endpoint_budget_s, settings.endpoint_max_queue,
-                          settings.quarantine_delay_s)
+                          settings.quarantine_delay_s,
+                          publish=breaker_publisher(direct, instance))
+            # every agent's breakers (and this one's before a restart) before any send
+            breakers = BreakerFollower(settings, loop, lanes.adopt)
+            try:
+                await asyncio.wait_for(breakers.caught_up.wait(), 60)
+            except TimeoutError:
+                log.warning("agent: breakers.v1 not read to its end within 60 s; going on")
             last_commit = time.monotonic()
             last_wake = last_commit
             while not stop.is_set():
@@ -140,8 +158,10 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                     await _commit(loop, kafka, settings, consumer, producer, tracker, lanes,
                                   skip)
             await _drain(loop, kafka, settings, consumer, producer, tracker, lanes, skip)
+            breakers.close()
     finally:
         cache.stop()
+        direct.close()
         await loop.run_in_executor(kafka, consumer.close)
         kafka.shutdown()
 

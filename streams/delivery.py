@@ -1,9 +1,11 @@
 """One delivery attempt, from dispatch record to the records it yields.
 
-render -> sign -> send -> classify -> (attempt, next step, outcome). Everything one attempt
-produces is returned as a list of (topic, key, value) so the agent can commit it together
-with the input's offset. The HTTP call goes through the transport adapter; the decisions
-are the pure core's.
+render -> sign -> intent -> send -> classify -> (attempt, next step, outcome). The intent
+(postbacks/core/intents.py) is stored before the request goes out, outside the agent's
+transaction, so a request sent by an agent that dies before committing its attempt is still
+in the attempt log. Everything else one attempt produces is returned as a list of
+(topic, key, value) so the agent can commit it together with the input's offset. The HTTP
+call goes through the transport adapter; the decisions are the pure core's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from postbacks.codec import codec_for
 from postbacks.core.classify import Delivered, Permanent, Retryable, Verdict, classify
 from postbacks.core.endpoint import Endpoint
+from postbacks.core.intents import INTENT
 from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.core.override import OverrideError, apply_override, parse_override
 from postbacks.core.redact import redact_request
@@ -23,6 +26,7 @@ from postbacks.core.render import RenderedRequest, RenderError, render
 from postbacks.core.retry import DeadLetter, RetryPolicy, ScheduleRetry, next_step
 from postbacks.core.validators import check_response, effective_validator
 from postbacks.errors import DeadLetterError
+from postbacks.ids import new_id
 from postbacks.kafka.stage import dead_letter_for
 from postbacks.metrics import (
     ATTEMPTS_TOTAL,
@@ -36,6 +40,7 @@ from postbacks.metrics import (
 )
 from postbacks.records import DeliveryRecord
 from postbacks.transport.http import HttpTransport
+from streams.intents import DirectLog
 from streams.offsets import Item
 from topics import TOPICS
 
@@ -66,6 +71,10 @@ class Deliverer:
     failing_after: int = 3
     clock: Callable[[], float] = time.time
     rng: random.Random = field(default_factory=random.Random)
+    # Where each attempt's intent goes, acknowledged before the request is sent (None: no
+    # intents); and this agent process's name, on intents and attempts.
+    intents: DirectLog | None = None
+    instance: str | None = None
 
     def __post_init__(self) -> None:
         self._dlv = codec_for("Delivery")
@@ -134,10 +143,16 @@ class Deliverer:
         except (RenderError, OverrideError) as exc:
             RENDER_ERRORS.inc()
             self.attempt(out, d, now_ms, "render_failed", None, error_class="render_error",
-                         error_message=str(exc), queue_ms=queue_ms)
+                         error_message=str(exc), queue_ms=queue_ms,
+                         agent_instance=self.instance)
             self.dead_letter(out, raw, exc, "render_failed", now_ms, d)
             self.outcome(out, d, "suppressed", now_ms, f"render_failed: {exc}")
             return Attempted(unhealthy=False)
+        redact = ep.config.redact_fields
+        ids: dict[str, object] = dict(attempt_id=new_id("att", now_ms),
+                                      agent_instance=self.instance)
+        if self.intents is not None:
+            await self._intend(d, req, redact, queue_ms, ids)
         sent_at = self.clock()
         result = await self.transport.send(req, follow_redirects=ep.config.follow_redirects)
         done = self.clock()
@@ -156,8 +171,8 @@ class Deliverer:
         common: dict[str, object] = dict(
             status=result.http.status, queue_ms=queue_ms, platform_ms=platform_ms,
             wire_ms=result.wire_ms, excerpt=result.excerpt, attempted_at=int(sent_at * 1000),
+            **ids,
         )
-        redact = ep.config.redact_fields
         first = d["first_attempt_at"] or int(sent_at * 1000)
         match verdict:
             case Delivered():
@@ -193,6 +208,16 @@ class Deliverer:
                 self._retry_or_exhaust(out, raw, d, ep, ec, after, first, now_ms)
                 return Attempted(unhealthy=True)
         raise AssertionError(f"unhandled verdict {verdict!r}")
+
+    async def _intend(self, d: DeliveryRecord, req: RenderedRequest, redact: tuple[str, ...],
+                      queue_ms: float, ids: dict[str, object]) -> None:
+        """The attempt's intent, stored before the request goes out (core/intents.py)."""
+        assert self.intents is not None
+        now_ms = int(self.clock() * 1000)
+        rec = make_attempt(d, now_ms=now_ms, result=INTENT, req=redact_request(req, redact),
+                           queue_ms=queue_ms, **ids)  # type: ignore[arg-type]
+        await self.intents.send(TOPICS.attempts.base, d["endpoint_id"].encode(),
+                                self._att.encode(rec))
 
     def _retry_or_exhaust(self, out: list[Item], raw: object, d: DeliveryRecord, ep: Endpoint,
                           ec: str, after: float | None, first: int, now_ms: int) -> None:

@@ -5,11 +5,14 @@ endpoint's concurrency (and by the breaker's ramp), and a circuit breaker. Work 
 Kafka partition is spread over many lanes and finishes in any order; the offset tracker
 keeps commits in order. An endpoint over its buffer budget, or whose breaker is open, has
 its deliveries diverted to ``quarantine.v1`` with a ``due_at`` — no attempt consumed.
+Breaker transitions go to ``publish`` and other agents' come in through :meth:`Lanes.adopt`
+(core/breaker.py: one breaker per endpoint across every agent and restart).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Message
 
 from postbacks.codec import codec_for
-from postbacks.core.breaker import BreakerPolicy, BreakerState, Divert, admit, on_result
+from postbacks.core.breaker import BreakerPolicy, BreakerState, Divert, admit, merge, on_result
 from postbacks.core.endpoint import Endpoint
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import BREAKER_OPEN, IN_FLIGHT, QUARANTINED
@@ -90,6 +93,8 @@ class Lanes:
     clock: Callable[[], float] = time.time
     lanes: dict[str, Lane] = field(default_factory=dict)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    # where this agent's breaker transitions go (endpoint id, new state); None: nowhere
+    publish: Callable[[str, BreakerState], None] | None = None
 
     def __post_init__(self) -> None:
         self._codec = codec_for("Delivery")
@@ -114,9 +119,7 @@ class Lanes:
             self.deliverer.park(out, d, now_ms)  # disabled: held until re-enabled
             slot.finish(out)
             return
-        lane = self.lanes.get(d["endpoint_id"])
-        if lane is None:
-            lane = self.lanes[d["endpoint_id"]] = Lane(d["endpoint_id"])
+        lane = self._lane(d["endpoint_id"])
         if self._over_budget(lane, d["endpoint_id"]):
             QUARANTINED.labels(reason="over_budget").inc()
             due = now_ms + int(self.quarantine_delay_s * 1000)
@@ -125,6 +128,37 @@ class Lanes:
             return
         lane.push(Work(msg, d, slot))
         self.pump(lane)
+
+    def _lane(self, endpoint_id: str) -> Lane:
+        lane = self.lanes.get(endpoint_id)
+        if lane is None:
+            lane = self.lanes[endpoint_id] = Lane(endpoint_id)
+        return lane
+
+    def adopt(self, endpoint_id: str, remote: BreakerState) -> None:
+        """Another agent's (or an earlier run's) breaker transition for this endpoint."""
+        lane = self._lane(endpoint_id)
+        before = lane.breaker
+        lane.breaker = merge(self.policy, before, remote)
+        if lane.breaker is not before:
+            self._changed(lane, before, own=False)
+            if lane.queue or lane.redrives:
+                self.pump(lane)
+
+    def _changed(self, lane: Lane, before: BreakerState, own: bool) -> None:
+        """After a breaker update: log and gauge a new state, publish our own transition."""
+        after = lane.breaker
+        if own and self.publish is not None and after.changed_ms != before.changed_ms:
+            self.publish(lane.endpoint_id, after)
+        if after.state == before.state:
+            return
+        log.info("breaker %s: %s -> %s%s", lane.endpoint_id, before.state, after.state,
+                 "" if own else " (another agent)")
+        if after.state == "open":
+            BREAKER_OPEN.labels(endpoint=lane.endpoint_id).set(1)
+        elif after.state in ("ramping", "closed") and before.state in ("open", "half_open"):
+            with contextlib.suppress(KeyError):  # never open here (adopted half-open)
+                BREAKER_OPEN.remove(lane.endpoint_id)
 
     def _over_budget(self, lane: Lane, endpoint_id: str) -> bool:
         """Budget of buffered work, in time: divert when the backlog would take longer than
@@ -142,14 +176,17 @@ class Lanes:
             ep = self.endpoint(lane.endpoint_id)
             cap = ep.concurrency if ep is not None else 1
             now_ms = self._now_ms()
-            decision, state = admit(self.policy, lane.breaker, now_ms, cap)
+            before = lane.breaker
+            decision, state = admit(self.policy, before, now_ms, cap)
             if isinstance(decision, Divert):
                 lane.breaker = state
+                self._changed(lane, before, own=True)
                 self._divert_all(lane, decision, now_ms)
                 return
             if lane.in_flight >= decision.concurrency:
                 return
             lane.breaker = state
+            self._changed(lane, before, own=True)
             work = lane.pop()
             lane.in_flight += 1
             task = asyncio.get_running_loop().create_task(self._run(lane, work, decision.probe))
@@ -191,15 +228,10 @@ class Lanes:
         finally:
             lane.in_flight -= 1
             lane.observe(time.monotonic() - started)
-        before = lane.breaker.state
-        lane.breaker = on_result(self.policy, lane.breaker, self._now_ms(), failed=unhealthy,
+        before = lane.breaker
+        lane.breaker = on_result(self.policy, before, self._now_ms(), failed=unhealthy,
                                  probe=probe)
-        if lane.breaker.state != before:
-            log.info("breaker %s: %s -> %s", lane.endpoint_id, before, lane.breaker.state)
-            if lane.breaker.state == "open":
-                BREAKER_OPEN.labels(endpoint=lane.endpoint_id).set(1)
-            elif lane.breaker.state in ("ramping", "closed") and before in ("open", "half_open"):
-                BREAKER_OPEN.remove(lane.endpoint_id)
+        self._changed(lane, before, own=True)
         work.slot.finish(out)
         self.pump(lane)
 

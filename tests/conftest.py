@@ -33,12 +33,19 @@ def _docker_reachable() -> bool:
         return False
 
 
+# The services these tests start or find are one development broker: replication 1 / 1
+# (POSTBACKS_KAFKA_REPLICATION=dev), unless the environment names a mode of its own. Set in
+# this process's environment too, for the commands the tests run in it or start from it.
+os.environ.setdefault("POSTBACKS_KAFKA_REPLICATION", "dev")
+REPLICATION = {"POSTBACKS_KAFKA_REPLICATION": os.environ["POSTBACKS_KAFKA_REPLICATION"]}
+
+
 @pytest.fixture(scope="session")
 def service_env() -> Iterator[dict[str, str]]:
     kafka = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     db = os.environ.get("POSTBACKS_DATABASE_URL")
     if kafka and db:
-        yield {"KAFKA_BOOTSTRAP_SERVERS": kafka, "POSTBACKS_DATABASE_URL": db}
+        yield {"KAFKA_BOOTSTRAP_SERVERS": kafka, "POSTBACKS_DATABASE_URL": db, **REPLICATION}
         return
     if _docker_reachable():
         from testcontainers.kafka import KafkaContainer  # type: ignore[import-not-found]
@@ -47,7 +54,7 @@ def service_env() -> Iterator[dict[str, str]]:
         with KafkaContainer("apache/kafka:4.1.1") as k, PostgresContainer("postgres:16") as p:
             url = p.get_connection_url().replace("postgresql+psycopg2://", "postgresql://")
             yield {"KAFKA_BOOTSTRAP_SERVERS": k.get_bootstrap_server(),
-                   "POSTBACKS_DATABASE_URL": url}
+                   "POSTBACKS_DATABASE_URL": url, **REPLICATION}
         return
     pytest.fail(
         "integration/e2e tests need Kafka and PostgreSQL: run `make test` (which starts them "
@@ -118,6 +125,7 @@ def stack_env(settings: Settings) -> dict[str, str]:
     return {
         "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
         "POSTBACKS_DATABASE_URL": settings.database_url,
+        "POSTBACKS_KAFKA_REPLICATION": settings.kafka_replication,
         "POSTBACKS_TOPIC_PREFIX": settings.topic_prefix,
         "POSTBACKS_ALLOW_LOOPBACK_TARGETS": "true",
         "POSTBACKS_CONSUMER_SESSION_TIMEOUT_MS": "6000",

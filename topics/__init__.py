@@ -1,5 +1,15 @@
 """Topic registry and the ``topics create|verify`` command."""
 
-from topics.registry import GROUPS, RETRY_TIERS, TOPICS, GroupSpec, TopicSpec, all_topics
+from topics.registry import (
+    GATE_APP,
+    GROUPS,
+    RETRY_TIERS,
+    TOPICS,
+    GroupSpec,
+    TopicSpec,
+    all_topics,
+    internal_topics,
+)
 
-__all__ = ["GROUPS", "RETRY_TIERS", "TOPICS", "GroupSpec", "TopicSpec", "all_topics"]
+__all__ = ["GATE_APP", "GROUPS", "RETRY_TIERS", "TOPICS", "GroupSpec", "TopicSpec", "all_topics",
+           "internal_topics"]

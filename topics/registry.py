@@ -7,13 +7,18 @@ contract test keeps DESIGN's topic list, the record schemas and this registry in
 Every delivery topic is keyed by ``endpoint_id`` and shares one partition count, so the
 same endpoint lands on the same partition number everywhere (the anomaly gate relies on
 that co-partitioning).
+
+Replication is not the registry's: every topic gets the replication factor and
+``min.insync.replicas`` of the settings (``POSTBACKS_KAFKA_REPLICATION``), the same on
+every topic, so one broker down never stops one topic while the others go on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["GROUPS", "RETRY_TIERS", "TOPICS", "GroupSpec", "TopicSpec", "all_topics"]
+__all__ = ["GATE_APP", "GROUPS", "RETRY_TIERS", "TOPICS", "GroupSpec", "TopicSpec", "all_topics",
+           "internal_topics"]
 
 DELIVERY_PARTITIONS = 6
 WEEK_MS = 7 * 24 * 3600 * 1000
@@ -33,6 +38,17 @@ def _delivery_topic(base: str, doc: str, **configs: str) -> TopicSpec:
     return TopicSpec(base, "Delivery", DELIVERY_PARTITIONS, "endpoint_id", doc, dict(configs))
 
 
+# The anomaly gate's Faust app id: its consumer group and the first part of its tables'
+# changelog topic names (Faust names them ``<app id>-<table>-changelog``), prefixed like a
+# topic.
+GATE_APP = "postbacks-gate"
+
+
+def _changelog(table: str, partitions: int, doc: str) -> TopicSpec:
+    return TopicSpec(f"{GATE_APP}-{table}-changelog", "Faust table changelog (JSON)",
+                     partitions, "scope key", doc, {"cleanup.policy": "compact"})
+
+
 # Delay tiers of the retry schedule: (tier name, delay in seconds).
 RETRY_TIERS: tuple[tuple[str, int], ...] = (
     ("5s", 5),
@@ -50,7 +66,7 @@ class _Topics:
     conversions: TopicSpec = TopicSpec(
         "conversions.v1", "ConversionEvent", DELIVERY_PARTITIONS, "conversion_id",
         "Upstream conversion events (input).",
-        {"retention.ms": str(2 * WEEK_MS), "min.insync.replicas": "1"},
+        {"retention.ms": str(2 * WEEK_MS)},
     )
     deliveries: TopicSpec = _delivery_topic(
         "deliveries.v1", "Fan-out output: one delivery per subscribed endpoint."
@@ -83,6 +99,12 @@ class _Topics:
         "Anomaly halt states (compacted).",
         {"cleanup.policy": "compact"},
     )
+    # Not in all_topics() yet: each agent creates it at start (streams/breakers.py).
+    breakers: TopicSpec = TopicSpec(
+        "breakers.v1", "BreakerState", 1, "endpoint_id",
+        "Endpoint circuit breakers (compacted): every agent's transitions, read by every agent.",
+        {"cleanup.policy": "compact"},
+    )
     anomaly_partials: TopicSpec = TopicSpec(
         "anomaly.partials.v1", "PayoutPartial", 1, "partition",
         "Per-partition cumulative payout partials, gate instances -> the one global aggregator.",
@@ -94,6 +116,13 @@ class _Topics:
         "anomaly trip (the notifier's input; for owners and operators).",
         {"retention.ms": str(4 * WEEK_MS)},
     )
+    # Internal: the anomaly gate's table changelogs (compacted), created with the rest so
+    # that they have the configured replication before the gate first starts.
+    gate_endpoints_changelog: TopicSpec = _changelog(
+        "gate-endpoints", DELIVERY_PARTITIONS,
+        "The gate's per-endpoint anomaly state (co-partitioned with deliveries.v1).")
+    gate_global_changelog: TopicSpec = _changelog(
+        "gate-global", 1, "The gate's global payout roll-up state (one partition).")
     retry: tuple[TopicSpec, ...] = tuple(
         _delivery_topic(f"retry.{tier}.v1", f"Retry delay tier {tier} (due_at carried).")
         for tier, _ in RETRY_TIERS
@@ -120,6 +149,12 @@ def all_topics() -> list[TopicSpec]:
     ]
 
 
+def internal_topics() -> list[TopicSpec]:
+    """The topics the product's own machinery keeps (the gate's Faust changelogs): created
+    and verified with :func:`all_topics`, named by no record schema."""
+    return [TOPICS.gate_endpoints_changelog, TOPICS.gate_global_changelog]
+
+
 @dataclass(frozen=True, slots=True)
 class GroupSpec:
     """A stage's consumer group: its base name (prefixed like a topic), the topics it reads,
@@ -136,7 +171,7 @@ def _groups() -> tuple[GroupSpec, ...]:
     t = TOPICS
     return (
         GroupSpec("fanout", "postbacks-fanout", (t.conversions.base,)),
-        GroupSpec("gate", "postbacks-gate", (t.deliveries.base,)),
+        GroupSpec("gate", GATE_APP, (t.deliveries.base,)),
         GroupSpec("agent", "postbacks-agent", (t.dispatch.base,)),
         GroupSpec("relay", "postbacks-relay",
                   (*(s.base for s in t.retry), t.quarantine.base)),

@@ -11,6 +11,9 @@
 #   bash deploy/local/services.sh restart-kafka [SECONDS]     stop the broker, wait, start it
 #   bash deploy/local/services.sh restart-postgres [SECONDS]  the same for PostgreSQL
 #                                               (failure tests: a broker restart, a DB outage)
+#   bash deploy/local/services.sh cluster up|down|status|env|logs|kill N|start N|stop N
+#                                               a three-broker Kafka cluster beside the single
+#                                               broker (deploy/local/cluster.sh)
 #
 # Everything binds to 127.0.0.1. No Docker. See deploy/local/README.md.
 set -euo pipefail
@@ -604,6 +607,8 @@ pg_down() {
 
 print_env() {
   printf 'export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:%s\n' "$KAFKA_PORT"
+  # one development broker: every topic with 1 replica, min.insync.replicas 1
+  printf 'export POSTBACKS_KAFKA_REPLICATION=dev\n'
   printf 'export POSTBACKS_DATABASE_URL=postgresql://%s@127.0.0.1:%s/%s\n' "$PG_USER" "$PG_PORT" "$PG_DB"
 }
 
@@ -721,14 +726,14 @@ cmd_logs() {
 }
 
 usage() {
-  sed -n "2,14p" "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n "2,17p" "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 main() {
   local cmd=${1:-}
   [[ $# -gt 0 ]] && shift
   case $cmd in
-    up|down|status|logs|env|browser|prometheus|restart-kafka|restart-postgres) ;;
+    up|down|status|logs|env|browser|prometheus|restart-kafka|restart-postgres|cluster) ;;
     -h|--help|help) usage; return 0 ;;
     *) usage >&2; return 2 ;;
   esac
@@ -744,6 +749,10 @@ main() {
     prometheus) cmd_prometheus ;;
     restart-kafka) take_lock; ensure_java; kafka_down; sleep "${1:-0}"; kafka_up ;;
     restart-postgres) take_lock; pg_down; sleep "${1:-0}"; pg_up ;;
+    cluster)
+      # shellcheck source=deploy/local/cluster.sh
+      source "$SCRIPT_DIR/cluster.sh"
+      cmd_cluster "$@" ;;
   esac
 }
 

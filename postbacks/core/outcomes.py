@@ -16,12 +16,15 @@ def make_attempt(
     status: int | None = None, error_class: str | None = None, error_message: str | None = None,
     queue_ms: float = 0.0, platform_ms: float = 0.0, wire_ms: float = 0.0,
     excerpt: bytes | None = None, attempted_at: int | None = None,
+    attempt_id: str | None = None, agent_instance: str | None = None,
 ) -> AttemptRecord:
+    """One attempt's record; ``attempt_id`` given when its intent already carried one (the
+    intent and the attempt share it), ``agent_instance`` names the agent process."""
     headers = {} if req is None else {
         k: ("[redacted]" if k.lower() in REDACTED_HEADERS else v) for k, v in req.headers.items()
     }
     return AttemptRecord(
-        attempt_id=new_id("att", now_ms),
+        attempt_id=attempt_id or new_id("att", now_ms),
         delivery_id=d["delivery_id"],
         endpoint_id=d["endpoint_id"],
         idempotency_key=d["idempotency_key"],
@@ -40,6 +43,7 @@ def make_attempt(
         request_headers=headers,
         request_body=req.body if req else None,
         response_excerpt=excerpt,
+        agent_instance=agent_instance,
     )
 
 

@@ -49,7 +49,9 @@ def make_consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
 
 
 def make_producer(settings: Settings, **extra: Any) -> Producer:
-    """Idempotent producer, acks=all: an ack means the record is durable on the broker.
+    """Idempotent producer, acks=all (``POSTBACKS_KAFKA_ACKS``, which accepts nothing else):
+    an ack means the record is on ``min.insync.replicas`` brokers (2 of 3 on a cluster), so
+    it survives the loss of any one of them.
 
     Keys are partitioned with murmur2, as the Java client and Faust/aiokafka do, so every
     producer of a delivery topic puts one endpoint on the same partition number (the
@@ -58,7 +60,7 @@ def make_producer(settings: Settings, **extra: Any) -> Producer:
         **_base(settings),
         "partitioner": "murmur2_random",
         "enable.idempotence": True,
-        "acks": "all",
+        "acks": settings.kafka_acks,
         "linger.ms": 5,
         "compression.type": settings.kafka_compression,
         **extra,

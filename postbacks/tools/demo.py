@@ -34,7 +34,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ from postbacks.tools.seed import seed_endpoints
 from replay_console.auth import create_token
 from topics.admin import create_topics
 
-__all__ = ["DemoOptions", "demo_env", "run_demo"]
+__all__ = ["DemoOptions", "demo_env", "demo_replication", "run_demo"]
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY_MS = 86_400_000
@@ -125,6 +125,14 @@ def demo_env(o: DemoOptions, namespace: str) -> dict[str, str]:
         # global scope does not hold its deliveries
         "POSTBACKS_ANOMALY_GLOBAL_KEY": f"demo-{namespace}",
     }
+
+
+def demo_replication(settings: Settings) -> Settings:
+    """The demo runs on the local development broker: replication 1 / 1
+    (``POSTBACKS_KAFKA_REPLICATION=dev``) unless the environment names a mode itself."""
+    if "POSTBACKS_KAFKA_REPLICATION" in os.environ:
+        return settings
+    return replace(settings, kafka_replication="dev")
 
 
 def _interrupt(_signum: int, _frame: object) -> None:
@@ -241,6 +249,7 @@ def run_demo(settings: Settings, o: DemoOptions) -> int:
     if o.start_services and script.exists():
         _say("starting Kafka and PostgreSQL (deploy/local/services.sh up)")
         subprocess.run(["bash", str(script), "up"], check=True)
+    settings = demo_replication(settings)
     check_broker(settings)
     _say(f"migrations: {', '.join(migrate(settings.database_url)) or 'up to date'}")
     _say(f"topics created: {len(create_topics(settings))}")
@@ -249,6 +258,7 @@ def run_demo(settings: Settings, o: DemoOptions) -> int:
     env = {
         "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
         "POSTBACKS_DATABASE_URL": settings.database_url,
+        "POSTBACKS_KAFKA_REPLICATION": settings.kafka_replication,
         "POSTBACKS_TOPIC_PREFIX": settings.topic_prefix,
         "POSTBACKS_ALLOW_LOOPBACK_TARGETS": "true",
         **shortened,

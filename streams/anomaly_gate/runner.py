@@ -68,13 +68,17 @@ from streams.anomaly_gate.control import ControlReader, TripWriter
 from streams.anomaly_gate.engine import BatchOut, GateEngine, In
 from streams.anomaly_gate.refresh import Refresher
 from streams.anomaly_gate.stall import ProgressWatch
-from topics import TOPICS
+from streams.anomaly_gate.startup import faust_settings, prepare
+from topics import GATE_APP, TOPICS
 
 __all__ = ["GateProcess"]
 
 log = logging.getLogger("postbacks.gate")
 
-GROUP = "postbacks-gate"  # the Faust app id: its consumer group, prefixed like a topic
+GROUP = GATE_APP  # the Faust app id: its consumer group, prefixed like a topic
+# The tables; Faust names their changelogs "<app id>-<table>-changelog", which the registry
+# holds (TOPICS.gate_endpoints_changelog, TOPICS.gate_global_changelog).
+EP_TABLE, G_TABLE = "gate-endpoints", "gate-global"
 
 
 def patch_faust_gaps() -> None:
@@ -124,32 +128,6 @@ patch_faust_read_committed()
 _CHANGELOG_CODEC = faust_codecs.get_codec("json")
 
 
-def faust_settings(settings: Settings) -> dict[str, Any]:
-    """Faust settings that start fast and quietly on a small cluster (see the spike)."""
-    return dict(
-        broker=f"kafka://{settings.kafka_bootstrap_servers}",
-        store="memory://",
-        web_enabled=False,
-        topic_replication_factor=1,
-        topic_partitions=TOPICS.deliveries.partitions,
-        topic_disable_leader=True,
-        table_standby_replicas=0,
-        broker_session_timeout=max(6.0, settings.consumer_session_timeout_ms / 1000),
-        broker_heartbeat_interval=1.0,
-        broker_rebalance_timeout=10.0,
-        broker_request_timeout=30.0,
-        broker_commit_every=1 << 40,  # by interval only: a count-based commit runs inside
-                                      # Faust's fetch loop and stalls every partition
-        broker_commit_interval=settings.gate_commit_interval_s,
-        consumer_auto_offset_reset="earliest",
-        producer_linger=0.002,
-        stream_recovery_delay=0.0,
-        processing_guarantee="at_least_once",
-        datadir=os.path.join(os.environ.get("TMPDIR", "/tmp"), "postbacks-gate",
-                             f"{settings.topic_prefix}{settings.instance_id}"),
-    )
-
-
 class GateProcess:
     def __init__(self, settings: Settings, refresher: Refresher) -> None:
         self.settings = settings
@@ -186,10 +164,10 @@ class GateProcess:
 
         src = raw_topic(s.topic(TOPICS.deliveries.base))
         partials = raw_topic(s.topic(TOPICS.anomaly_partials.base))
-        ep_table = app.Table("gate-endpoints", default=None,
-                             partitions=TOPICS.deliveries.partitions)
-        g_table = app.Table("gate-global", default=None,
-                            partitions=TOPICS.anomaly_partials.partitions)
+        ep_table = app.Table(EP_TABLE, default=None,
+                             partitions=TOPICS.gate_endpoints_changelog.partitions)
+        g_table = app.Table(G_TABLE, default=None,
+                            partitions=TOPICS.gate_global_changelog.partitions)
 
         async def gate(stream: Any) -> None:
             async for events in stream.take_events(s.gate_batch_max, s.gate_batch_within_s):
@@ -336,10 +314,12 @@ class GateProcess:
     # ----------------------------------------------------------------- lifecycle
     async def run(self, stop: threading.Event) -> None:
         os.makedirs(self.app.conf.datadir, exist_ok=True)
+        await asyncio.to_thread(prepare, self.settings)  # changelogs, coordinator (startup.py)
         await self.control.start()
         tasks = [asyncio.create_task(t) for t in
                  (self.control.run(), self.writer.run(), self.refresher.run(self.halts))]
         await self.app.start()
+        tasks.append(asyncio.create_task(self._commit_loop(stop)))
         gc.freeze()  # start-up objects out of the collector's way (see the module docstring)
         GC_FROZEN.set(gc.get_freeze_count())
         log.info("gate running (instance %s)", self.settings.instance_id)
@@ -359,6 +339,15 @@ class GateProcess:
                 if t.done() and not t.cancelled() and t.exception() is not None:
                     restart_in_place(f"gate: background task failed: {t.exception()!r}")
         await self.shutdown()
+
+    async def _commit_loop(self, stop: threading.Event) -> None:
+        """Offsets (after :meth:`flush`) every ``gate_commit_interval_s`` *after* the previous
+        commit ended: Faust's own timer starts the next one on schedule and, when a commit
+        under a backlog takes longer than the interval, runs late and warns (startup.py)."""
+        while not stop.is_set() and not self.stopping:
+            await asyncio.sleep(self.settings.gate_commit_interval_s)
+            if not self.stopping:
+                await self.app.consumer.commit()
 
     def _watch_progress(self, stop: threading.Event) -> None:
         """On a thread of its own, so that neither a blocked event loop nor a hung check
