@@ -23,6 +23,8 @@ from tests.kafka_util import decode, read_topic
 from topics import TOPICS
 
 CONTROL = TOPICS.anomaly_control.base
+# BreakerState v2's endpoint-breaker fields: unset on an anomaly halt's record
+NO_CIRCUIT = {"opened_at": None, "ramp_started_at": None, "consecutive_failures": None}
 
 
 def _row(settings: Settings, key: str, detector: str = "value_rate") -> db.AnomalyRow | None:
@@ -165,7 +167,7 @@ def test_cli_close_publishes_a_closed_breaker_state(
     assert rec == {
         "scope": "endpoint", "scope_key": key, "detector": "value_rate", "state": "closed",
         "changed_at": row.state_changed_at_ms, "reason": row.state_reason, "actor": "alice",
-        "observed_value": None, "baseline_value": None,
+        "observed_value": None, "baseline_value": None, **NO_CIRCUIT,
     }
     # Not tripped any more: a clear error, nothing published.
     assert run_cli(monkeypatch, settings, "anomaly", "close", "--scope", "endpoint",
@@ -220,7 +222,8 @@ def test_publish_state_for_the_gate(settings: Settings, namespace: str) -> None:
     anomaly_admin.publish_state(settings, row, observed=1.0, baseline=2.0)
     msgs = read_topic(settings, CONTROL, 2)
     got = [decode("BreakerState", m) for m in msgs]
-    assert got[0] == {**rec, "actor": None, "observed_value": 9e8, "baseline_value": 1.5e8}
+    assert got[0] == {**rec, "actor": None, "observed_value": 9e8, "baseline_value": 1.5e8,
+                      **NO_CIRCUIT}
     assert (got[1]["state"], got[1]["changed_at"], got[1]["reason"], got[1]["actor"]) == (
         "tripped", row.state_changed_at_ms, row.state_reason, None)
     assert {m.key() for m in msgs} == {f"endpoint/{key}/value_rate".encode()}
