@@ -53,6 +53,8 @@ class Drainer:
                  publisher: TransactionalPublisher | None = None) -> None:
         self.settings = settings
         self.clock = clock
+        # a re-render waits two config refreshes: the agents render with the fixed config
+        self.settle_ms = int(2000 * settings.config_refresh_s)
         self.publisher = publisher or TransactionalPublisher(settings, "console-replay")
         self.rate = settings.console_replay_rate_per_endpoint
         self.burst = max(1.0, self.rate * BURST_S)
@@ -131,6 +133,9 @@ class Drainer:
             except ValueError as exc:
                 done.append((job_id, seq, str(exc)[:500]))
                 continue
+            if kind == "rerender":
+                # re-rendered with the config just fixed: due once every agent has read it
+                d["due_at"] = now_ms + self.settle_ms
             k = endpoint_id.encode()
             items.append((self.retry_topic, k, dcodec.encode(d)))
             outcome = make_outcome(d, "replayed", now_ms=now_ms, actor=actor,

@@ -138,9 +138,13 @@ def test_fix_once_rerender_many(settings: Settings, namespace: str) -> None:
     assert (f"support:sup-{ns}", "delivery.rerender") in _audit(settings, d0["delivery_id"])
     assert (f"support:sup-{ns}", "replay.rerender") in _audit(settings, job)
 
+    before_ms = int(time.time() * 1000)
     assert _drain(settings) == 4
     sent = [decode("Delivery", m) for m in read_topic(settings, RETRY_5S, 4)]
     assert {d["delivery_id"] for d in sent} == ids
+    # due once the agents have read the fixed config: two refreshes after publishing
+    settle_ms = int(2000 * settings.config_refresh_s)
+    assert all(d["due_at"] >= before_ms + settle_ms for d in sent), settle_ms
     by_id = {d["delivery_id"]: d for d in sent}
     assert by_id[d0["delivery_id"]]["idempotency_key"] == d0["idempotency_key"]
     assert {(d["trigger"], d["triggered_by"], d["override"]) for d in sent} == {
