@@ -19,38 +19,23 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any
 
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import sync_playwright
 
 from postbacks.db.anomaly import set_mode
 from postbacks.db.connect import connect
 from postbacks.emit import ConversionProducer
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, free_port, http_json, wait_for
+from tests.e2e.browser import CHROMIUM, FLAGS, shot, sign_in
 from tests.e2e.harness import Harness
 from tests.integration.console_util import token
 from tests.unit.factories import make_conversion
 
-ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "artifacts" / "console"
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 DAY_MS = 86_400_000
 
 
-def _shot(page: Page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
-
-
-def _sign_in(page: Page, base: str, tok: str) -> None:
-    page.goto(f"{base}/login")
-    page.fill("input[name=token]", tok)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/deliveries*")
 
 
 def _emit(settings: Settings, h: Harness, name: str, n: int, *, retrodated: bool) -> None:
@@ -118,14 +103,14 @@ def test_support_reviewer_and_publisher_in_a_real_browser(
             violations: list[str] = []
             page.on("console", lambda m: violations.append(m.text)
                     if "Content Security Policy" in m.text else None)
-            _sign_in(page, base, pub_tok)
+            sign_in(page, base, pub_tok)
             page.goto(f"{base}/deliveries?app={h.app('cohort1')}")
             assert page.locator("#deliveries tbody tr").first.inner_text().startswith(
                 "No deliveries match")
             page.goto(f"{base}/deliveries")
             listed = page.locator("#deliveries tbody").inner_text()
             assert eps["fine"] in listed and eps["cohort1"] not in listed
-            _shot(page, "publisher-deliveries")
+            shot(page, "publisher-deliveries")
             # the stylesheet applied (served by the console, allowed by the policy)
             assert page.evaluate("getComputedStyle(document.querySelector('header'))"
                                  ".backgroundColor") == "rgb(31, 41, 55)"
@@ -141,13 +126,13 @@ def test_support_reviewer_and_publisher_in_a_real_browser(
 
             # --- support: filter failed, open one, edit its URL, replay ---
             page = browser.new_context().new_page()
-            _sign_in(page, base, token(settings, f"sup-{ns}", "support"))
+            sign_in(page, base, token(settings, f"sup-{ns}", "support"))
             page.fill("#filters input[name=endpoint]", eps["broken"])
             page.select_option("#filters select[name=status]", "dead_lettered")
             page.click("#filters button[type=submit]")
             rows = page.locator("#deliveries tbody tr")
             assert rows.count() == 3
-            _shot(page, "support-failed-deliveries")
+            shot(page, "support-failed-deliveries")
             rows.first.locator("a").first.click()
             delivery_id = page.locator("h1 code").inner_text()
             assert delivery_id in broken_keys
@@ -158,7 +143,7 @@ def test_support_reviewer_and_publisher_in_a_real_browser(
             page.click("#preview-edit")
             diff = page.locator("#edit-preview").inner_text()
             assert f"/hooks/{eps['broken']}" in diff and f"/hooks/{fixed}" in diff
-            _shot(page, "support-edit-diff")
+            shot(page, "support-edit-diff")
             page.click("#confirm-edit-replay")
             page.wait_for_selector("#job")
             wait_for(lambda: [r for r in h.received(fixed)], 60, what="the edited replay")
@@ -170,13 +155,13 @@ def test_support_reviewer_and_publisher_in_a_real_browser(
             page.goto(f"{base}/deliveries/{delivery_id}")
             assert page.locator("#status").inner_text() == "delivered"
             assert "manual" in page.locator(".attempt legend").last.inner_text()
-            _shot(page, "support-replayed-delivery")
+            shot(page, "support-replayed-delivery")
 
             # --- reviewer: release one cohort, reject the other ---
             page = browser.new_context().new_page()
-            _sign_in(page, base, token(settings, f"rev-{ns}", "reviewer"))
+            sign_in(page, base, token(settings, f"rev-{ns}", "reviewer"))
             page.goto(f"{base}/held")
-            _shot(page, "reviewer-held-cohorts")
+            shot(page, "reviewer-held-cohorts")
             # filtered by app through the page's form (a database holding more cohorts than
             # the page shows, as a shared test database does, leaves newer ones off it)
             page.fill("#held-filters input[name=app]", h.app("cohort1"))
@@ -191,7 +176,7 @@ def test_support_reviewer_and_publisher_in_a_real_browser(
             row = page.locator(f"#cohorts tr[data-endpoint='{eps['cohort2']}']")
             row.locator("button.reject").click()
             assert "3 rejected" in page.locator("#resolved").inner_text()
-            _shot(page, "reviewer-rejected")
+            shot(page, "reviewer-rejected")
         finally:
             browser.close()
 

@@ -14,28 +14,17 @@ Screenshots are saved under ``artifacts/console/``.
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import sync_playwright
 
 from postbacks.core.endpoint import EndpointConfig
 from postbacks.db.connect import connect
 from postbacks.db.endpoints import upsert_endpoint
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, free_port, http_json, wait_for
+from tests.e2e.browser import CHROMIUM, FLAGS, shot
 from tests.integration.anomaly_helpers import held_delivery, insert_deliveries
 from tests.integration.console_util import token
-
-ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "artifacts" / "console"
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def _shot(page: Page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def _seed(settings: Settings, ns: str) -> dict[str, str]:
@@ -89,7 +78,7 @@ def test_support_finds_a_delivery_and_pages_dead_letters_in_a_real_browser(
             page.wait_for_url(f"{base}/deliveries?q=*")
             rows = page.locator("#deliveries tbody tr")
             assert rows.count() == 1 and f"dlv_{ns}_3" in rows.first.inner_text()
-            _shot(page, "search-by-webhook-id")
+            shot(page, "search-by-webhook-id")
             page.click(f"text=dlv_{ns}_3")
             page.wait_for_url(f"{base}/deliveries/dlv_{ns}_3")
 
@@ -122,7 +111,7 @@ def test_support_finds_a_delivery_and_pages_dead_letters_in_a_real_browser(
                 page.click("#next")
                 page.wait_for_load_state()
             assert seen == ["permanent"] * 4 + ["exhausted"] * 3
-            _shot(page, "dead-letters-paged")
+            shot(page, "dead-letters-paged")
             page.click("#previous")
             page.wait_for_url(f"{base}/dead-letters?*offset=3*")
             assert "showing 4 to 6" in page.locator("#total").inner_text()

@@ -20,7 +20,6 @@ Screenshots are saved under ``artifacts/console/``.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from urllib.parse import parse_qs
 
 from playwright.sync_api import Page, sync_playwright
@@ -28,26 +27,9 @@ from playwright.sync_api import Page, sync_playwright
 from postbacks.core.identity import delivery_id
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, free_port, http_json, wait_for
+from tests.e2e.browser import CHROMIUM, FLAGS, shot, sign_in
 from tests.e2e.harness import Harness
 from tests.integration.console_util import token
-
-ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "artifacts" / "console"
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def _shot(page: Page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
-
-
-def _sign_in(page: Page, base: str, tok: str) -> None:
-    page.goto(f"{base}/login")
-    page.fill("input[name=token]", tok)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/deliveries*")
 
 
 def _c(received: dict[str, str]) -> str:
@@ -92,7 +74,7 @@ def test_rerender_after_a_macro_fix_search_endpoints_and_import_in_a_real_browse
             violations: list[str] = []
             page.on("console", lambda m: violations.append(m.text)
                     if "Content Security Policy" in m.text else None)
-            _sign_in(page, base, token(settings, f"adm-{ns}", "admin"))
+            sign_in(page, base, token(settings, f"adm-{ns}", "admin"))
 
             # fix once: the URL template on the endpoint's page, confirmed by step-up
             page.goto(f"{base}/endpoints/{ep}")
@@ -107,7 +89,7 @@ def test_rerender_after_a_macro_fix_search_endpoints_and_import_in_a_real_browse
             page.goto(f"{base}/endpoints/{ep}/rerender")
             counts = page.locator("#rerender-counts").inner_text()
             assert counts.split("\n")[-1].split("\t")[:3] == ["3", "3", "0"], counts
-            _shot(page, "rerender-after-fix")
+            shot(page, "rerender-after-fix")
             page.click("#confirm-rerender")
             page.wait_for_url(f"{base}/replays/*")
             h.wait_status(ep, "delivered", 3, timeout=120)
@@ -126,7 +108,7 @@ def test_rerender_after_a_macro_fix_search_endpoints_and_import_in_a_real_browse
                                   " delivery_id = %s", (did,))
             for value in (cohort[1], did, webhook_id):
                 _search(page, base, value, did)
-            _shot(page, "search-by-id")
+            shot(page, "search-by-id")
 
             # the endpoints list, then a new endpoint: refused first, then created
             page.goto(f"{base}/endpoints?app_id={h.app('fix')}")
@@ -142,7 +124,7 @@ def test_rerender_after_a_macro_fix_search_endpoints_and_import_in_a_real_browse
             new_ep = page.locator("#created-endpoint").inner_text()
             secret = page.locator("#created-secret").inner_text()
             assert new_ep.startswith("ep_") and secret.startswith("whsec_")
-            _shot(page, "endpoint-created")
+            shot(page, "endpoint-created")
             http_json(f"{h.base}/_control/secrets", {f"new-{ns}": [secret]})
             page.click("#test-send")
             wait_for(lambda: len(h.received(f"new-{ns}")) == 1, 30, what="the test send")
@@ -166,11 +148,11 @@ def test_rerender_after_a_macro_fix_search_endpoints_and_import_in_a_real_browse
             assert page.locator("#import-counts .count-invalid").inner_text() == "1"
             assert "does not exist" in page.locator("#import-lines").inner_text()
             assert h.status_counts(ep).get("dead_lettered", 0) == 0
-            _shot(page, "import-dry-run")
+            shot(page, "import-dry-run")
             page.click("#import-run")
             assert page.locator("#import-counts .count-imported").inner_text() == "2"
             assert h.status_counts(ep).get("dead_lettered", 0) == 2
-            _shot(page, "import-real-run")
+            shot(page, "import-real-run")
 
             # an imported delivery is driven like any dead letter
             page.click("#import-lines a >> nth=0")
