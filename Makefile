@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 .PHONY: help install check lint typecheck rules prometheus test test-unit test-integration demo services-up \
         services-down services-status browser bench bench-copy bench-avro bench-avro-choice \
-        bench-framing bench-services bench-migrations bench-http-choice clean
+        bench-framing bench-services bench-migrations bench-http-choice bench-rows clean
 
 help:
 	@echo "make demo            run the whole pipeline on local services (the main job)"
@@ -32,6 +32,7 @@ help:
 	@echo "make bench-services  services.sh up -> ready, on a second pair of ports"
 	@echo "make bench-migrations  the migrations: Alembic against a hand-written runner"
 	@echo "make bench-http-choice  the agent's HTTP client: own HTTP/1 against aiohttp and httpx"
+	@echo "make bench-rows      bytes per row as stored in PostgreSQL (bench/row_sizes.py)"
 
 # The Avro codec's extension is built by the install: gone (make clean, a fresh clone), reinstall.
 ifeq ($(wildcard postbacks/avro_c.*.so),)
@@ -110,6 +111,9 @@ bench-migrations: install services-up  # the migrations: Alembic against a hand-
 
 bench-http-choice: install services-up  # the agent's HTTP client, alternating
 	$(BIN)/python bench/http_client_choice.py --rounds 2
+
+bench-rows: install services-up  # bytes per row as stored, on a scratch database (capacity.md)
+	$(BIN)/python bench/row_sizes.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build postbacks/*.c postbacks/*.so

@@ -8,7 +8,10 @@ Measures, in one run so ratios are fair on a shared machine:
      it kept up (part ``sustain``); and the whole pipeline: conversions -> fanout -> gate ->
      agent -> sink;
   4. relay lateness p50/p99 (republish time - due_at);
-  5. healthy-endpoint p99 latency with and without a 15-s endpoint on the same partition.
+  5. healthy-endpoint p99 latency with and without a 15-s endpoint on the same partition;
+  6. two agent processes against one on the same partitions (bench/agents.py);
+and ends with a table of the figures against the targets, met or not (bench/targets.py).
+The pipeline latency is measured at a quarter of the whole pipeline's rate in the run.
 (The latency parts -- pipeline latency, 4 and 5 -- live in bench/latency.py.)
 
 Usage: make bench   (or: python bench/delivery.py --deliveries 20000)
@@ -22,7 +25,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,7 +34,8 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.engine import run_engine
+from bench.agents import run_agents
+from bench.engine import assigned, run_engine
 from bench.figures import host_relative, merge_results, summarize_rounds
 from bench.harness import (
     ROOT,
@@ -51,12 +54,14 @@ from bench.harness import (
     tree_cpu,
     tree_cpu_since,
 )
-from bench.latency import run_isolation, run_pipeline_latency, run_relay_lateness
+from bench.latency import run_isolation_pairs, run_pipeline_latency, run_relay_lateness
+from bench.targets import table
 from postbacks.db.migrate import migrate
 from postbacks.emit import ConversionProducer, synthetic_conversions
 from postbacks.settings import Settings, load_settings
 from postbacks.tools.procs import Stack, http_json, wait_for
 from postbacks.tools.seed import seed_endpoints
+from topics import GATE_APP
 
 # Conversions of each run are new ones (their ids come from the seed): with the ids of an
 # earlier run, every delivery row the sink writes would meet its old copy and be skipped
@@ -112,7 +117,7 @@ def run_agent_alone(base: Settings, n: int, n_endpoints: int, log_dir: Path) -> 
         say(f"agent: {rate:.0f} deliveries/s, {cpu / done * 1e6:.0f} µs CPU each; "
             f"bare client {bare:.0f}/s")
         return {"bare_client_per_s": bare, "bare_client_cpu_us_per_request": bare_cpu,
-                "agent_per_s": rate,
+                "agent_per_s": rate, "agent_over_bare": rate / bare,
                 "agent_cpu_us_per_delivery": cpu / done * 1e6, "bare_over_agent": bare / rate}
 
 
@@ -126,9 +131,15 @@ def run_end_to_end(base: Settings, n: int, log_dir: Path,
         with Stack(env_for(s), log_dir) as stack:
             for stage in ("sink", "agent", "gate", "fanout"):
                 stack.start(stage, stage)
+            for group in ("postbacks-sink", "postbacks-agent", GATE_APP, "postbacks-fanout"):
+                # started up and given partitions: start-up is not counted below
+                gid = s.topic(group)
+                wait_for(lambda g=gid: assigned(s, g), 90, interval=0.2,
+                         what=f"{group}'s partitions")
             # CPU from the first to the last delivery, and from before the first
             # conversion: fan-out runs ahead and is mostly done before the first delivery
-            # (the sink's last rows, written after it, are not counted)
+            # (the sink's last rows, written after it, are not counted). The stages' figures
+            # (cpu_us_<stage>) are the second: each stage's work on every delivery.
             pids = {name: p.pid for name, p in stack.procs.items()} | {"receiver": rx.pid}
             pids |= service_pids()
             cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
@@ -162,9 +173,10 @@ def run_end_to_end(base: Settings, n: int, log_dir: Path,
 
             say(f"end to end: {rate:.0f} deliveries/s; CPU µs per delivery by process, from the "
                 f"first to the last delivery: {fmt(share)}")
-            say(f"... and from the first conversion produced (fan-out runs ahead; start-up and "
-                f"idle polling included): {fmt(whole)}")
+            say(f"... and from the first conversion produced, every stage started and given "
+                f"its partitions (fan-out runs ahead): {fmt(whole)}")
             return {"end_to_end_per_s": rate,
+                    **{f"cpu_us_{name}": v for name, v in whole.items()},
                     "end_to_end_cpu_us_per_delivery": sum(share.values()),
                     "end_to_end_cpu_us_per_delivery_whole_run": sum(whole.values())}
 
@@ -196,28 +208,20 @@ def _run_parts(args: argparse.Namespace, parts: set[str], base: Settings, log_di
         rounds.append(got | relative)
         cleanup()  # each round's topics: a broker keeping them spends CPU on them
     results |= summarize_rounds(rounds)
+    if "agents" in parts:
+        results |= run_agents(base, args.deliveries, args.endpoints, RUN_SEED + 3,
+                              log_dir / "agents")
+        cleanup()
     if "latency" in parts:
-        results |= run_pipeline_latency(base, args.latency_rate, 10.0, log_dir / "latency",
-                                        RUN_SEED + 1)
+        # at a quarter of the pipeline's capacity measured in this run (one delivery per
+        # conversion), unless a rate is given or the pipeline was not measured
+        rate = args.latency_rate or (results["end_to_end_per_s"] / 4
+                                     if "end_to_end_per_s" in results else 200.0)
+        results |= run_pipeline_latency(base, rate, 10.0, log_dir / "latency", RUN_SEED + 1)
     if "relay" in parts:
         results |= run_relay_lateness(base, 2000, log_dir / "relay")
     if "isolation" in parts:
-        # Alternating pairs: a p99 of ~1,000 ms-scale samples on a shared 2-core machine
-        # moves by tens of ms from run to run; the median pair says more than one pair.
-        ratios, withouts, withs = [], [], []
-        for i in range(args.isolation_pairs):
-            without = run_isolation(base, False, log_dir / f"iso0-{i}")
-            with_slow = run_isolation(base, True, log_dir / f"iso1-{i}")
-            withouts.append(without)
-            withs.append(with_slow)
-            ratios.append(with_slow / without)
-            say(f"isolation pair {i + 1}/{args.isolation_pairs}: {without:.0f} / "
-                f"{with_slow:.0f} ms = {with_slow / without:.2f}")
-        results |= {"healthy_p99_ms_without_slow": statistics.median(withouts),
-                    "healthy_p99_ms_with_slow": statistics.median(withs),
-                    "isolation_ratio": statistics.median(ratios),
-                    "isolation_ratio_min": min(ratios), "isolation_ratio_max": max(ratios),
-                    "isolation_pairs": float(len(ratios))}
+        results |= run_isolation_pairs(base, args.isolation_pairs, log_dir)
 
 
 def main() -> None:
@@ -237,17 +241,19 @@ def main() -> None:
                     help="run the throughput parts (agent, engine, sustain, e2e) this many "
                          "times, one after the other, and report each figure's median, lowest and "
                          "highest (the host's speed swings by a third within an hour)")
-    ap.add_argument("--parts", default="agent,engine,sustain,e2e,latency,relay,isolation",
-                    help="comma-separated subset of: agent, engine, sustain, e2e, latency, "
-                         "relay, isolation")
-    ap.add_argument("--latency-rate", type=float, default=200,
-                    help="conversions/s for the pipeline latency part (10 s)")
+    ap.add_argument("--parts", default="agent,engine,e2e,agents,latency,relay,isolation",
+                    help="comma-separated subset of: agent, engine, sustain, e2e, agents, "
+                         "latency, relay, isolation (default: all but sustain)")
+    ap.add_argument("--latency-rate", type=float, default=None,
+                    help="conversions/s for the pipeline latency part (10 s); default a "
+                         "quarter of the whole pipeline's rate measured by part e2e in the "
+                         "same run (200 without it)")
     ap.add_argument("--fresh-db", action="store_true",
                     help="run against a new database beside POSTBACKS_DATABASE_URL's, "
                          "migrated, dropped afterwards (PostgreSQL's share of the engine "
                          "depends on how much the database holds, and every run adds 3 rows "
                          "per delivery)")
-    ap.add_argument("--isolation-pairs", type=int, default=5,
+    ap.add_argument("--isolation-pairs", type=int, default=6,
                     help="alternating without/with runs of the isolation part (median)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
@@ -275,10 +281,12 @@ def main() -> None:
     # a run of some parts updates only their figures (the others stay from earlier runs)
     earlier = json.loads(out.read_text()) if out.exists() else {}
     out.write_text(json.dumps(merge_results(earlier, results), indent=2))
-    print("\n=== delivery benchmark ===")
+    print("\n=== delivery benchmark: every figure ===")
     for k, v in results.items():
-        print(f"{k:32s} {v:10.2f}")
+        print(f"{k:40s} {v:12.2f}")
     print(f"(written to {out})")
+    print("\n=== delivery benchmark: the targets (docs/performance.md) ===")
+    print(table(results))
 
 
 if __name__ == "__main__":

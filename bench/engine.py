@@ -37,7 +37,7 @@ from postbacks.tools.procs import Stack, http_json, metrics_page, wait_for
 from postbacks.tools.seed import seed_endpoints
 from sinks.tables import ts_from_ms
 
-__all__ = ["FELL_BEHIND", "KEPT_UP", "lag_trend", "run_engine", "verdict"]
+__all__ = ["FELL_BEHIND", "KEPT_UP", "assigned", "lag_trend", "run_engine", "verdict"]
 
 _ON_RECORD = ("SELECT count(*) FROM deliveries WHERE endpoint_id = ANY(%s) "
               "AND created_at >= %s AND status = 'delivered' AND attempt_count >= 1")
@@ -174,7 +174,7 @@ def _on_record_count(sink_log: Path) -> float:
     return min(written.get(t, 0.0) for t in ("deliveries", "attempts", "outcomes"))
 
 
-def _assigned(s: Settings, group: str) -> bool:
+def assigned(s: Settings, group: str) -> bool:
     """Whether ``group`` is stable with partitions assigned to its members."""
     from confluent_kafka import ConsumerGroupState
     from confluent_kafka.admin import AdminClient
@@ -219,7 +219,7 @@ def run_engine(base: Settings, n: int, n_endpoints: int, seed: int,
                     stack.start(stage, stage)
                 for stage in ("sink", "agent"):  # both started up and given partitions
                     group = s.topic(f"postbacks-{stage}")
-                    wait_for(lambda g=group: _assigned(s, g), 60, interval=0.2,
+                    wait_for(lambda g=group: assigned(s, g), 60, interval=0.2,
                              what=f"the {stage}'s partitions")
                 sink_log = stack.procs["sink"].log_path  # ... and the sink has read their ends
                 wait_for(lambda: "sink: assigned" in sink_log.read_text(errors="replace"), 30,

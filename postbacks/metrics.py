@@ -109,6 +109,9 @@ QUARANTINED = Counter("webhook_quarantined_total", "Deliveries diverted to quara
 # Read at scrape from the agent's lanes (Lanes sets its function).
 IN_FLIGHT = Gauge("postbacks_agent_in_flight", "HTTP requests in flight in this agent")
 UNFINISHED = Gauge("postbacks_agent_unfinished", "Consumed deliveries not yet finished")
+STRICT_WAITING = Gauge("postbacks_agent_strict_waiting",
+                       "Deliveries of strict-ordering endpoints held back in memory behind "
+                       "followers still coming back (streams/strict.py)")
 OUTCOMES_TOTAL = LocalCounter("webhook_outcomes_total", "Outcome events produced", ["kind"])
 # Seed 000's webhook.payout.usd: the payout of each delivery once, when it ends (not per
 # attempt, so retries do not multiply the dollars); delivered is money that reached the

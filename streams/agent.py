@@ -46,7 +46,9 @@ from streams.delivery import Deliverer
 from streams.intents import DirectLog
 from streams.lanes import Lanes
 from streams.offsets import Tracker, decode_done
+from streams.strict import load_states
 from topics import TOPICS
+from topics.admin import create_topics
 
 __all__ = ["run_agent"]
 
@@ -85,10 +87,13 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
     # this process: the instance id and a run id of its own, new at every start
     instance = f"{settings.instance_id}/{new_id('run', int(time.time() * 1000))}"
     revoked: list[TopicPartition] = []
+    assigned: list[TopicPartition] = []
     skip: dict[tuple[str, int], set[int]] = {}  # finished above the committed offset
+    create_topics(settings, [TOPICS.ordering])  # idempotent; verifies its configs
 
     def on_assign(c: Consumer, partitions: list[TopicPartition]) -> None:
         _load_skips(c, partitions, skip)
+        assigned.extend(partitions)
 
     def on_revoke(_c: Consumer, partitions: list[TopicPartition]) -> None:
         revoked.extend(partitions)
@@ -138,6 +143,11 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                         tracker.forget(topic, partition)
                         skip.pop((topic, partition), None)
                     lanes.drop_partitions(gone)
+                if assigned:  # strict endpoints' committed state, before their deliveries
+                    assigned.clear()
+                    loaded = await loop.run_in_executor(kafka, load_states, settings)
+                    assert lanes.strict is not None
+                    lanes.strict.adopt(loaded)
                 for m in records(msgs, "agent"):
                     topic, partition, offset = m.topic() or "", m.partition() or 0, m.offset() or 0
                     slot = tracker.track(topic, partition, offset)
@@ -182,6 +192,8 @@ async def _commit(loop: asyncio.AbstractEventLoop, kafka: ThreadPoolExecutor,
     items, commits = tracker.drain()
     if not commits:
         return
+    assert lanes.strict is not None
+    items.extend(lanes.strict.take_writes())  # after the records they describe
     committed = await loop.run_in_executor(
         kafka, commit_batch, "agent", settings, consumer, producer, Output(items), commits
     )
@@ -189,6 +201,9 @@ async def _commit(loop: asyncio.AbstractEventLoop, kafka: ThreadPoolExecutor,
         tracker.clear()
         lanes.clear()
         await loop.run_in_executor(kafka, _load_skips, consumer, consumer.assignment(), skip)
+        loaded = await loop.run_in_executor(kafka, load_states, settings)
+        assert lanes.strict is not None
+        lanes.strict.reset(loaded)
 
 
 async def _drain(loop: asyncio.AbstractEventLoop, kafka: ThreadPoolExecutor,

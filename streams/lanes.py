@@ -28,58 +28,14 @@ from postbacks.errors import DeadLetterError
 from postbacks.metrics import BREAKER_OPEN, IN_FLIGHT, QUARANTINED
 from postbacks.records import DeliveryRecord
 from streams.delivery import Deliverer
+from streams.lane import Lane, Work
 from streams.offsets import Item, Slot
+from streams.strict import StrictOrder
+from topics import TOPICS
 
 __all__ = ["Lane", "Lanes"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Work:
-    msg: Message
-    delivery: DeliveryRecord
-    slot: Slot
-
-
-REDRIVES = frozenset({"manual", "release"})  # console replays and held releases
-REDRIVE_SHARE = 4  # with both kinds waiting, every 4th start is a re-drive
-
-
-@dataclass(slots=True)
-class Lane:
-    """One endpoint's work. Re-drives (replays, releases) wait in their own queue and get
-    every :data:`REDRIVE_SHARE`-th free slot while first attempts and retries wait, so a
-    bulk replay never delays an endpoint's live traffic by more than a quarter of its cap
-    (and is never starved: offsets commit only past finished work)."""
-
-    endpoint_id: str
-    queue: deque[Work] = field(default_factory=deque)
-    redrives: deque[Work] = field(default_factory=deque)
-    in_flight: int = 0
-    starts: int = 0
-    breaker: BreakerState = field(default_factory=BreakerState)
-    latency_s: float = 0.0  # EWMA of attempt durations (0 = none finished yet)
-
-    def observe(self, seconds: float, alpha: float = 0.2) -> None:
-        self.latency_s = seconds if self.latency_s == 0 else (
-            alpha * seconds + (1 - alpha) * self.latency_s)
-
-    def waiting(self) -> int:
-        return len(self.queue) + len(self.redrives)
-
-    def push(self, work: Work) -> None:
-        (self.redrives if work.delivery["trigger"] in REDRIVES else self.queue).append(work)
-
-    def pop(self) -> Work:
-        self.starts += 1
-        if self.redrives and (not self.queue or self.starts % REDRIVE_SHARE == 0):
-            return self.redrives.popleft()
-        return self.queue.popleft()
-
-    def expected_wait_s(self, cap: int) -> float:
-        """How long the newest queued delivery would wait at the current pace."""
-        return (self.waiting() + self.in_flight) * self.latency_s / max(1, cap)
 
 
 @dataclass
@@ -95,9 +51,12 @@ class Lanes:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     # where this agent's breaker transitions go (endpoint id, new state); None: nowhere
     publish: Callable[[str, BreakerState], None] | None = None
+    strict: StrictOrder | None = None  # strict-ordering endpoints (None: built here)
 
     def __post_init__(self) -> None:
         self._codec = codec_for("Delivery")
+        if self.strict is None:
+            self.strict = StrictOrder(self.deliverer, self._now_ms)
         tasks = self.tasks
         IN_FLIGHT.set_function(lambda: len(tasks))  # a task per delivery in flight
 
@@ -120,6 +79,11 @@ class Lanes:
             slot.finish(out)
             return
         lane = self._lane(d["endpoint_id"])
+        if self._strict(ep):
+            assert self.strict is not None
+            self.strict.submit(lane, Work(msg, d, slot))
+            self.pump(lane)
+            return
         if self._over_budget(lane, d["endpoint_id"]):
             QUARANTINED.labels(reason="over_budget").inc()
             due = now_ms + int(self.quarantine_delay_s * 1000)
@@ -128,6 +92,10 @@ class Lanes:
             return
         lane.push(Work(msg, d, slot))
         self.pump(lane)
+
+    @staticmethod
+    def _strict(ep: Endpoint | None) -> bool:
+        return ep is not None and ep.config.ordering == "strict"
 
     def _lane(self, endpoint_id: str) -> Lane:
         lane = self.lanes.get(endpoint_id)
@@ -174,10 +142,18 @@ class Lanes:
         """Start queued work while the lane's cap and breaker allow."""
         while lane.queue or lane.redrives:
             ep = self.endpoint(lane.endpoint_id)
-            cap = ep.concurrency if ep is not None else 1
+            strict = self._strict(ep)
+            cap = 1 if strict or ep is None else ep.concurrency
+            if strict and lane.in_flight:
+                return  # one at a time; a divert waits for the one in flight
             now_ms = self._now_ms()
             before = lane.breaker
             decision, state = admit(self.policy, before, now_ms, cap)
+            if strict and not isinstance(decision, Divert) and self._over_budget(
+                    lane, lane.endpoint_id):
+                QUARANTINED.labels(reason="over_budget").inc()
+                decision = Divert("over_budget", now_ms + int(self.quarantine_delay_s * 1000))
+                state = before  # the breaker admitted nothing
             if isinstance(decision, Divert):
                 lane.breaker = state
                 self._changed(lane, before, own=True)
@@ -194,6 +170,17 @@ class Lanes:
             task.add_done_callback(self.tasks.discard)
 
     def _divert_all(self, lane: Lane, decision: Divert, now_ms: int) -> None:
+        if self.strict is not None and self._strict(self.endpoint(lane.endpoint_id)):
+            # strict: the oldest goes to quarantine and the rest wait behind it there
+            work = lane.pop()
+            head: list[Item] = []
+            QUARANTINED.labels(reason=decision.reason).inc()
+            self.deliverer.quarantine(head, work.delivery, decision.reason, decision.due_at_ms,
+                                      now_ms)
+            work.slot.finish(head)  # before the ones parked behind it
+            self.strict.block(lane, work.delivery["delivery_id"], TOPICS.quarantine.base,
+                              decision.due_at_ms)
+            return
         while lane.queue or lane.redrives:
             work = lane.pop()
             out: list[Item] = []
@@ -232,7 +219,9 @@ class Lanes:
         lane.breaker = on_result(self.policy, before, self._now_ms(), failed=unhealthy,
                                  probe=probe)
         self._changed(lane, before, own=True)
-        work.slot.finish(out)
+        work.slot.finish(out)  # before anything parked behind it (finishing order)
+        if self.strict is not None and self._strict(self.endpoint(lane.endpoint_id)):
+            self.strict.after(lane, work, out)
         self.pump(lane)
 
     def drop_partitions(self, revoked: set[tuple[str, int]]) -> None:
@@ -244,14 +233,21 @@ class Lanes:
             lane.redrives = deque(
                 w for w in lane.redrives if (w.msg.topic(), w.msg.partition()) not in revoked
             )
+        if self.strict is not None:
+            self.strict.forget(lambda w: (w.msg.topic(), w.msg.partition()) not in revoked,
+                               self.lanes)
 
     def clear(self) -> None:
         for lane in self.lanes.values():
             lane.queue.clear()
             lane.redrives.clear()
+        if self.strict is not None:
+            self.strict.forget(lambda _w: False, self.lanes)
 
     def wake(self) -> None:
         """Re-pump every lane (a breaker may have become ready to probe)."""
         for lane in self.lanes.values():
+            if self.strict is not None and lane.endpoint_id in self.strict.states:
+                self.strict.tick(lane)
             if lane.queue or lane.redrives:
                 self.pump(lane)

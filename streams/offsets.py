@@ -54,6 +54,7 @@ def decode_done(base: int, metadata: str | None) -> set[int]:
 @dataclass(slots=True)
 class _Count:
     open: int = 0
+    finished: int = 0  # finishes so far: each slot's place in finishing order
 
 
 @dataclass(slots=True, eq=False)
@@ -62,10 +63,13 @@ class Slot:
     _count: _Count
     outputs: list[Item] | None = None  # None while unfinished
     drained: bool = False
+    seq: int = 0  # its place in finishing order
 
     def finish(self, outputs: list[Item]) -> None:
         if self.outputs is None and not self.drained:
             self._count.open -= 1
+        self._count.finished += 1
+        self.seq = self._count.finished
         self.outputs = outputs
 
 
@@ -89,7 +93,7 @@ class Tracker:
 
     def drain(self) -> tuple[list[Item], dict[tuple[str, int], Commit]]:
         """Outputs of every newly finished record, and the commit that covers them."""
-        items: list[Item] = []
+        done: list[tuple[int, list[Item]]] = []
         commits: dict[tuple[str, int], Commit] = {}
         for key, part in self._parts.items():
             slots = part.slots
@@ -100,7 +104,8 @@ class Tracker:
                 if slot.offset >= limit:
                     break
                 if not slot.drained and slot.outputs is not None:
-                    items.extend(slot.outputs)
+                    if slot.outputs:
+                        done.append((slot.seq, slot.outputs))
                     slot.outputs = None
                     slot.drained = True
                     part.dirty = True
@@ -111,8 +116,12 @@ class Tracker:
                 continue
             part.dirty = False
             base = slots[0].offset if slots else last + 1
-            done = [s.offset for s in slots if s.drained]
-            commits[key] = (base, encode_done(base, done))
+            finished = [s.offset for s in slots if s.drained]
+            commits[key] = (base, encode_done(base, finished))
+        # in the order they finished: a strict endpoint's parked followers come after the
+        # head they wait behind even when they were consumed before it (streams/strict.py)
+        done.sort(key=lambda x: x[0])
+        items = [item for _, outputs in done for item in outputs]
         return items, commits
 
     def forget(self, topic: str, partition: int) -> None:

@@ -105,6 +105,13 @@ class _Topics:
         "Endpoint circuit breakers (compacted): every agent's transitions, read by every agent.",
         {"cleanup.policy": "compact"},
     )
+    # Not in all_topics() either: each agent creates it at start (streams/strict.py).
+    ordering: TopicSpec = TopicSpec(
+        "ordering.v1", "OrderState (JSON)", 1, "endpoint_id",
+        "Strict-ordering endpoints' head-of-line state (compacted), written by the agent "
+        "that owns the endpoint's partition, in its transaction.",
+        {"cleanup.policy": "compact"},
+    )
     anomaly_partials: TopicSpec = TopicSpec(
         "anomaly.partials.v1", "PayoutPartial", 1, "partition",
         "Per-partition cumulative payout partials, gate instances -> the one global aggregator.",

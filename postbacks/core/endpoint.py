@@ -49,8 +49,9 @@ class ValidatorSpec:
 _CONFIG_KEYS = {
     "schema_version", "fields", "aliases", "validator", "on_validation_failure",
     "redact_fields", "max_attempts", "follow_redirects", "headers", "provider_options",
-    "disable_on_gone", "notify_endpoint_id", "test_hosts",
+    "disable_on_gone", "notify_endpoint_id", "test_hosts", "ordering",
 }
+ORDERINGS = ("none", "strict")
 MAX_TEST_HOSTS = 20
 _HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?"
                         r"(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*")
@@ -72,6 +73,9 @@ class EndpointConfig:
     notify_endpoint_id: str | None = None  # ep_... the owner's notifications go to (notifier)
     # Hosts besides the URL's own that support may test-send or edit-and-replay to (console).
     test_hosts: tuple[str, ...] = ()
+    # "strict": a delivery is not sent before the previous one to this endpoint is
+    # resolved (streams/strict.py; head-of-line blocking, one request at a time).
+    ordering: str = "none"
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> EndpointConfig:
@@ -121,6 +125,10 @@ class EndpointConfig:
             kw["notify_endpoint_id"] = target
         if data.get("test_hosts") is not None:
             kw["test_hosts"] = _test_hosts(data)
+        if "ordering" in data:
+            if data["ordering"] not in ORDERINGS:
+                raise ConfigError("ordering must be 'none' or 'strict'")
+            kw["ordering"] = data["ordering"]
         if "headers" in data:
             kw["headers"] = MappingProxyType(dict(_str_map(data, "headers")))
         if "provider_options" in data:
@@ -153,6 +161,8 @@ class EndpointConfig:
             out["notify_endpoint_id"] = self.notify_endpoint_id
         if self.test_hosts:
             out["test_hosts"] = list(self.test_hosts)
+        if self.ordering != "none":
+            out["ordering"] = self.ordering
         return out
 
 

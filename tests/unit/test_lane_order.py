@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from streams.lanes import REDRIVE_SHARE, Lane, Work
+from streams.lane import REDRIVE_SHARE, Lane, Work
 from tests.unit.factories import make_delivery
 
 
