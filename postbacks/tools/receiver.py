@@ -7,7 +7,8 @@ Postbacks arrive at ``/hooks/<endpoint_id>``. Control API (JSON):
 - ``POST /_control/script``   ``{"<endpoint_id>" or "*": {"statuses": [500, 500, 200],
   "delay_ms": 0, "body": "ok", "headers": {"Retry-After": "3"}}}`` — the i-th request to
   the endpoint answers ``statuses[min(i, len-1)]`` (``"per_delivery": true``: the i-th request
-  carrying the same webhook-id)
+  carrying the same webhook-id; ``"first_ids": n`` with it: only the endpoint's first n
+  webhook-ids follow the statuses, every later one answers 200)
 - ``GET /_control/stats`` — totals, unique webhook-ids, bad signatures, requests and unique
   webhook-ids per endpoint (``per_endpoint``, ``unique_per_endpoint``)
 - ``GET /_control/received?endpoint=<id>`` — every request received (ids, headers, times)
@@ -34,6 +35,7 @@ __all__ = ["ReceiverState", "build_app", "main"]
 class Script:
     statuses: list[int] = field(default_factory=lambda: [200])
     per_delivery: bool = False  # index statuses by the n-th request of one webhook-id
+    first_ids: int = 0  # with per_delivery: only the first n webhook-ids (0: all) follow it
     delay_ms: float = 0.0
     body: str = "ok"
     headers: dict[str, str] = field(default_factory=dict)
@@ -47,6 +49,7 @@ class ReceiverState:
     seen: Counter[str] = field(default_factory=Counter)
     received: list[dict[str, Any]] = field(default_factory=list)
     ids: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    order: dict[str, list[str]] = field(default_factory=dict)  # webhook-ids, first seen first
     bad_signatures: int = 0
     unverified: int = 0
 
@@ -83,6 +86,12 @@ def build_app(state: ReceiverState | None = None) -> web.Application:
         st.calls[endpoint_id] += 1
         st.seen[msg_id] += 1
         status = script.statuses[min(n, len(script.statuses) - 1)]
+        if script.per_delivery and script.first_ids:
+            order = st.order.setdefault(endpoint_id, [])
+            if msg_id not in order:
+                order.append(msg_id)
+            if order.index(msg_id) >= script.first_ids:
+                status = 200
         st.ids[endpoint_id].add(msg_id)
         st.received.append({
             "endpoint_id": endpoint_id, "webhook_id": msg_id, "at": time.time(),
@@ -106,6 +115,7 @@ def build_app(state: ReceiverState | None = None) -> web.Application:
             st.scripts[key] = Script(
                 statuses=list(spec.get("statuses", [200])),
                 per_delivery=bool(spec.get("per_delivery", False)),
+                first_ids=int(spec.get("first_ids", 0)),
                 delay_ms=float(spec.get("delay_ms", 0)),
                 body=str(spec.get("body", "ok")),
                 headers=dict(spec.get("headers", {})),
@@ -132,6 +142,7 @@ def build_app(state: ReceiverState | None = None) -> web.Application:
         st.seen.clear()
         st.received.clear()
         st.ids.clear()
+        st.order.clear()
         st.bad_signatures = st.unverified = 0
         return web.json_response({"ok": True})
 
