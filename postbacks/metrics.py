@@ -19,6 +19,9 @@ from postbacks.metrics_local import LocalCounter, LocalHistogram
 __all__ = [
     "ANOMALY_BASELINE",
     "ANOMALY_SIGNALS",
+    "ANOMALY_SPAN_EXPECTED",
+    "ANOMALY_SPAN_OBSERVED",
+    "ANOMALY_SPAN_SCORE",
     "ANOMALY_TRIPS",
     "ANOMALY_WINDOW_PAYOUT",
     "ATTEMPTS_TOTAL",
@@ -30,6 +33,7 @@ __all__ = [
     "ENDPOINTS_DISABLED",
     "GAP_DELIVERIES",
     "GAP_OLDEST_AGE",
+    "GATE_AGGREGATOR",
     "GATE_BATCH_SECONDS",
     "GATE_DECISIONS",
     "GC_FROZEN",
@@ -130,6 +134,22 @@ ANOMALY_WINDOW_PAYOUT = Gauge(
     "postbacks_anomaly_window_payout_usd", "Payout in the open event-time window, by scope",
     ["scope", "scope_key"],
 )
+ANOMALY_SPAN_OBSERVED = Gauge(
+    "postbacks_anomaly_span_observed_usd",
+    "Payout in the rolling span ending at the newest event-time minute, by scope and span"
+    " (minutes)", ["scope", "span"],
+)
+ANOMALY_SPAN_EXPECTED = Gauge(
+    "postbacks_anomaly_span_expected_usd",
+    "Seasonal expectation of the same rolling span, by scope and span (minutes)",
+    ["scope", "span"],
+)
+ANOMALY_SPAN_SCORE = Gauge(
+    "postbacks_anomaly_span_score",
+    "Normalized excess of the rolling span, (observed - expected) / sigma, by scope, span"
+    " (minutes) and channel (value, count); the span trips above its k", ["scope", "span",
+                                                                          "channel"],
+)
 ANOMALY_BASELINE = Gauge(
     "postbacks_anomaly_baseline_usd",
     "Seasonal baseline of the open window (median of the same hour-of-week), by scope",
@@ -155,6 +175,10 @@ GC_FROZEN = Gauge("postbacks_gc_frozen_objects",
                   "Start-up objects frozen out of the garbage collector's way (gc.freeze)")
 GC_GEN0_THRESHOLD = Gauge("postbacks_gc_gen0_threshold",
                           "Net allocations between young-generation collections")
+GATE_AGGREGATOR = Gauge(
+    "postbacks_gate_aggregator",
+    "1 in the gate instance that owns anomaly.partials.v1 and runs the global roll-up, 0 in"
+    " the others (the sum over instances is 1 once the group is stable)")
 HALTED_SCOPES = Gauge("postbacks_anomaly_halted_scopes", "Scopes currently tripped", ["scope"])
 HELD_DEPTH = Gauge("webhook_held_depth", "Deliveries currently held")
 HELD_OLDEST_AGE = Gauge("webhook_held_oldest_age_seconds",

@@ -129,6 +129,7 @@ class PayoutPartialRecord(TypedDict):
     partition: int
     window_start: int
     total_micros: int
+    count: int
     source_offset: int
     produced_at: int
 

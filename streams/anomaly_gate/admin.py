@@ -146,6 +146,8 @@ def set_mode_cmd(settings: Settings, args: argparse.Namespace) -> int:
         params["multiple"] = args.multiple
     if args.floor_usd is not None:
         params["floor_micros"] = round(args.floor_usd * _MICROS_PER_USD)
+    if args.k is not None:
+        params["k"] = args.k
     if args.window_days is not None:
         params["window_ms"] = round(args.window_days * _MS_PER_DAY)
     with connect(settings.database_url) as conn:
@@ -193,7 +195,7 @@ def add_parser(subparsers: Any) -> None:
     """Add ``anomaly`` and its actions to the top-level subparsers."""
     sub = cast(argparse._SubParsersAction, subparsers)  # type: ignore[type-arg]
     p = sub.add_parser(
-        "anomaly", help="anomaly gate modes and halts (status, set-mode, close)",
+        "anomaly", help="anomaly gate modes, halts, calibration and rehearsal",
         description="Show and change the anomaly gate's arming modes and durable halts "
         "(payout_anomaly_settings). Every change is audited.",
     )
@@ -230,6 +232,9 @@ def add_parser(subparsers: Any) -> None:
                     help="value_rate: trip above this multiple of the baseline")
     sp.add_argument("--floor-usd", type=float,
                     help="value_rate: and above this absolute window total (USD)")
+    sp.add_argument("--k", type=float,
+                    help="value_rate, global scope: the rolling detector's score threshold "
+                    "(sigmas; `postbacks anomaly calibrate` recommends one)")
     sp.add_argument("--window-days", type=float,
                     help="retrodating: hold when created - completed exceeds this")
     sp.add_argument("--note", help="why (recorded in the audit log)")
@@ -244,7 +249,21 @@ def add_parser(subparsers: Any) -> None:
     sp.add_argument("--note", required=True, help="why it is safe to resume")
     sp.set_defaults(func=close_cmd)
 
-    from streams.anomaly_gate import rehearse
+    from streams.anomaly_gate import calibrate_global, rehearse
+
+    sp = actions.add_parser(
+        "calibrate", help="replay your history through the global rolling detector and "
+        "recommend its threshold",
+        description="Sum a history -- PostgreSQL's deliveries (default), deliveries.v1 by "
+        "time range (--topic) or a JSON-lines file of conversions (--file) -- per event-time "
+        "minute, run it through the global rolling detector with the thresholds configured "
+        "now, and print per day the payout, trips and would-have-held payout, the highest "
+        "score a threshold must stay above, the recommended k (that plus --margin) and the "
+        "history re-run with it; for a labelled incident, when it would have tripped. "
+        "--apply writes the k to the global value_rate row (audited). Exit 1 when the "
+        "range holds no payouts.")
+    calibrate_global.add_arguments(sp)
+    sp.set_defaults(func=calibrate_global.run)
 
     sp = actions.add_parser(
         "rehearse", help="feed a history into conversions.v1, paced by event time",

@@ -1,53 +1,69 @@
-"""The one global aggregator: partials of every partition -> the global payout rate.
+"""The one global aggregator: partials of every partition -> the global rolling payout rate.
 
 Runs in whichever gate instance owns the single partition of ``anomaly.partials.v1``.
-Partials are cumulative per (partition, window): the roll-up keeps the last one, and the
-*increase* over the previous value is added to the global seasonal baseline (a late
-window's increase counts in the open window, like a late event). Its state is one scope
-in the ``gate-global`` table, with each partition's latest partial in ``extra`` and the
-offset of the last partial counted -- so a partial read again after a crash changes
-nothing, and one re-sent by a restarted gate (a lower source offset) neither.
+Partials are cumulative per (partition, event-time minute): the roll-up keeps the last
+one, and the *increase* (payout and count) over the previous value is added to that minute
+of the global total (a late minute's increase counts in the oldest open minute, like a
+late event). Closed minutes feed the global :class:`~postbacks.core.anomaly.rolling.RollingState`;
+once per batch of partials the rolling detector scores every span (5, 15, 60 minutes)
+ending at the newest minute, open minutes included, against the seasonal expectation for
+the same span. Its state is the ``g:roll`` key of the ``gate-global`` table (the rolling
+state, each partition's latest partial, the open minutes and the offset of the last
+partial counted) -- so a partial read again after a crash changes nothing, and one re-sent
+by a restarted gate (a lower source offset) neither.
 
 A global trip needs the global value-rate mode at enforce; under detect it is a signal
-(metric) once per window.
+(metric) once per span start.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from postbacks.codec import codec_for
-from postbacks.core.anomaly import (
-    GLOBAL_SCOPE,
-    Detector,
-    HaltState,
-    Mode,
-    SeasonalBaseline,
-    Trip,
-    add,
-    baseline,
-    close_until,
+from postbacks.core.anomaly import GLOBAL_SCOPE, Detector, HaltState, Mode, Trip
+from postbacks.core.anomaly.persist import NOTHING, Value
+from postbacks.core.anomaly.profile import MINUTE_MS
+from postbacks.core.anomaly.rolling import (
+    RollingOver,
+    RollingResult,
+    RollingState,
+    RollingWithin,
+    advance,
+    empty,
+    evaluate,
 )
-from postbacks.core.anomaly.detectors import trips as over_thresholds
-from postbacks.core.anomaly.persist import Tracked, Value, dump_scope, restore_scope
+from postbacks.core.anomaly.rolling import add as rolling_add
+from postbacks.core.anomaly.rolling_codec import from_dict, to_dict
 from postbacks.errors import DeadLetterError
-from postbacks.metrics import ANOMALY_BASELINE, ANOMALY_SIGNALS, ANOMALY_WINDOW_PAYOUT
+from postbacks.metrics import (
+    ANOMALY_SIGNALS,
+    ANOMALY_SPAN_EXPECTED,
+    ANOMALY_SPAN_OBSERVED,
+    ANOMALY_SPAN_SCORE,
+    GATE_AGGREGATOR,
+)
 from postbacks.records import PayoutPartialRecord
 from streams.anomaly_gate.config import GateConfig, HaltBook
 from topics import TOPICS
 
-__all__ = ["GLOBAL_HIST", "GLOBAL_OPEN", "GlobalAggregator"]
+__all__ = ["GLOBAL_ROLL", "MAX_OPEN_MINUTES", "PARTIAL_WINDOW_MS", "SPREAD_EVAL_MS",
+           "GlobalAggregator", "describe", "owns"]
 
 log = logging.getLogger(__name__)
-GLOBAL_HIST = "g:hist"
-GLOBAL_OPEN = "g:open"
+GLOBAL_ROLL = "g:roll"
+PARTIAL_WINDOW_MS = MINUTE_MS  # the partials' event-time window
 
 
 ACTIVE_MS = 60_000  # a partition silent this long (gate wall clock) stops holding windows open
 UNHEARD_GRACE_MS = 10_000  # partitions never heard from hold windows open this long
+# Scoring adds every open minute to a copy of the state: with more minutes open than this
+# (a backlog read by several gates at different paces, event time hours or days apart) the
+# score runs at most once per SPREAD_EVAL_MS of wall time, not on every batch.
+MAX_OPEN_MINUTES = 120
+SPREAD_EVAL_MS = 2_000
 
 
 def _ints(raw: object, n: int, what: str) -> list[tuple[int, ...]]:
@@ -65,23 +81,41 @@ def _ints(raw: object, n: int, what: str) -> list[tuple[int, ...]]:
     return out
 
 
+def owns(assigned: Any, partials_topic: str, was: bool | None) -> bool:
+    """Whether this instance's assignment (a set of TopicPartitions) holds the partials
+    topic; logs and sets ``postbacks_gate_aggregator`` when that changes."""
+    now = any(tp.topic == partials_topic for tp in assigned)
+    if now != was:
+        GATE_AGGREGATOR.set(1 if now else 0)
+        log.info("global aggregator: %s", "this instance runs the global roll-up" if now
+                 else "the global roll-up runs in another instance")
+    return now
+
+
+def describe(r: RollingOver) -> str:
+    """Which span tripped, on what score: the trip's reason."""
+    sc = r.over
+    return (f"{sc.span}-min span ({sc.seen} min seen): payout {sc.observed_micros / 1e6:.2f}"
+            f" USD vs {sc.expected_micros / 1e6:.2f} expected, score {sc.score:.1f}, count "
+            f"{sc.observed_count} vs {sc.expected_count:.1f}, score {sc.count_score:.1f}")
+
+
 class GlobalAggregator:
-    """The global payout per event-time window, summed over partitions, against its
-    seasonal baseline.
+    """The global payout and count per event-time minute, summed over partitions, through
+    the rolling detector.
 
     Partitions move through event time at their own pace (a backlog is read in chunks of
-    hours per partition), so a window is *closed* -- its total fed to the baseline's
-    history -- only when every active partition has moved past it (the watermark: the
-    lowest current window among partitions heard from within ``ACTIVE_MS``; until every
-    partition has been heard from, or ``UNHEARD_GRACE_MS`` has passed since the first
-    partial, nothing closes). Until then
-    its total keeps growing and is checked against its own slot's baseline as each partial
-    arrives, so a sharp excess trips mid-window. Money for a window already closed (a
-    partition waking up) counts in the oldest open window: late money still counts now.
+    hours per partition), so a minute is *closed* -- fed to the rolling state -- only when
+    every active partition has moved past it (the watermark: the lowest current minute
+    among partitions heard from within ``ACTIVE_MS``; until every partition has been heard
+    from, or ``UNHEARD_GRACE_MS`` has passed since the first partial, nothing closes).
+    Open minutes keep growing and count in the score as far as they are known, so a sharp
+    excess trips within the minute. Money for a minute already closed (a partition waking
+    up) counts in the oldest open minute: late money still counts now.
 
-    Per partition the latest partial (window, cumulative total, source offset, sent at) is
-    kept; one with a source offset not above the last is stale (a gate re-deciding after a
-    restart) and changes nothing.
+    Per partition the latest partial (minute, cumulative total, count, source offset, sent
+    at) is kept; one with a source offset not above the last is stale (a gate re-deciding
+    after a restart) and changes nothing.
     """
 
     def __init__(self, config: GateConfig, halts: HaltBook, global_key: str,
@@ -91,116 +125,150 @@ class GlobalAggregator:
         self.global_key = global_key
         self.partitions = partitions  # unheard ones hold windows open for UNHEARD_GRACE_MS
         self._first_sent: int | None = None
-        self.tracked: Tracked | None = None
-        self.parts: dict[int, tuple[int, int, int, int]] = {}  # p -> (w, total, src, sent)
-        self.windows: dict[int, int] = {}  # open window start -> total so far
+        self.loaded = False
+        self.state: RollingState = empty()
+        self.offset = NOTHING
+        # p -> (minute start, total, count, source offset, sent at)
+        self.parts: dict[int, tuple[int, int, int, int, int]] = {}
+        self.windows: dict[int, tuple[int, int]] = {}  # open minute start -> (total, count)
         self._codec = codec_for("PayoutPartial")
-        self._signalled_window: int | None = None
+        self._signalled: int | None = None
         self._dirty = False
+        self.last: RollingResult | None = None
+        self._scored_at = 0  # wall clock of the last score (see SPREAD_EVAL_MS)
 
     def forget(self) -> None:
-        self.tracked = None
+        self.loaded = False
 
-    def _load(self, get: Callable[[str], Any]) -> Tracked:
-        if self.tracked is None:
+    def _load(self, get: Callable[[str], Any]) -> None:
+        if self.loaded:
+            return
+        raw = get(GLOBAL_ROLL)
+        self.state, self.offset, self.parts, self.windows = empty(), NOTHING, {}, {}
+        self._first_sent = None
+        if raw is not None:
             try:
-                t = restore_scope(get(GLOBAL_HIST), get(GLOBAL_OPEN))
-                self.parts = {v[0]: (v[1], v[2], v[3], v[4])
-                              for v in _ints(t.extra.get("parts", ""), 5, "parts")}
-                self.windows = {w: total for w, total in _ints(t.extra.get("wins", ""), 2,
-                                                                "wins")}
-                first = t.extra.get("first")
+                if not isinstance(raw, dict) or type(raw.get("o")) is not int:
+                    raise ValueError("global state: not an object with an offset")
+                self.state = from_dict(raw["s"])
+                self.parts = {v[0]: (v[1], v[2], v[3], v[4], v[5])
+                              for v in _ints(raw.get("parts", ""), 6, "parts")}
+                self.windows = {w: (t, c) for w, t, c in _ints(raw.get("wins", ""), 3, "wins")}
+                first = raw.get("first")
                 self._first_sent = first if type(first) is int else None
-            except ValueError as exc:
+                self.offset = raw["o"]
+            except (ValueError, KeyError, TypeError) as exc:
                 log.error("unreadable global state (%s): starting it afresh", exc)
-                t, self.parts, self.windows = restore_scope(None, None), {}, {}
-            self.tracked = t
-        return self.tracked
+                self.state, self.offset, self.parts, self.windows = empty(), NOTHING, {}, {}
+        self.loaded = True
 
     def window_total(self, window_start: int) -> int:
-        return self.windows.get(window_start, 0)
+        return self.windows.get(window_start, (0, 0))[0]
+
+    def _closed_before(self) -> int | None:
+        m = self.state.minute
+        return None if m is None else m * MINUTE_MS
 
     def process(self, batch: list[tuple[int, bytes | None]], get: Callable[[str], Any],
                 now_ms: int) -> list[Trip]:
-        """``batch`` is (offset, value) of partials; returns the trips it caused."""
-        t = self._load(get)
-        trips: list[Trip] = []
-        g, offset = t.state, t.offset
+        """``batch`` is (offset, value) of partials; returns the trips it caused (the
+        detector runs once per batch, after every partial in it is counted)."""
+        self._load(get)
+        moved = False
         for off, raw in batch:
-            if off <= offset:
+            if off <= self.offset:
                 continue  # counted before a restart
-            offset = off
+            self.offset = off
+            moved = True
             try:
                 pp: PayoutPartialRecord = self._codec.decode(raw)  # type: ignore[assignment]
             except DeadLetterError as exc:
                 log.error("partials offset %d: %s (skipped)", off, exc)
                 continue
-            p, w, total = pp["partition"], pp["window_start"], pp["total_micros"]
+            p, w, total, count = (pp["partition"], pp["window_start"], pp["total_micros"],
+                                  pp["count"])
             src, sent = pp["source_offset"], pp["produced_at"]
             last = self.parts.get(p)
-            if last is not None and (src <= last[2] or w < last[0]):
+            if last is not None and (src <= last[3] or w < last[0]):
                 continue  # stale (re-sent after a gate restart); windows never move back
-            delta = total - last[1] if last is not None and w == last[0] else total
-            self.parts[p] = (w, total, src, sent)
-            target = w if g.open_start is None or w >= g.open_start else g.open_start
-            if delta > 0:
-                self.windows[target] = self.windows.get(target, 0) + delta
-            g = self._close(g)
-            trip = self._evaluate(g, target)
-            if trip is not None:
-                self.halts.trip_now(trip, now_ms)
-                trips.append(trip)
-        self.tracked = dataclasses.replace(t, state=g, offset=offset)
+            same = last is not None and w == last[0]
+            dv = total - last[1] if last is not None and same else total
+            dc = count - last[2] if last is not None and same else count
+            self.parts[p] = (w, total, count, src, sent)
+            closed = self._closed_before()
+            target = w if closed is None or w >= closed else closed
+            if dv > 0 or dc > 0:
+                t0, c0 = self.windows.get(target, (0, 0))
+                self.windows[target] = (t0 + max(dv, 0), c0 + max(dc, 0))
+        if not moved:
+            return []
+        self._close()
         self._dirty = True
-        self._gauges()
-        return trips
+        if len(self.windows) > MAX_OPEN_MINUTES and now_ms - self._scored_at < SPREAD_EVAL_MS:
+            return []
+        self._scored_at = now_ms
+        trip = self._evaluate()
+        if trip is not None:
+            self.halts.trip_now(trip, now_ms)
+            return [trip]
+        return []
 
-    def _close(self, g: SeasonalBaseline) -> SeasonalBaseline:
-        """Feed every window below the watermark to the baseline, oldest first."""
+    def _close(self) -> None:
+        """Feed every minute below the watermark to the rolling state, oldest first."""
         if not self.parts:
-            return g
-        newest = max(v[3] for v in self.parts.values())
+            return
+        newest = max(v[4] for v in self.parts.values())
         first = self._first_sent = min(self._first_sent or newest, newest)
         if len(self.parts) < self.partitions and newest - first < UNHEARD_GRACE_MS:
-            return g  # a partition not heard from yet may still bring these windows money
-        watermark = min(v[0] for v in self.parts.values() if v[3] >= newest - ACTIVE_MS)
+            return  # a partition not heard from yet may still bring these minutes money
+        watermark = min(v[0] for v in self.parts.values() if v[4] >= newest - ACTIVE_MS)
+        s = self.state
         for w in sorted(x for x in self.windows if x < watermark):
-            g = close_until(add(g, w, self.windows.pop(w)), w + g.policy.window_ms)
-        if g.open_start is not None and g.open_start < watermark:
-            g = close_until(g, watermark)
-        return g
+            total, count = self.windows.pop(w)
+            s = rolling_add(s, w, total, count)
+        if s.minute is not None:
+            s = advance(s, watermark // MINUTE_MS)
+        self.state = s
 
-    def take_writes(self) -> list[tuple[str, Value]]:
-        """The table writes for the state changed since the last call (before a commit)."""
-        if not self._dirty or self.tracked is None:
-            return []
-        parts = ";".join(f"{p}:{w}:{t}:{o}:{a}" for p, (w, t, o, a) in sorted(self.parts.items()))
-        wins = ";".join(f"{w}:{t}" for w, t in sorted(self.windows.items()))
-        extra: dict[str, Any] = {"parts": parts, "wins": wins, "first": self._first_sent}
-        t = dataclasses.replace(self.tracked, extra=extra)
-        hist, open_, self.tracked = dump_scope(t)
-        self._dirty = False
-        return ([(GLOBAL_HIST, hist)] if hist is not None else []) + [(GLOBAL_OPEN, open_)]
-
-    def _evaluate(self, g: SeasonalBaseline, w: int) -> Trip | None:
+    def _evaluate(self) -> Trip | None:
         mode = self.config.global_mode
         if mode is Mode.OFF:
+            self.last = None
             return None
-        total, b = self.windows.get(w, 0), baseline(g, w)
-        if b is None or not over_thresholds(total, b, self.config.global_thresholds):
+        s = self.state
+        for w in sorted(self.windows):  # the open minutes, as far as they are known
+            total, count = self.windows[w]
+            s = rolling_add(s, w, total, count)
+        r = self.last = evaluate(s, self.config.global_rolling)
+        self._gauges(r)
+        if not isinstance(r, RollingOver):
             return None
-        if self._signalled_window != w:
-            self._signalled_window = w
+        if self._signalled != r.window_start_ms:
+            self._signalled = r.window_start_ms
             ANOMALY_SIGNALS.labels("payout_rate_global", mode.value).inc()
         if mode is Mode.ENFORCE and self.halts.halts.get(GLOBAL_SCOPE) is not HaltState.TRIPPED:
-            return Trip("global", "*", Detector.VALUE_RATE, total, b, w)
+            log.warning("global rolling detector over its thresholds: %s", describe(r))
+            return Trip("global", "*", Detector.VALUE_RATE, r.over.observed_micros,
+                        r.over.expected_micros, r.window_start_ms, describe(r))
         return None
 
-    def _gauges(self) -> None:
-        if self.tracked is None or not self.windows:
+    def take_writes(self) -> list[tuple[str, Value]]:
+        """The table write for the state changed since the last call (before a commit)."""
+        if not self._dirty or not self.loaded:
+            return []
+        parts = ";".join(f"{p}:{w}:{t}:{c}:{o}:{a}"
+                         for p, (w, t, c, o, a) in sorted(self.parts.items()))
+        wins = ";".join(f"{w}:{t}:{c}" for w, (t, c) in sorted(self.windows.items()))
+        self._dirty = False
+        return [(GLOBAL_ROLL, {"s": to_dict(self.state), "o": self.offset, "parts": parts,
+                               "wins": wins, "first": self._first_sent})]
+
+    def _gauges(self, r: RollingResult) -> None:
+        if not isinstance(r, RollingOver | RollingWithin):
             return
-        w = max(self.windows)
-        ANOMALY_WINDOW_PAYOUT.labels("global", self.global_key).set(self.windows[w] / 1e6)
-        b = baseline(self.tracked.state, w)
-        if b is not None:
-            ANOMALY_BASELINE.labels("global", self.global_key).set(b / 1e6)
+        for sc in r.scores:
+            span = str(sc.span)
+            ANOMALY_SPAN_OBSERVED.labels("global", span).set(sc.observed_micros / 1e6)
+            ANOMALY_SPAN_EXPECTED.labels("global", span).set(sc.expected_micros / 1e6)
+            ANOMALY_SPAN_SCORE.labels("global", span, "value").set(sc.score)
+            ANOMALY_SPAN_SCORE.labels("global", span, "count").set(sc.count_score)

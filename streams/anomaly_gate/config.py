@@ -18,7 +18,7 @@ its own for that detector.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from postbacks.core.anomaly import (
@@ -36,6 +36,7 @@ from postbacks.core.anomaly import (
     Trip,
     resolve_modes,
 )
+from postbacks.core.anomaly.rolling import GLOBAL_ROLLING, RollingThresholds
 
 __all__ = ["GateConfig", "HaltBook", "StateChange", "build_config"]
 
@@ -48,6 +49,17 @@ class StateChange:
     detector: str
     state: HaltState
     changed_at: int  # epoch ms; 0 when never changed
+
+
+def _rolling(params: Mapping[str, Any], default: RollingThresholds) -> RollingThresholds:
+    """The global row's ``multiple`` and ``floor_micros`` (and, in a hand-made row, ``k``
+    and ``skew``) over the rolling detector's defaults."""
+    try:
+        return replace(default, **{k: type(getattr(default, k))(params[k])
+                                   for k in ("multiple", "floor_micros", "k", "skew")
+                                   if k in params})
+    except (TypeError, ValueError):
+        return default
 
 
 def _thresholds(params: Mapping[str, Any], default: RateThresholds) -> RateThresholds:
@@ -66,6 +78,7 @@ class GateConfig:
     rows: dict[tuple[Scope, Detector], Mode] = field(default_factory=dict)
     endpoint_thresholds: dict[str, RateThresholds] = field(default_factory=dict)
     global_thresholds: RateThresholds = GLOBAL_THRESHOLDS
+    global_rolling: RollingThresholds = GLOBAL_ROLLING  # what the global scope runs
     retrodating_window_ms: dict[str, int] = field(default_factory=dict)  # per endpoint
     global_retrodating_window_ms: int = RETRODATING_WINDOW_MS
     _cache: dict[str, GateModes] = field(default_factory=dict)
@@ -111,6 +124,7 @@ def build_config(rows: Iterable[Any], global_key: str) -> tuple[GateConfig, list
     ep_th: dict[str, RateThresholds] = {}
     windows: dict[str, int] = {}
     g_th = GLOBAL_THRESHOLDS
+    g_roll = GLOBAL_ROLLING
     g_window = RETRODATING_WINDOW_MS
     states: list[StateChange] = []
     for r in rows:
@@ -126,6 +140,7 @@ def build_config(rows: Iterable[Any], global_key: str) -> tuple[GateConfig, list
         if det is Detector.VALUE_RATE:
             if scope == GLOBAL_SCOPE:
                 g_th = _thresholds(params, GLOBAL_THRESHOLDS)
+                g_roll = _rolling(params, GLOBAL_ROLLING)
             else:
                 ep_th[scope[1]] = _thresholds(params, ENDPOINT_THRESHOLDS)
         elif isinstance(params.get("window_ms"), int) and params["window_ms"] > 0:
@@ -136,7 +151,7 @@ def build_config(rows: Iterable[Any], global_key: str) -> tuple[GateConfig, list
         if scope[1] != ALL_ENDPOINTS or scope == GLOBAL_SCOPE:  # a default never halts
             states.append(StateChange(scope, det.value, HaltState(r.state),
                                       r.state_changed_at_ms or 0))
-    return GateConfig(modes, ep_th, g_th, windows, g_window), states
+    return GateConfig(modes, ep_th, g_th, g_roll, windows, g_window), states
 
 
 class HaltBook:

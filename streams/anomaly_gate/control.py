@@ -42,7 +42,8 @@ def breaker_state(trip: Trip, global_key: str, now_ms: int) -> tuple[bytes, Brea
         "scope": trip.scope, "scope_key": key, "detector": trip.detector.value,
         "state": HaltState.TRIPPED.value, "changed_at": now_ms,
         "reason": f"payout {trip.observed / 1e6:.2f} USD over baseline "
-                  f"{trip.baseline / 1e6:.2f} in window {trip.window_start_ms}",
+                  f"{trip.baseline / 1e6:.2f} in window {trip.window_start_ms}"
+                  + ("" if trip.detail is None else f" ({trip.detail})"),
     }, observed=float(trip.observed), baseline=float(trip.baseline))
     return control_key(trip.scope, key, trip.detector.value), rec
 

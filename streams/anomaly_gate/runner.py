@@ -62,7 +62,7 @@ from postbacks.kafka.watchdog import restart_in_place
 from postbacks.metrics import GATE_BATCH_SECONDS, GC_FROZEN, STAGE_RECORDS, child
 from postbacks.records import PayoutPartialRecord
 from postbacks.settings import Settings
-from streams.anomaly_gate.aggregate import GlobalAggregator
+from streams.anomaly_gate.aggregate import PARTIAL_WINDOW_MS, GlobalAggregator, owns
 from streams.anomaly_gate.config import HaltBook
 from streams.anomaly_gate.control import ControlReader, TripWriter
 from streams.anomaly_gate.engine import BatchOut, GateEngine, In
@@ -135,7 +135,8 @@ class GateProcess:
         self.refresher = refresher
         cfg = refresher.apply_initial(self.halts)
         self.engine = GateEngine(
-            cfg, self.halts, partials_interval_ms=int(settings.gate_partials_interval_s * 1000))
+            cfg, self.halts, window_ms=PARTIAL_WINDOW_MS,
+            partials_interval_ms=int(settings.gate_partials_interval_s * 1000))
         self.aggregator = GlobalAggregator(cfg, self.halts, settings.anomaly_global_key)
         refresher.targets = (self.engine, self.aggregator)
         self.writer = TripWriter(settings, self.halts)
@@ -150,6 +151,7 @@ class GateProcess:
         self.idle = asyncio.Event()
         self.idle.set()
         self.stopping = False
+        self._aggregating: bool | None = None
         self._tick = time.monotonic()  # the event loop's last turn (the progress watch)
         self.app = self._build_app()
 
@@ -188,8 +190,13 @@ class GateProcess:
             self.engine.forget()
             self.aggregator.forget()
 
+        def assigned(*args: Any, **_k: Any) -> None:  # (app, the assigned partitions)
+            tps = args[1] if len(args) > 1 else ()
+            forget()
+            self._aggregating = owns(tps, partials.get_topic_name(), self._aggregating)
+
         app.on_partitions_revoked.connect(forget)
-        app.on_partitions_assigned.connect(forget)
+        app.on_partitions_assigned.connect(assigned)
         faust_flush = app.producer.flush
 
         async def flush_all() -> None:  # Faust calls this before it commits offsets
@@ -296,7 +303,8 @@ class GateProcess:
         now_ms = int(time.time() * 1000)
         for partition, part, off in partials:
             rec = PayoutPartialRecord(partition=partition, window_start=part.window_start or 0,
-                                      total_micros=part.total, source_offset=off,
+                                      total_micros=part.total, count=part.count,
+                                      source_offset=off,
                                       produced_at=now_ms)
             self._produce(TOPICS.anomaly_partials.base, str(partition).encode(),
                           self._partial_codec.encode(rec))

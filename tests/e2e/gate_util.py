@@ -17,6 +17,7 @@ from tests.unit.factories import make_conversion, make_delivery
 from topics import TOPICS
 
 HOUR_MS = 3_600_000
+PARTIAL_WINDOW_MS = 60_000  # the gate's partials are per event-time minute
 _DELIVERY = codec_for("Delivery")
 
 
@@ -121,14 +122,14 @@ class GateFeed:
         wait_for(lambda: len(self.held()) >= n, timeout, what=f"{n} held")
 
     def partial_sum(self, occurred_at: int) -> int:
-        """Sum over partitions of the latest (highest source offset) partial of the window
+        """Sum over partitions of the latest (highest source offset) partial of the minute
         holding ``occurred_at``."""
         codec = codec_for("PayoutPartial")
         c = Consumer({"bootstrap.servers": self.s.kafka_bootstrap_servers,
                       "group.id": f"test-partials-{uuid.uuid4().hex[:8]}",
                       "auto.offset.reset": "earliest", "enable.auto.commit": False})
         c.subscribe([self.s.topic(TOPICS.anomaly_partials.base)])
-        window = occurred_at - occurred_at % HOUR_MS
+        window = occurred_at - occurred_at % PARTIAL_WINDOW_MS
         latest: dict[int, tuple[int, int]] = {}
         idle = 0
         try:

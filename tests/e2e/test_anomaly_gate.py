@@ -159,7 +159,8 @@ def test_trips_hold_their_scope_survive_restart_and_rebalance_and_close_only_by_
     feed.wait_outputs(2 * 3 * 168 + 18, timeout=90)
     assert [d["hold_reason"] for d in feed.held()][-3:] == ["halted_endpoint"] * 3
 
-    # Global: armed now; a burst on y in the following hour trips it; z (no history,
+    # Global: armed now; a burst on y in the following hour (three $10 a minute against
+    # $20 an hour) trips the rolling detector within minutes of event time; z (no history,
     # no endpoint row) is held too.
     g = settings.anomaly_global_key
     mode(settings, "global", g, "value_rate", "enforce", multiple=1.5, floor_micros=20_000_000)
@@ -167,7 +168,7 @@ def test_trips_hold_their_scope_survive_restart_and_rebalance_and_close_only_by_
     sent = iter(range(10_000))
 
     def y_burst_trips() -> bool:  # y keeps paying $10 until the gates read the new mode
-        feed.send(y, later + next(sent), 10_000_000)
+        feed.send(y, later + next(sent) * 20_000, 10_000_000)
         feed.flush()
         return _state(settings, "global", g) == "tripped"
 
@@ -184,8 +185,8 @@ def test_trips_hold_their_scope_survive_restart_and_rebalance_and_close_only_by_
                        key, "--detector", "value_rate", "--actor", "carol",
                        "--note", "upstream fixed") == 0
     before_dispatched = feed.dispatched_count()
-    feed.send(x, later + 3_600_000, 1_000_000)  # a quiet new hour
-    feed.send(z, later + 3_600_000, 1_000_000)
+    feed.send(x, later + 2 * 3_600_000, 1_000_000)  # quiet: the burst out of every span
+    feed.send(z, later + 2 * 3_600_000, 1_000_000)
     wait_for(lambda: feed.dispatched_count() >= before_dispatched + 2, 60,
              what="x and z dispatched after the close")
     assert _rows(settings, "SELECT count(*) FROM audit_log WHERE action = 'anomaly.close'"

@@ -28,14 +28,14 @@ from typing import Any
 from confluent_kafka import Consumer, Producer
 
 from postbacks.codec import codec_for
-from postbacks.core.anomaly import ENDPOINT_THRESHOLDS, GLOBAL_THRESHOLDS
+from postbacks.core.anomaly import ENDPOINT_THRESHOLDS
+from postbacks.core.anomaly.rolling import GLOBAL_ROLLING
 from postbacks.db.anomaly import set_mode
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
 from streams.anomaly_gate.history import (
     COHORT_KEY,
-    DEFAULT_RATE_PER_S,
     BroadShallow,
     HistoryConfig,
     endpoint_for_app,
@@ -87,15 +87,14 @@ def test_broad_but_shallow_cohort_through_the_real_gate(
     cohort = BroadShallow(start_hour=4 * 168 + 9, hours=24)
     hist = HistoryConfig(weeks=4, apps=120, mean_rate_per_s=RATE, cohorts=(cohort,),
                          namespace=namespace)
-    g_floor = int(GLOBAL_THRESHOLDS.floor_micros * RATE / DEFAULT_RATE_PER_S)
     endpoints = sorted({endpoint_for_app(f"app_{namespace}_{i:04d}") for i in range(1, 121)})
     with connect(settings.database_url) as conn:
         g = settings.anomaly_global_key
         set_mode(conn, scope="global", scope_key=g, detector="retrodating", mode="enforce",
                  actor="test")
         set_mode(conn, scope="global", scope_key=g, detector="value_rate", mode="enforce",
-                 params={"multiple": GLOBAL_THRESHOLDS.multiple, "floor_micros": g_floor},
-                 actor="test")
+                 params={"multiple": GLOBAL_ROLLING.multiple,
+                         "floor_micros": GLOBAL_ROLLING.floor_micros}, actor="test")
         for ep in endpoints:
             set_mode(conn, scope="endpoint", scope_key=ep, detector="value_rate",
                      mode="enforce", actor="test",

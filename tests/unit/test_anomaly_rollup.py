@@ -34,10 +34,10 @@ USD = 1_000_000
 
 
 @pytest.mark.parametrize(("events", "expected"), [
-    ([(W1, 5)], PartitionPartial(W1, 5)),
-    ([(W1, 5), (W1 + 10, 7)], PartitionPartial(W1, 12)),
-    ([(W1, 5), (W2, 7)], PartitionPartial(W2, 7)),
-    ([(W2, 5), (W1, 7)], PartitionPartial(W2, 12)),  # late: counts in the current window
+    ([(W1, 5)], PartitionPartial(W1, 5, 1)),
+    ([(W1, 5), (W1 + 10, 7)], PartitionPartial(W1, 12, 2)),
+    ([(W1, 5), (W2, 7)], PartitionPartial(W2, 7, 1)),
+    ([(W2, 5), (W1, 7)], PartitionPartial(W2, 12, 2)),  # late: counts in the current window
 ])
 def test_partition_partial(events: list[tuple[int, int]], expected: PartitionPartial) -> None:
     p = PartitionPartial()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from typing import Any
 
@@ -20,12 +19,10 @@ from postbacks.core.anomaly import (
     Mode,
     RateThresholds,
     Trip,
-    baseline,
 )
 from postbacks.core.anomaly.persist import restore_scope
 from postbacks.core.anomaly.windows import DAY_MS, HOUR_MS
 from postbacks.db.anomaly import AnomalyRow
-from streams.anomaly_gate.aggregate import UNHEARD_GRACE_MS, GlobalAggregator
 from streams.anomaly_gate.config import HaltBook, StateChange, build_config, core_scope
 from streams.anomaly_gate.engine import BatchOut, GateEngine, In, hist_key, open_key
 from tests.unit.factories import make_conversion, make_delivery
@@ -258,7 +255,7 @@ def test_restart_counts_each_payout_once(crashed_after: int) -> None:
     part, off = restarted.partials[0]
     assert (part, off) == clean.partials[0]
     assert (part.window_start, part.total, off) == (T0 + HOUR_MS, 121 * USD, 8)
-    assert store["p:0"] == {"w": T0 + HOUR_MS, "t": 121 * USD, "o": 8}
+    assert store["p:0"] == {"w": T0 + HOUR_MS, "t": 121 * USD, "c": 4, "o": 8}
     # every record, re-processed or new, was decided and emitted again
     assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == [
         f"dlv_{('ep_1', 'ep_2')[o % 2]}_{o}" for o in range(9)]
@@ -272,7 +269,7 @@ def test_unreadable_endpoint_state_starts_afresh_but_the_partial_counts_once() -
     out = run(restarted, store, _batch())
     assert out.dispatched == 8
     assert restarted.scopes["ep_1"].offset == 6  # re-counted from nothing
-    assert store["p:0"] == {"w": T0 + HOUR_MS, "t": 21 * USD, "o": 7}  # not re-counted
+    assert store["p:0"] == {"w": T0 + HOUR_MS, "t": 21 * USD, "c": 3, "o": 7}  # not re-counted
 
 
 def test_endpoint_trip_holds_that_endpoint_only() -> None:
@@ -329,137 +326,6 @@ def test_undecodable_records_go_to_the_dlq_and_the_batch_goes_on() -> None:
     assert all(d["stage"] == "gate" and d["origin_partition"] == 2 for d in dead)
     assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == ["dlv_ep_1_12"]
     assert (out.dead, out.dispatched) == (2, 1)
-
-
-_SOURCE = itertools.count(1)
-
-
-def partial(partition: int, window: int, total: int, source_offset: int | None = None,
-            sent: int = NOW) -> bytes:
-    """A partial; by default each one is newer (a higher source offset) than the last."""
-    src = next(_SOURCE) if source_offset is None else source_offset
-    return PARTIAL.encode({"partition": partition, "window_start": window, "total_micros": total,
-                           "source_offset": src, "produced_at": sent})
-
-
-class Agg:
-    """An aggregator over a dict table, with the topic offsets handed out in order."""
-
-    def __init__(self, *rows: AnomalyRow, store: dict[str, Any] | None = None,
-                 partitions: int = 1) -> None:
-        cfg, _ = build_config(rows, GKEY)
-        self.agg = GlobalAggregator(cfg, HaltBook(), GKEY, partitions=partitions)
-        self.store: dict[str, Any] = {} if store is None else store
-        self.offset = 0
-
-    def feed(self, *partials: bytes, offsets: list[int] | None = None) -> list[Trip]:
-        offsets = offsets or list(range(self.offset, self.offset + len(partials)))
-        self.offset = max(self.offset, *(o + 1 for o in offsets))
-        trips = self.agg.process(list(zip(offsets, partials, strict=True)),
-                                 self.store.get, NOW)
-        for k, v in self.agg.take_writes():
-            self.store[k] = json.loads(json.dumps(v))
-        return trips
-
-    @property
-    def total(self) -> int:
-        """The newest open window's global total."""
-        w = self.agg.windows
-        return w[max(w)] if w else 0
-
-
-def test_partials_of_three_partitions_sum() -> None:
-    a = Agg()
-    a.feed(partial(0, T0, 5 * USD), partial(1, T0, 7 * USD), partial(2, T0, 11 * USD))
-    assert a.total == 23 * USD
-    a.feed(partial(1, T0, 9 * USD))  # cumulative: only the increase counts
-    assert a.total == 25 * USD
-
-
-def test_resent_and_reread_partials_change_nothing() -> None:
-    a = Agg()
-    a.feed(partial(0, T0, 5 * USD, 10), partial(1, T0, 7 * USD, 4))
-    a.feed(partial(0, T0, 5 * USD, 10))  # re-sent, identical
-    assert a.total == 12 * USD
-    a.feed(partial(0, T0, 50 * USD), offsets=[1])  # topic offset already counted
-    assert a.total == 12 * USD
-    restarted = Agg(store=a.store)  # a new process reads the same partials again
-    restarted.feed(partial(0, T0, 5 * USD), partial(1, T0, 7 * USD), partial(0, T0, 5 * USD),
-                   offsets=[0, 1, 2])
-    assert restarted.total == 12 * USD
-    restarted.feed(partial(2, T0, USD), offsets=[3])
-    assert restarted.total == 13 * USD
-
-
-def test_stale_partial_does_not_double_count() -> None:
-    a = Agg()
-    a.feed(partial(0, T0, 100 * USD, source_offset=10))
-    a.feed(partial(0, T0, 80 * USD, source_offset=8))  # e.g. re-computed after a restart
-    a.feed(partial(0, T0, 100 * USD, source_offset=10))
-    assert a.total == 100 * USD
-
-
-def test_lagging_partition_counts_only_its_increase() -> None:
-    a = Agg()
-    a.feed(partial(0, T0, 100 * USD))
-    a.feed(partial(1, T0 + 3 * HOUR_MS, 50 * USD))  # partition 1 is 3 windows ahead
-    a.feed(partial(0, T0, 110 * USD))  # partition 0's window grew by 10 (a late event)
-    # Partition 0 still holds window T0 open (the watermark): each window has its own money.
-    assert a.agg.window_total(T0) == 110 * USD
-    assert a.agg.window_total(T0 + 3 * HOUR_MS) == 50 * USD
-
-
-def _history(a: Agg) -> None:
-    a.feed(*(partial(0, T0 + h * HOUR_MS, 10 * USD) for h in range(336)))
-
-
-def test_global_trip_once_under_enforce() -> None:
-    a = Agg(row("global", GKEY, "value_rate", "enforce", {"multiple": 2.0, "floor_micros": USD}))
-    _history(a)
-    w = T0 + 336 * HOUR_MS
-    assert a.feed(partial(0, w, 15 * USD)) == []
-    trips = a.feed(partial(0, w, 19 * USD), partial(1, w, 6 * USD))
-    assert trips == [Trip("global", "*", Detector.VALUE_RATE, 25 * USD, 10.0 * USD, w)]
-    assert a.agg.halts.halts == {GLOBAL_SCOPE: HaltState.TRIPPED}
-    assert a.feed(partial(1, w, 20 * USD)) == []  # still over, already halted
-    assert a.total == 39 * USD
-
-
-def test_global_over_under_detect_does_not_trip() -> None:
-    a = Agg(row("global", GKEY, "value_rate", "detect", {"multiple": 2.0, "floor_micros": USD}))
-    _history(a)
-    before = sample("postbacks_anomaly_signals_total", reason="payout_rate_global", mode="detect")
-    w = T0 + 336 * HOUR_MS
-    assert a.feed(partial(0, w, 30 * USD)) == []
-    assert a.feed(partial(0, w, 40 * USD)) == []
-    assert a.agg.halts.halts == {}
-    after = sample("postbacks_anomaly_signals_total", reason="payout_rate_global", mode="detect")
-    assert after == before + 1  # one signal per window
-
-
-def test_partitions_hours_apart_in_event_time_do_not_trip_the_global_scope() -> None:
-    """A backlog is read in chunks of hours per partition: a lagging partition's money is
-    its own window's, not a spike in the leader's (the bug the Kafka scenario found)."""
-    a = Agg(row("global", GKEY, "value_rate", "enforce", {"multiple": 1.25, "floor_micros": USD}),
-            partitions=2)
-    tripped: list[Trip] = []
-    for h in range(3 * 168):
-        tripped += a.feed(partial(0, T0 + h * HOUR_MS, 10 * USD))
-        if h >= 5:  # partition 1 runs five hours behind
-            tripped += a.feed(partial(1, T0 + (h - 5) * HOUR_MS, 10 * USD))
-    assert tripped == []
-    assert a.agg.tracked is not None
-    assert baseline(a.agg.tracked.state, T0 + 3 * 168 * HOUR_MS) == 20.0 * USD
-
-
-def test_unheard_partitions_hold_windows_open_for_a_grace_that_survives_a_restart() -> None:
-    a = Agg(partitions=2)
-    a.feed(*(partial(0, T0 + h * HOUR_MS, USD) for h in range(6)))
-    assert sorted(a.agg.windows) == [T0 + h * HOUR_MS for h in range(6)]  # partition 1 unheard
-    restarted = Agg(store=a.store, partitions=2)  # the grace runs from the first partial ever
-    restarted.feed(partial(0, T0 + 6 * HOUR_MS, USD, sent=NOW + UNHEARD_GRACE_MS + 1),
-                   offsets=[a.offset])  # the next partials-topic offset
-    assert sorted(restarted.agg.windows) == [T0 + 6 * HOUR_MS]  # the older ones closed
 
 
 def test_partials_are_throttled_but_a_closed_window_and_the_commit_get_theirs() -> None:

@@ -13,10 +13,10 @@ How a gate instance uses it, per delivery (``conv = delivery["conversion"]``)::
         case Deliver(metrics=m): ...                               # -> dispatch.v1
         case Hold(reason=r, metrics=m, trips=t): ...               # persist t, -> held.v1
 
-The single aggregator (``streams/anomaly_gate/aggregate.py``) sums the partitions' partials
-per window, feeds closed windows to the global baseline (``add``, ``close_until``) and checks
-each window's total with ``detectors.trips``; under enforce a global trip becomes a halt
-every gate honours. State goes to a table changelog through :mod:`.persist`.
+The single aggregator (``streams/anomaly_gate/aggregate.py``) sums the partitions'
+per-minute partials, feeds closed minutes to the global rolling state
+(:mod:`.rolling`) and scores its spans once per batch; under enforce a global trip
+becomes a halt every gate honours. State goes to a table changelog through :mod:`.persist`.
 :mod:`.replay` runs a whole history through the same rules in one process (calibration).
 """
 

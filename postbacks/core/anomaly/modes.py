@@ -137,6 +137,7 @@ class Trip:
     observed: int
     baseline: float
     window_start_ms: int
+    detail: str | None = None  # what tripped (the rolling detector: span and score)
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,7 +109,7 @@ def restore_scope(hist: object | None, open_: object | None,
 
 
 def dump_partial(p: PartitionPartial, offset: int) -> Value:
-    return {"w": p.window_start, "t": p.total, "o": offset}
+    return {"w": p.window_start, "t": p.total, "c": p.count, "o": offset}
 
 
 def restore_partial(raw: object | None) -> tuple[PartitionPartial, int]:
@@ -117,7 +117,8 @@ def restore_partial(raw: object | None) -> tuple[PartitionPartial, int]:
     if raw is None:
         return PartitionPartial(), NOTHING
     v = _load(raw, "partition partial")
-    w, total, off = v.get("w"), v.get("t"), v.get("o")
-    if not (w is None or type(w) is int) or type(total) is not int or type(off) is not int:
+    w, total, count, off = v.get("w"), v.get("t"), v.get("c", 0), v.get("o")
+    if (not (w is None or type(w) is int) or type(total) is not int or type(off) is not int
+            or type(count) is not int):
         raise ValueError("partition partial: bad fields")
-    return PartitionPartial(w, total), off
+    return PartitionPartial(w, total, count), off

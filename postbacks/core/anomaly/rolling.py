@@ -39,7 +39,7 @@ No expectation (a slot with fewer than ``min_weeks`` samples in the span) never 
 Late events (an earlier minute than the open one) count in the open minute: late money
 still counts now. Minutes without events are zeros. Pure: event time drives everything.
 The state goes to a table changelog through :mod:`.rolling_codec` (``to_dict``,
-``from_dict``). The gate does not use this detector yet (``docs/detector.md``).
+``from_dict``). The gate runs it for the global scope (``docs/detector.md``).
 """
 
 from __future__ import annotations

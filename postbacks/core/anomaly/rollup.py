@@ -1,10 +1,11 @@
-"""A partition's partial sum of payout in its current event-time window.
+"""A partition's partial sum of payout (and count) in its current event-time window.
 
 Each gate instance keeps, per partition of ``deliveries.v1`` it owns, the *cumulative*
-payout of the partition's current window (:class:`PartitionPartial`) and publishes it, with
-the offset of the last delivery counted, to ``anomaly.partials.v1``. The one aggregator
-(:mod:`streams.anomaly_gate.aggregate`) keeps each partition's latest partial,
-sums them per window and feeds closed windows to the global baseline.
+payout and count of the partition's current window (:class:`PartitionPartial`; the gate
+uses one-minute windows) and publishes it, with the offset of the last delivery counted,
+to ``anomaly.partials.v1``. The one aggregator (:mod:`streams.anomaly_gate.aggregate`)
+keeps each partition's latest partial, sums them per minute and feeds closed minutes to
+the global rolling detector.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ __all__ = ["PartitionPartial", "accumulate"]
 
 @dataclass(frozen=True, slots=True)
 class PartitionPartial:
-    """A partition's cumulative payout in its current window (late events count here)."""
+    """A partition's cumulative payout and payout count in its current window (late
+    events count here)."""
 
     window_start: int | None = None
     total: int = 0
+    count: int = 0
 
 
 def accumulate(p: PartitionPartial, occurred_at_ms: int, payout_micros: int,
@@ -29,5 +32,5 @@ def accumulate(p: PartitionPartial, occurred_at_ms: int, payout_micros: int,
     """Add one payout; an event of a later window starts that window's partial."""
     start = occurred_at_ms - occurred_at_ms % window_ms
     if p.window_start is not None and start <= p.window_start:
-        return PartitionPartial(p.window_start, p.total + payout_micros)
-    return PartitionPartial(start, payout_micros)
+        return PartitionPartial(p.window_start, p.total + payout_micros, p.count + 1)
+    return PartitionPartial(start, payout_micros, 1)

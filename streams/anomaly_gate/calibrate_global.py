@@ -1,0 +1,314 @@
+"""``postbacks anomaly calibrate``: the global rolling detector replayed over the operator's
+own history, with the threshold it supports.
+
+History comes from PostgreSQL's delivery records (``--from-db``, the default), from
+``deliveries.v1`` by time range (``--topic``), or from a JSON-lines file of conversions
+(``--file``). It is summed per event-time minute -- what the gate's aggregator sums -- and
+run through :func:`postbacks.core.anomaly.recommend.calibrate` with the thresholds the
+global value-rate row configures now. The report: per day, payout, trips and the
+would-have-held payout (a trip halts the scope until a person closes it), and the
+highest score a threshold must stay above; then the recommended ``k`` (that score plus
+``--margin``), the same history re-run with it (zero trips outside the incident) and, for
+a labelled incident (``--incident-start``/``--incident-end``), when it would have tripped.
+``--apply`` writes the recommended ``k`` to the global row (audited; the mode is kept, and
+a missing row is created in ``detect``: nothing enforces without an explicit decision).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from postbacks.cli_output import fail, print_json, print_table
+from postbacks.core.anomaly.recommend import Calibration, calibrate, recommend
+from postbacks.core.anomaly.rolling import RollingThresholds
+from postbacks.core.instants import InstantError, parse_instant
+from postbacks.settings import Settings
+
+__all__ = ["add_arguments", "run"]
+
+_DAY_MS = 86_400_000
+Minutes = dict[int, list[int]]  # minute -> [payout micros, count]
+
+
+def _ms(text: str | None, what: str) -> int | None:
+    if text is None:
+        return None
+    try:
+        return parse_instant(text, what)
+    except InstantError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _iso(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def minute_of(occurred_at: object, payout: object) -> tuple[int, int] | None:
+    """(event-time minute, payout micros) of one record; None when either is unusable
+    (the gate holds those under enforce as missing inputs; they carry no rate)."""
+    if type(payout) is not int or payout < 0:
+        return None
+    try:
+        return parse_instant(occurred_at, "occurred_at") // 60_000, payout
+    except InstantError:
+        return None
+
+
+def read_range(settings: Settings, since: int, until: int) -> Iterator[dict[str, Any]]:
+    """Deliveries produced to ``deliveries.v1`` in [since, until) (record timestamps),
+    every partition from the offset of ``since`` to the first record at or after ``until``
+    or the end."""
+    from postbacks.codec import codec_for
+    from postbacks.errors import DeadLetterError
+    from topics import TOPICS
+
+    topic = settings.topic(TOPICS.deliveries.base)
+    codec = codec_for("Delivery")
+    c = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                  "group.id": "postbacks-calibrate", "enable.auto.commit": False,
+                  "isolation.level": "read_committed"})
+    try:
+        meta = c.list_topics(topic, timeout=10).topics[topic]
+        if meta.error is not None:
+            raise ValueError(f"topic {topic}: {meta.error}")
+        parts = [TopicPartition(topic, p, since) for p in meta.partitions]
+        starts = c.offsets_for_times(parts, timeout=10)
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in meta.partitions}
+        todo = [tp for tp in starts if tp.offset >= 0 and tp.offset < ends[tp.partition]]
+        if not todo:
+            return
+        c.assign(todo)
+        left = {tp.partition for tp in todo}
+        while left:
+            for m in c.consume(1000, timeout=1.0):
+                p = m.partition()
+                if p not in left or m.error() is not None:
+                    continue
+                off = m.offset() or 0
+                if m.timestamp()[1] >= until or off + 1 >= ends[p]:
+                    left.discard(p)
+                    if m.timestamp()[1] >= until:
+                        continue
+                try:
+                    yield dict(codec.decode(m.value()))
+                except DeadLetterError:
+                    continue  # not a delivery the gate would count either
+    finally:
+        c.close()
+
+
+def _from_db(settings: Settings, since: int, until: int) -> Minutes:
+    from postbacks.db.connect import connect
+
+    out: Minutes = {}
+    with connect(settings.database_url) as conn:
+        cur = conn.execute(
+            "SELECT (snapshot->>'occurred_at')::bigint / 60000 AS m,"
+            " sum(payout_usd_micros)::bigint, count(*) FROM deliveries"
+            " WHERE payout_usd_micros IS NOT NULL AND payout_usd_micros >= 0"
+            " AND snapshot->>'occurred_at' ~ '^[0-9]+$'"
+            " AND (snapshot->>'occurred_at')::bigint >= %s"
+            " AND (snapshot->>'occurred_at')::bigint < %s GROUP BY 1", (since, until))
+        for m, micros, n in cur:
+            out[int(m)] = [int(micros), int(n)]
+    return out
+
+
+def _from_file(path: str, since: int, until: int, progress: Callable[[int], None]) -> Minutes:
+    from streams.anomaly_gate.history import read_jsonl
+
+    out: Minutes = defaultdict(lambda: [0, 0])
+    for n, ev in enumerate(read_jsonl(path), 1):
+        got = minute_of(ev.get("occurred_at"), ev.get("payout_usd_micros"))
+        if got is not None and since <= got[0] * 60_000 < until:
+            cell = out[got[0]]
+            cell[0] += got[1]
+            cell[1] += 1
+        if n % 250_000 == 0:
+            progress(n)
+    return dict(out)
+
+
+def _from_topic(settings: Settings, since: int, until: int,
+                progress: Callable[[int], None]) -> Minutes:
+    out: Minutes = defaultdict(lambda: [0, 0])
+    for n, d in enumerate(read_range(settings, since, until), 1):
+        conv = d.get("conversion") or {}
+        got = minute_of(conv.get("occurred_at"), conv.get("payout_usd_micros"))
+        if got is not None:
+            cell = out[got[0]]
+            cell[0] += got[1]
+            cell[1] += 1
+        if n % 250_000 == 0:
+            progress(n)
+    return dict(out)
+
+
+def _series(minutes: Minutes) -> Iterator[tuple[int, int, int]]:
+    for m in sorted(minutes):
+        yield m, minutes[m][0], minutes[m][1]
+
+
+def _current(settings: Settings, offline: bool) -> tuple[RollingThresholds, str | None]:
+    """The global row's rolling thresholds now, and its mode (None: no row)."""
+    from streams.anomaly_gate.config import build_config
+
+    if offline:
+        cfg, _ = build_config([], settings.anomaly_global_key)
+        return cfg.global_rolling, None
+    from postbacks.db.anomaly import load_rows
+    from postbacks.db.connect import connect
+
+    with connect(settings.database_url) as conn:
+        rows = load_rows(conn)
+    cfg, _ = build_config(rows, settings.anomaly_global_key)
+    mode = next((r.mode for r in rows if r.scope == "global" and r.detector == "value_rate"
+                 and r.scope_key == settings.anomaly_global_key), None)
+    return cfg.global_rolling, mode
+
+
+def _report(cal: Calibration, title: str) -> None:
+    print(f"\n{title} (k={cal.thresholds.k:g}, multiple={cal.thresholds.multiple:g}, "
+          f"floor={cal.thresholds.floor_micros / 1e6:g} USD)")
+    print_table(
+        ["DAY", "MINUTES", "PAYOUT_USD", "CONVERSIONS", "TRIPS", "HELD", "HELD_USD",
+         "CLOSEST_K"],
+        [[d.day, d.minutes, f"{d.payout_micros / 1e6:,.2f}", d.count, d.trips,
+          d.held_count, f"{d.held_micros / 1e6:,.2f}",
+          "-" if d.closest is None else f"{d.closest:.2f}"] for d in cal.days.values()])
+    print(f"first trip: {_iso(cal.first_trip_ms)}")
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    now = int(time.time() * 1000)
+    try:
+        until = _ms(args.until, "--to") or now
+        since = _ms(args.since, "--from") or until - args.days * _DAY_MS
+        inc_start = _ms(args.incident_start, "--incident-start")
+        inc_end = _ms(args.incident_end, "--incident-end")
+    except ValueError as exc:
+        return fail(args, str(exc), 2)
+    if since >= until:
+        return fail(args, "--from must be before --to", 2)
+    if (inc_start is None) != (inc_end is None) or (inc_start or 0) > (inc_end or 0):
+        return fail(args, "--incident-start and --incident-end go together, start first", 2)
+    if args.margin < 0:
+        return fail(args, "--margin must be >= 0", 2)
+    if args.apply and not (args.actor and args.actor.strip()):
+        return fail(args, "--apply needs --actor (who is making this change)", 2)
+    t0 = time.perf_counter()
+
+    def progress(n: int) -> None:
+        if not args.quiet:
+            print(f"[calibrate] {n:,} records read, {time.perf_counter() - t0:.1f}s",
+                  file=sys.stderr, flush=True)
+
+    if args.file:
+        minutes = _from_file(args.file, since, until, progress)
+        source = f"file {args.file}"
+    elif args.topic:
+        minutes = _from_topic(settings, since, until, progress)
+        source = "topic deliveries.v1"
+    else:
+        minutes = _from_db(settings, since, until)
+        source = "PostgreSQL deliveries"
+    if not minutes:
+        return fail(args, f"no payouts in {source} between {_iso(since)} and {_iso(until)}",
+                    1)
+    current, mode = _current(settings, offline=bool(args.file) and not args.apply)
+    incident = None if inc_start is None or inc_end is None else (inc_start, inc_end)
+
+    def scan(th: RollingThresholds, what: str) -> Calibration:
+        def tick(n: int, at: int) -> None:
+            if not args.quiet:
+                print(f"[calibrate] {what}: {n:,} minutes (event time {_iso(at)}), "
+                      f"{time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
+        return calibrate(_series(minutes), th, incident=incident, progress=tick)
+
+    cal = scan(current, "current thresholds")
+    rec = recommend(cal, args.margin)
+    again = scan(rec, "recommended k")
+    print(f"history: {source}, {_iso(min(minutes) * 60_000)} .. "
+          f"{_iso((max(minutes) + 1) * 60_000)}, {cal.minutes:,} minutes with payouts"
+          + (f", incident {_iso(inc_start)} .. {_iso(inc_end)}" if incident else ""))
+    _report(cal, "with the global row's thresholds now")
+    need = cal.needed
+    print("\nhighest score outside the incident: "
+          + ("none over the multiple and floor" if need is None else
+             f"k {need.k:.2f} ({need.span}-min span, {need.channel}, minute ending "
+             f"{_iso(need.at_ms)})"))
+    print(f"recommended: k {rec.k:g} (that + margin {args.margin:g}, at least 3); "
+          f"current k {current.k:g}")
+    print(f"with it: {again.trips_outside} trips outside the incident"
+          + ("" if incident else f", {sum(d.held_count for d in again.days.values())} held"))
+    if incident is not None:
+        for label, c in (("now", cal), ("recommended", again)):
+            at = c.incident_trip_ms
+            print(f"incident, {label}: " + ("never tripped" if at is None else
+                  f"tripped at {_iso(at)}, {(at - incident[0]) / 60_000:.0f} min after its "
+                  "start"))
+    if args.json:
+        print_json({"current": asdict(cal.thresholds), "recommended": asdict(rec),
+                    "needed": None if need is None else asdict(need),
+                    "days": [asdict(d) for d in cal.days.values()],
+                    "incident_trip_ms": {"current": cal.incident_trip_ms,
+                                         "recommended": again.incident_trip_ms}})
+    if args.apply:
+        return _apply(settings, args, rec, mode)
+    print("\n(not applied: --apply --actor YOU writes it, audited)")
+    return 0
+
+
+def _apply(settings: Settings, args: argparse.Namespace, rec: RollingThresholds,
+           mode: str | None) -> int:
+    from postbacks.db.anomaly import set_mode
+    from postbacks.db.connect import connect
+
+    with connect(settings.database_url) as conn:
+        try:
+            row = set_mode(conn, scope="global", scope_key=settings.anomaly_global_key,
+                           detector="value_rate", mode=mode or "detect",
+                           params={"k": rec.k}, actor=args.actor,
+                           note=args.note or "postbacks anomaly calibrate --apply")
+        except ValueError as exc:
+            return fail(args, str(exc), 2)
+    print(f"\napplied: {row.target_id} mode {row.mode}, params {row.params} (audited; the "
+          "gates pick it up at their next config refresh)")
+    return 0
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--from-db", action="store_true",
+                     help="the deliveries in PostgreSQL (the default)")
+    src.add_argument("--topic", action="store_true",
+                     help="deliveries.v1, records produced in the time range")
+    src.add_argument("--file", help="a JSON-lines file of conversions (one per line)")
+    ap.add_argument("--from", dest="since",
+                    help="start (epoch ms or ISO-8601 with an offset; default --days before --to)")
+    ap.add_argument("--to", dest="until", help="end (default now)")
+    ap.add_argument("--days", type=float, default=28.0,
+                    help="history length when --from is not given (default 28)")
+    ap.add_argument("--incident-start", help="a labelled incident's start (excluded from "
+                    "the recommendation; its would-have-tripped time reported)")
+    ap.add_argument("--incident-end", help="its end")
+    ap.add_argument("--margin", type=float, default=0.5,
+                    help="sigmas added to the highest score (default 0.5)")
+    ap.add_argument("--apply", action="store_true",
+                    help="write the recommended k to the global value_rate row (audited)")
+    ap.add_argument("--actor", help="who you are (with --apply)")
+    ap.add_argument("--note", help="why (with --apply; recorded in the audit log)")
+    ap.add_argument("--json", action="store_true", help="also print the report as JSON")
+    ap.add_argument("--quiet", action="store_true", help="no progress on stderr")

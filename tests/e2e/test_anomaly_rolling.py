@@ -1,0 +1,178 @@
+"""The global rolling detector through the real gate, Kafka and PostgreSQL.
+
+Two weeks and two hours of steady history ($2 every 10 s of event time, spread over four
+endpoints: $12 and 6 conversions a minute globally) go through the gate as a backlog; then
+event time is fed one minute at a time, waiting for the gate's outputs and the aggregator
+after each, so the minute the global scope trips is known exactly. A surge of +138 %
+(14.3 conversions a minute) starting at minute 50 of an hour trips the global scope within
+minutes, from the 5-minute span; the hourly detector (the whole hour's running total
+against 1.25 x its baseline, no floor) would not have tripped in that hour at all. Normal
+history and normal minutes trip nothing.
+
+With two gate instances, killing (-9) the one that runs the global roll-up in the middle of
+the surge moves the roll-up to the other with its state (the ``gate-global`` changelog and
+the per-partition partials), and the global scope still trips within minutes of event time.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from postbacks.core.anomaly.baseline import empty as hourly_empty
+from postbacks.core.anomaly.detectors import Over, RateThresholds, observe
+from postbacks.db.anomaly import set_mode
+from postbacks.db.connect import connect
+from postbacks.settings import Settings
+from postbacks.tools.procs import Stack, wait_for
+from tests.e2e.gate_util import GateFeed
+
+MIN = 60_000
+HOUR = 60 * MIN
+WEEK = 168 * HOUR
+PAY = 2_000_000
+SURGE_STEP_MS = 4_200  # +138 %: 14.3 conversions a minute instead of 6
+
+
+def _global(settings: Settings) -> tuple[str, str | None] | None:
+    with connect(settings.database_url) as conn:
+        row = conn.execute("SELECT state, state_reason FROM payout_anomaly_settings WHERE"
+                           " scope = 'global' AND scope_key = %s AND detector = 'value_rate'",
+                           (settings.anomaly_global_key,)).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def _tripped(settings: Settings) -> bool:
+    state = _global(settings)
+    return state is not None and state[0] == "tripped"
+
+
+class Run:
+    """The history fed as a backlog, then the surge one minute at a time."""
+
+    def __init__(self, settings: Settings, namespace: str) -> None:
+        self.settings = settings
+        with connect(settings.database_url) as conn:
+            set_mode(conn, scope="global", scope_key=settings.anomaly_global_key,
+                     detector="value_rate", mode="enforce", actor="test")  # defaults
+            conn.commit()
+        self.eps = [f"ep_{namespace}_{i}" for i in range(4)]
+        self.feed = GateFeed(settings)
+        t0 = self.feed.hour_ago(weeks=3)
+        self.events: list[tuple[int, int]] = []  # (occurred_at, payout)
+        self.n = 0
+        self.surge_hour = t0 + 2 * WEEK + 2 * HOUR
+        for at in range(t0, self.surge_hour + 50 * MIN, 10_000):
+            self.send(at)
+        self.feed.flush()
+
+    def send(self, at: int) -> None:
+        self.feed.send(self.eps[self.n % len(self.eps)], at, PAY)
+        self.events.append((at, PAY))
+        self.n += 1
+
+    def history_through(self) -> None:
+        self.feed.wait_outputs(self.n, timeout=300)
+        time.sleep(3)  # the last partials through the aggregator
+        assert self.feed.held() == [], "normal history held something"
+        before_surge = _global(self.settings)
+        assert before_surge is not None and before_surge[0] == "closed", before_surge
+
+    def minute(self, minute: int, timeout: float = 60) -> bool:
+        """Send the surge's events of ``minute`` of the hour; whether the scope tripped."""
+        start = self.surge_hour + minute * MIN
+        for at in range(self.surge_hour + 50 * MIN, start + MIN, SURGE_STEP_MS):
+            if at >= start:
+                self.send(at)
+        self.feed.wait_outputs(self.n, timeout=timeout)
+        deadline = time.monotonic() + 3.0  # partials -> aggregator -> PostgreSQL
+        while time.monotonic() < deadline and not _tripped(self.settings):
+            time.sleep(0.1)
+        return _tripped(self.settings)
+
+    def span_start(self, state: tuple[str, str | None] | None) -> int:
+        assert state is not None and state[1] is not None
+        m = re.search(r"in window (\d+)", state[1])
+        assert m is not None, state
+        return int(m.group(1))
+
+
+def _aggregator(stack: Stack, names: tuple[str, ...]) -> str | None:
+    """The gate instance whose postbacks_gate_aggregator is 1 (None unless exactly one)."""
+    owners = []
+    for name in names:
+        try:
+            page = stack.procs[name].metrics() or ""
+        except OSError:
+            continue
+        if re.search(r"^postbacks_gate_aggregator 1\.0$", page, re.M):
+            owners.append(name)
+    return owners[0] if len(owners) == 1 else None
+
+
+def test_a_surge_at_minute_50_trips_the_global_scope_within_minutes(
+        settings: Settings, stack: Stack, namespace: str) -> None:
+    run = Run(settings, namespace)
+    stack.start("gate", "gate")
+    wait_for(lambda: "gate running" in stack.procs["gate"].tail(400), 60, what="the gate")
+    run.history_through()
+
+    tripped_at = next((m for m in range(50, 70) if run.minute(m)), None)
+    state = _global(settings)
+    print(f"\nglobal trip after minute {tripped_at} of the hour (surge from minute 50);"
+          f" reason: {state}")
+    assert tripped_at is not None, "the global scope never tripped"
+    assert 52 <= tripped_at <= 56
+    # the span that tripped starts at most 5 minutes before the surge, inside the hour
+    assert run.surge_hour + 45 * MIN <= run.span_start(state) <= run.surge_hour + 56 * MIN
+    assert state is not None and re.search(r"\(\d+-min span", state[1] or ""), state
+    log = stack.procs["gate"].tail(2000)
+    assert re.search(r"global rolling detector over its thresholds: \d+-min span", log), \
+        log[-2000:]
+
+    # After the trip, everything is held as halted_global.
+    before = len(run.feed.held())
+    run.send(run.surge_hour + (tripped_at + 1) * MIN)
+    run.feed.wait_held(before + 1)
+    assert run.feed.held()[-1]["hold_reason"] == "halted_global"
+
+    # The hourly detector on the same events, the surge kept up to the end of its hour (its
+    # default multiple, no floor), would not have tripped anywhere in that hour.
+    hour = run.surge_hour
+    surge = [(at, PAY) for at in range(hour + 50 * MIN, hour + HOUR, SURGE_STEP_MS)]
+    st, hourly = hourly_empty(), RateThresholds(1.25, 0)
+    over_in_hour = False
+    for at, pay in sorted({*(e for e in run.events if e[0] < hour + 50 * MIN), *surge}):
+        st, r = observe(st, at, pay, hourly)
+        if isinstance(r, Over) and hour <= at < hour + HOUR:
+            over_in_hour = True
+    assert not over_in_hour
+
+
+def test_the_aggregator_killed_mid_surge_and_the_global_scope_still_trips(
+        settings: Settings, stack: Stack, namespace: str) -> None:
+    run = Run(settings, namespace)
+    gates = ("gate", "gate-2")
+    for name in gates:  # the second joins while the first reads the backlog: a rebalance
+        stack.start(name, "gate", extra_env={"POSTBACKS_INSTANCE_ID": f"{namespace}-{name}"})
+        wait_for(lambda n=name: "gate running" in stack.procs[n].tail(400), 60,
+                 what=f"{name} running")
+    run.history_through()
+    owner = wait_for(lambda: _aggregator(stack, gates), 30, what="one aggregator")
+    assert run.minute(50) is False
+    assert run.minute(51) is False
+    stack.procs[owner].kill9()  # mid-surge: the roll-up must move with its state
+    survivor = next(n for n in gates if n != owner)
+
+    tripped_at = next((m for m in range(52, 70) if run.minute(m, timeout=120)), None)
+    state = _global(settings)
+    print(f"\n{owner} (the aggregator) killed after minute 51; global trip after minute"
+          f" {tripped_at} in {survivor}; reason: {state}")
+    assert tripped_at is not None, "the global scope never tripped after the failover"
+    assert tripped_at <= 57
+    assert run.surge_hour + 45 * MIN <= run.span_start(state) <= run.surge_hour + 57 * MIN
+    log = stack.procs[survivor].tail(4000)
+    assert "this instance runs the global roll-up" in log, log[-2000:]
+    assert re.search(r"global rolling detector over its thresholds: \d+-min span", log), \
+        log[-2000:]
+    assert _aggregator(stack, (survivor,)) == survivor

@@ -1,0 +1,142 @@
+"""``postbacks anomaly calibrate`` on a history stored in PostgreSQL's deliveries: a
+threshold too low trips on the history's own noise; the recommendation, applied with
+``--apply`` (audited), re-runs with zero trips and zero held on the same history, and a
+labelled incident in it still trips within minutes."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import zlib
+from datetime import UTC, datetime
+
+import pytest
+
+from postbacks.db.anomaly import load_rows, set_mode
+from postbacks.db.connect import connect
+from postbacks.settings import Settings
+from tests.integration.anomaly_helpers import audit_rows, run_cli
+
+USD = 1_000_000
+MIN = 60_000
+WEEK = 7 * 1440 * MIN
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+
+
+def _insert_history(settings: Settings, ns: str, t0: int, weeks: int,
+                    surge: tuple[int, int]) -> int:
+    """Deliveries rows as the sink writes them, ~6 a minute with a diurnal swing and
+    lognormal payouts; x3 within ``surge`` (epoch ms). Returns the rows written."""
+    rng = random.Random(zlib.crc32(ns.encode()))
+    rows = 0
+    with connect(settings.database_url) as conn, conn.cursor() as cur:
+        with cur.copy("COPY deliveries (delivery_id, endpoint_id, app_id, conversion_id,"
+                      " event_type, event_id, idempotency_key, payout_usd_micros, snapshot,"
+                      " created_at) FROM STDIN") as cp:
+            for i in range(weeks * 7 * 1440):
+                at = t0 + i * MIN
+                lam = 6 * (1 + 0.5 * math.sin(2 * math.pi * (i % 1440) / 1440))
+                if surge[0] <= at < surge[1]:
+                    lam *= 3
+                for _ in range(sum(1 for _ in range(40) if rng.random() < lam / 40)):
+                    rows += 1
+                    pay = int(rng.lognormvariate(0.7, 0.8) * USD)
+                    occurred = at + rng.randrange(MIN)
+                    snap = {"occurred_at": occurred, "payout_usd_micros": pay}
+                    cp.write_row((f"cal_{ns}_{rows}", f"ep_{ns}", f"app_{ns}", f"cv_{ns}_{rows}",
+                                  "purchase", f"evt_{ns}_{rows}", f"msg_{ns}_{rows}", pay,
+                                  json.dumps(snap), _iso(occurred)))
+        conn.commit()
+    return rows
+
+
+@pytest.fixture()
+def history(settings: Settings, namespace: str):  # type: ignore[no-untyped-def]
+    # a four-week slot of its own in the past: the database is shared with other tests
+    slot = zlib.crc32(namespace.encode()) % 500
+    t0 = int(datetime(2000, 1, 3, tzinfo=UTC).timestamp() * 1000) + slot * 5 * WEEK
+    surge = (t0 + 3 * WEEK + 5 * 24 * 60 * MIN + 10 * 60 * MIN, 0)
+    surge = (surge[0], surge[0] + 6 * 60 * MIN)
+    n = _insert_history(settings, namespace, t0, 4, surge)
+    yield t0, t0 + 4 * WEEK, surge, n
+    with connect(settings.database_url) as conn:
+        conn.execute("DELETE FROM deliveries WHERE delivery_id LIKE %s", (f"cal_{namespace}_%",))
+        conn.commit()
+
+
+def _global_k(settings: Settings) -> float | None:
+    with connect(settings.database_url) as conn:
+        for r in load_rows(conn):
+            if (r.scope, r.scope_key, r.detector) == ("global", settings.anomaly_global_key,
+                                                       "value_rate"):
+                k = r.params.get("k")
+                return None if k is None else float(k)
+    return None
+
+
+def test_recommendation_applied_then_rerun_holds_nothing_and_the_incident_trips(
+    settings: Settings, history: tuple[int, int, tuple[int, int], int],
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    since, until, surge, rows = history
+    assert rows > 200_000
+    with connect(settings.database_url) as conn:
+        set_mode(conn, scope="global", scope_key=settings.anomaly_global_key,
+                 detector="value_rate", mode="enforce", params={"k": 0.5}, actor="test")
+        conn.commit()
+    window = ["--from", _iso(since), "--to", _iso(until), "--quiet"]
+    incident = ["--incident-start", _iso(surge[0]), "--incident-end", _iso(surge[1])]
+
+    assert run_cli(monkeypatch, settings, "anomaly", "calibrate", *window, *incident,
+                   "--json") == 0
+    out = capsys.readouterr().out
+    assert "history: PostgreSQL deliveries" in out
+    report = json.loads(out[out.index("\n{") + 1:out.rindex("}") + 1])
+    assert report["current"]["k"] == 0.5
+    assert sum(d["trips"] for d in report["days"]) > 0  # k 0.5 trips on noise
+    assert sum(d["held_micros"] for d in report["days"]) > 0
+    rec_k = report["recommended"]["k"]
+    assert rec_k >= 3.0 and rec_k >= report["needed"]["k"] + 0.5 - 0.01
+    assert "with it: 0 trips outside the incident" in out
+    assert "(not applied" in out
+    assert _global_k(settings) == 0.5  # nothing written without --apply
+
+    assert run_cli(monkeypatch, settings, "anomaly", "calibrate", *window, *incident,
+                   "--apply", "--actor", "alice", "--note", "4 weeks") == 0
+    out = capsys.readouterr().out
+    assert "applied:" in out and "mode enforce" in out
+    assert _global_k(settings) == rec_k
+    audit = audit_rows(settings, [f"global/{settings.anomaly_global_key}/value_rate"])
+    assert audit[-1]["actor"] == "alice" and audit[-1]["note"] == "4 weeks"
+    assert audit[-1]["after"]["params"]["k"] == rec_k
+
+    # re-run on its own history with what was applied: nothing trips, nothing held outside
+    # the incident, and the incident (x3 for 6 h) trips within minutes of its start
+    assert run_cli(monkeypatch, settings, "anomaly", "calibrate", *window, *incident,
+                   "--json") == 0
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("\n{") + 1:out.rindex("}") + 1])
+    assert report["current"]["k"] == rec_k
+    before = [d for d in report["days"] if d["day"] < _iso(surge[0])[:10]]
+    assert before and sum(d["trips"] + d["held_count"] for d in before) == 0
+    tripped = report["incident_trip_ms"]["current"]
+    assert tripped is not None and tripped - surge[0] <= 15 * MIN, (tripped, surge)
+
+
+def test_bad_arguments_and_an_empty_range_get_clear_errors(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert run_cli(monkeypatch, settings, "anomaly", "calibrate", "--from", "yesterday") == 2
+    assert "--from" in capsys.readouterr().err
+    assert run_cli(monkeypatch, settings, "anomaly", "calibrate", "--apply") == 2
+    assert "--actor" in capsys.readouterr().err
+    assert run_cli(monkeypatch, settings, "anomaly", "calibrate", "--incident-start",
+                   "2001-01-01T00:00Z") == 2
+    assert "go together" in capsys.readouterr().err
+    assert run_cli(monkeypatch, settings, "anomaly", "calibrate", "--from",
+                   "1971-01-01T00:00Z", "--to", "1971-01-02T00:00Z", "--quiet") == 1
+    assert "no payouts" in capsys.readouterr().err

@@ -1,0 +1,217 @@
+"""The global aggregator: per-minute partials of every partition -> the rolling detector."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from postbacks.codec import codec_for
+from postbacks.core.anomaly import GLOBAL_SCOPE, Detector, HaltState, Trip
+from postbacks.core.anomaly.rolling import GLOBAL_ROLLING, RollingOver, RollingWithin
+from postbacks.core.anomaly.rolling_codec import to_dict
+from postbacks.db.anomaly import AnomalyRow
+from streams.anomaly_gate.aggregate import (
+    GLOBAL_ROLL,
+    SPREAD_EVAL_MS,
+    UNHEARD_GRACE_MS,
+    GlobalAggregator,
+)
+from streams.anomaly_gate.config import HaltBook, build_config
+
+GKEY = "unit-global"
+MIN = 60_000
+WEEK_MIN = 7 * 24 * 60
+T0 = 1_700_000_000_000 - 1_700_000_000_000 % (7 * 86_400_000)  # a week boundary (Thursday)
+NOW = 1_800_000_000_000
+USD = 1_000_000
+PARTIAL = codec_for("PayoutPartial")
+_SOURCE = itertools.count(1)
+
+
+def row(mode: str, params: dict[str, Any] | None = None) -> AnomalyRow:
+    return AnomalyRow("global", GKEY, "value_rate", mode, params or {}, "closed", None, None)
+
+
+def partial(partition: int, window: int, total: int, count: int = 1,
+            source_offset: int | None = None, sent: int = NOW) -> bytes:
+    src = next(_SOURCE) if source_offset is None else source_offset
+    return PARTIAL.encode({"partition": partition, "window_start": window, "total_micros": total,
+                           "count": count, "source_offset": src, "produced_at": sent})
+
+
+class Agg:
+    def __init__(self, *rows: AnomalyRow, store: dict[str, Any] | None = None,
+                 partitions: int = 1) -> None:
+        cfg, _ = build_config(rows, GKEY)
+        self.agg = GlobalAggregator(cfg, HaltBook(), GKEY, partitions=partitions)
+        self.store: dict[str, Any] = {} if store is None else store
+        self.offset = 0
+
+    def feed(self, *partials: bytes, offsets: list[int] | None = None,
+             now: int = NOW) -> list[Trip]:
+        offsets = offsets or list(range(self.offset, self.offset + len(partials)))
+        self.offset = max(self.offset, *(o + 1 for o in offsets))
+        trips = self.agg.process(list(zip(offsets, partials, strict=True)),
+                                 self.store.get, now)
+        for k, v in self.agg.take_writes():
+            self.store[k] = json.loads(json.dumps(v))
+        return trips
+
+    @property
+    def total(self) -> tuple[int, int]:
+        w = self.agg.windows
+        return w[max(w)] if w else (0, 0)
+
+
+def _history(a: Agg, weeks: int = 2, per_min: int = 10) -> int:
+    """``weeks`` of a flat 1 USD x ``per_min`` conversions a minute; returns the next minute."""
+    n = weeks * WEEK_MIN
+    a.feed(*(partial(0, T0 + m * MIN, per_min * USD, per_min) for m in range(n)))
+    return T0 + n * MIN
+
+
+def test_partials_of_three_partitions_sum_value_and_count() -> None:
+    a = Agg()
+    a.feed(partial(0, T0, 5 * USD, 2), partial(1, T0, 7 * USD, 3), partial(2, T0, 11 * USD, 1))
+    assert a.total == (23 * USD, 6)
+    a.feed(partial(1, T0, 9 * USD, 4))  # cumulative: only the increase counts
+    assert a.total == (25 * USD, 7)
+
+
+def test_resent_reread_and_stale_partials_change_nothing() -> None:
+    a = Agg()
+    a.feed(partial(0, T0, 5 * USD, 1, 10), partial(1, T0, 7 * USD, 1, 4))
+    a.feed(partial(0, T0, 5 * USD, 1, 10))  # re-sent, identical
+    a.feed(partial(0, T0, 4 * USD, 1, 8))  # re-computed after a restart (lower source offset)
+    assert a.total == (12 * USD, 2)
+    a.feed(partial(0, T0, 50 * USD), offsets=[1])  # topic offset already counted
+    assert a.total == (12 * USD, 2)
+    restarted = Agg(store=a.store)  # a new process reads the same partials again
+    restarted.feed(partial(0, T0, 5 * USD, 1, 10), partial(1, T0, 7 * USD, 1, 4),
+                   offsets=[0, 1])
+    assert restarted.total == (12 * USD, 2)
+
+
+def test_lagging_partition_holds_its_minute_open() -> None:
+    a = Agg()
+    a.feed(partial(0, T0, 100 * USD))
+    a.feed(partial(1, T0 + 3 * MIN, 50 * USD))  # partition 1 is 3 minutes ahead
+    a.feed(partial(0, T0, 110 * USD, 2))  # partition 0's minute grew (a late event)
+    assert a.agg.window_total(T0) == 110 * USD
+    assert a.agg.window_total(T0 + 3 * MIN) == 50 * USD
+    assert a.agg.state.minute is None  # nothing closed: partition 0 is the watermark
+
+
+def test_normal_history_is_within_and_a_surge_trips_once_under_enforce() -> None:
+    a = Agg(row("enforce"))
+    w = _history(a)
+    assert not isinstance(a.agg.last, RollingOver)
+    # an hour more: every span's minutes have an expectation (fixed when each closed)
+    assert a.feed(*(partial(0, w + m * MIN, 10 * USD, 10) for m in range(61))) == []
+    w += 60 * MIN
+    assert isinstance(a.agg.last, RollingWithin)
+    trips: list[Trip] = []
+    for m in range(1, 6):  # +200 % a minute
+        trips += a.feed(partial(0, w + m * MIN, 30 * USD, 30))
+    assert len(trips) == 1
+    t = trips[0]
+    assert (t.scope, t.key, t.detector) == ("global", "*", Detector.VALUE_RATE)
+    assert w - 5 * MIN < t.window_start_ms <= w + 5 * MIN  # a span ending in the surge
+    assert t.detail is not None and "-min span" in t.detail and "score" in t.detail
+    assert isinstance(a.agg.last, RollingOver)
+    assert a.agg.halts.halts == {GLOBAL_SCOPE: HaltState.TRIPPED}
+    assert a.feed(partial(0, w + 6 * MIN, 30 * USD, 30)) == []  # already halted
+
+
+def test_over_under_detect_signals_and_does_not_trip() -> None:
+    a = Agg(row("detect"))
+    w = _history(a)
+    a.feed(*(partial(0, w + m * MIN, 10 * USD, 10) for m in range(61)))
+    w += 60 * MIN
+
+    def signals() -> float:
+        return REGISTRY.get_sample_value(
+            "postbacks_anomaly_signals_total",
+            {"reason": "payout_rate_global", "mode": "detect"}) or 0.0
+
+    before = signals()
+    for m in range(6):
+        assert a.feed(partial(0, w + m * MIN, 40 * USD, 40)) == []
+    assert a.agg.halts.halts == {}
+    assert signals() > before
+
+
+def test_the_rows_multiple_and_floor_set_the_rolling_thresholds() -> None:
+    cfg, _ = build_config([row("enforce", {"multiple": 1.5, "floor_micros": 7 * USD})], GKEY)
+    assert (cfg.global_rolling.multiple, cfg.global_rolling.floor_micros) == (1.5, 7 * USD)
+    assert cfg.global_rolling.k == GLOBAL_ROLLING.k
+    cfg, _ = build_config([row("enforce", {"multiple": "x"})], GKEY)
+    assert cfg.global_rolling == GLOBAL_ROLLING
+
+
+def test_a_restart_from_the_table_decides_exactly_as_an_uninterrupted_run() -> None:
+    a, b = Agg(row("enforce")), Agg(row("enforce"))
+    w = _history(a, weeks=1)
+    _history(b, weeks=1)
+    restarted = Agg(row("enforce"), store=b.store)
+    restarted.offset = b.offset
+    for m in range(30):
+        p = partial(0, w + m * MIN, (10 + m) * USD, 10 + m, source_offset=10**6 + m)
+        a.feed(p)
+        restarted.feed(p)
+    assert to_dict(restarted.agg.state) == to_dict(a.agg.state)  # (NaN != NaN in ==)
+    assert restarted.agg.windows == a.agg.windows
+    assert GLOBAL_ROLL in restarted.store
+
+
+def test_partitions_far_apart_in_event_time_do_not_trip() -> None:
+    """A backlog is read in chunks of hours per partition: a lagging partition's money is
+    its own minute's, not a spike in the leader's."""
+    a = Agg(row("enforce"), partitions=2)
+    tripped: list[Trip] = []
+    batch: list[bytes] = []
+    for m in range(2 * WEEK_MIN + 600):
+        batch.append(partial(0, T0 + m * MIN, 5 * USD, 5))
+        if m >= 300:  # partition 1 runs five hours behind
+            batch.append(partial(1, T0 + (m - 300) * MIN, 5 * USD, 5))
+        if m % 60 == 59 or m >= 2 * WEEK_MIN:  # hourly batches, then one per minute
+            tripped += a.feed(*batch, now=NOW + m * SPREAD_EVAL_MS)  # 300 minutes open
+            batch = []
+    assert tripped == []
+    assert isinstance(a.agg.last, RollingWithin)
+
+
+def test_unheard_partitions_hold_minutes_open_for_a_grace_that_survives_a_restart() -> None:
+    a = Agg(partitions=2)
+    a.feed(*(partial(0, T0 + m * MIN, USD) for m in range(6)))
+    assert sorted(a.agg.windows) == [T0 + m * MIN for m in range(6)]  # partition 1 unheard
+    restarted = Agg(store=a.store, partitions=2)
+    restarted.feed(partial(0, T0 + 6 * MIN, USD, sent=NOW + UNHEARD_GRACE_MS + 1),
+                   offsets=[a.offset])
+    assert sorted(restarted.agg.windows) == [T0 + 6 * MIN]  # the older ones closed
+
+
+def test_with_many_minutes_open_the_score_runs_once_per_spread_interval() -> None:
+    """Two gates reading a backlog at their own pace: partition 1 days behind partition 0
+    (both active) holds every minute in between open, each in its own minute; scoring them
+    all on every batch would cost O(open minutes) a batch, so it runs once per
+    SPREAD_EVAL_MS of wall time."""
+    a = Agg(row("detect"), partitions=2)
+    a.feed(partial(1, T0, 3 * USD, 3))
+    a.feed(*(partial(0, T0 + m * MIN, USD) for m in range(3 * 24 * 60)))
+    assert len(a.agg.windows) == 3 * 24 * 60  # nothing closes: partition 1 is at T0
+    scored = a.agg._scored_at
+    calls = []
+    real = a.agg._evaluate
+    a.agg._evaluate = lambda: calls.append(1) or real()  # type: ignore[method-assign]
+    a.agg.process([(a.offset, partial(0, T0 + 5000 * MIN, USD))], a.store.get, scored + 1)
+    assert calls == []  # within SPREAD_EVAL_MS of the last score
+    a.agg.process([(a.offset + 1, partial(0, T0 + 5001 * MIN, USD))], a.store.get,
+                  scored + SPREAD_EVAL_MS)
+    assert calls == [1]
+    a.agg.process([(a.offset + 2, partial(1, T0 + MIN, 2 * USD, 2))], a.store.get,
+                  scored + SPREAD_EVAL_MS + 1)
+    assert a.agg.windows[T0 + MIN] == (3 * USD, 3)  # the lagging money in its own minute
