@@ -10,6 +10,7 @@ import math
 import random
 import zlib
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +141,69 @@ def test_bad_arguments_and_an_empty_range_get_clear_errors(
     assert run_cli(monkeypatch, settings, "anomaly", "calibrate", "--from",
                    "1971-01-01T00:00Z", "--to", "1971-01-02T00:00Z", "--quiet") == 1
     assert "no payouts" in capsys.readouterr().err
+
+
+def test_from_the_deliveries_topic_by_time_range(
+    settings: Settings, namespace: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--topic``: the deliveries produced in [--from, --to), bucketed by the conversion's
+    event time; a record before --from is left out, an undecodable one is skipped."""
+    import time
+
+    from confluent_kafka import Producer
+
+    from postbacks.codec import codec_for
+    from tests.unit.factories import make_conversion, make_delivery
+    from topics import TOPICS
+
+    topic = settings.topic(TOPICS.deliveries.base)
+    codec = codec_for("Delivery")
+    p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    base = int(datetime(2003, 5, 5, 12, 0, tzinfo=UTC).timestamp() * 1000)
+
+    def send(n: int, payout: int, minute: int) -> None:
+        conv = make_conversion(event_id=f"evt_{namespace}_{n}",
+                               conversion_id=f"cv_{namespace}_{n}", app_id=f"app_{namespace}",
+                               occurred_at=base + minute * MIN, payout_usd_micros=payout)
+        d = make_delivery(delivery_id=f"dlv_{namespace}_{n}", endpoint_id=f"ep_{namespace}",
+                          conversion=conv, created_at=base + minute * MIN)
+        p.produce(topic, codec.encode(d), f"ep_{namespace}".encode())
+
+    send(1, 1_000 * USD, 0)  # before the range
+    assert p.flush(30) == 0
+    time.sleep(1.5)
+    start = int(time.time() * 1000)
+    send(2, 2 * USD, 0)
+    send(3, 3 * USD, 0)
+    p.produce(topic, b"\x00not avro", f"ep_{namespace}".encode())
+    send(4, 4 * USD, 1441)  # the next day
+    assert p.flush(30) == 0
+    assert run_cli(monkeypatch, settings, "anomaly", "calibrate", "--topic", "--from",
+                   _iso(start), "--quiet", "--json") == 0
+    out = capsys.readouterr().out
+    assert "history: topic deliveries.v1" in out
+    report = json.loads(out[out.index("\n{") + 1:out.rindex("}") + 1])
+    days = {d["day"]: (d["payout_micros"], d["count"]) for d in report["days"]}
+    assert days == {"2003-05-05": (5 * USD, 2), "2003-05-06": (4 * USD, 1)}
+
+
+def test_from_a_file_of_conversions_with_iso_and_epoch_times(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lines = [
+        {"conversion_id": "a", "occurred_at": "2004-02-02T10:00:30+02:00",
+         "payout_usd_micros": 2 * USD},
+        {"conversion_id": "b", "occurred_at": 1075708830000, "payout_usd_micros": 3 * USD},
+        {"conversion_id": "c", "occurred_at": "yesterday", "payout_usd_micros": 9 * USD},
+        {"conversion_id": "d", "occurred_at": 1075708830000, "payout_usd_micros": None},
+    ]
+    f = tmp_path / "h.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert run_cli(monkeypatch, settings, "anomaly", "calibrate", "--file", str(f), "--from",
+                   "2004-01-01T00:00Z", "--to", "2004-03-01T00:00Z", "--quiet", "--json") == 0
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("\n{") + 1:out.rindex("}") + 1])
+    assert [(d["day"], d["payout_micros"], d["count"], d["minutes"]) for d in report["days"]] \
+        == [("2004-02-02", 5 * USD, 2, 1)]  # 08:00:30Z both; the unusable two left out
