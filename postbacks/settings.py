@@ -96,7 +96,8 @@ class Settings:
     # sent is in the attempt log, also when the agent dies before recording its result.
     attempt_intents: bool = True
     # The sink writes an intent with no result after this long as an `unknown` attempt
-    # (error class agent_lost); another agent process attempting it again does so at once.
+    # (error class agent_lost); another attempt of the same dispatch on record, or another
+    # agent process attempting the delivery after it, does so at once.
     attempt_lost_after_s: float = 600.0
     # Sink: a delivery row waits (in memory, its offset not yet stored) for its first
     # outcome, at most this long, and is then written with its status already projected,

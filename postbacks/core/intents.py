@@ -11,6 +11,10 @@ The sink writes such an intent into the attempt log as result ``unknown``, error
 * another agent process attempts the same delivery at or after it: the delivery was
   dispatched again, which happens only when the offset that the attempt's record would
   have been committed with was not (``superseded``); or
+* the same dispatch (same delivery, attempt number and trigger) has another attempt on
+  record, whoever sent first and whichever process sent it: a partition back to the same
+  agent after a rebalance, or a re-send by another agent (``redone``; checked against the
+  stored attempts by the sink, :mod:`sinks.intents`); or
 * it has waited ``lost_after_ms`` (``no_result``): longer than any send, commit and retry
   of the producing transaction takes.
 
