@@ -1,7 +1,10 @@
 """The gate's progress watchdog: a partition with records waiting whose committed offset
 has not moved for ``stall_restart_s`` means the gate has stopped processing it (seen once
 in roughly twenty test runs: after a kill -9 and restart, a gate that had its partitions
-assigned and logged "gate running" processed nothing for 85 s, with no error logged). A
+assigned and logged "gate running" processed nothing for 85 s, with no error logged; and a
+gate given, in a rebalance, a partition the instance before it had read but never
+committed, which it then did not read). A partition never committed counts from its oldest
+record. A
 stalled partition is never acceptable, so the process restarts in place (nothing is lost:
 offsets are committed only after the state and outputs they cover are acknowledged).
 
@@ -57,11 +60,13 @@ class ProgressWatch:
         try:
             committed = c.committed(tps, timeout=10)
             for tp in committed:
-                _low, high = c.get_watermark_offsets(
+                low, high = c.get_watermark_offsets(
                     TopicPartition(tp.topic, tp.partition), timeout=10)
                 key = (tp.topic, tp.partition)
-                offset = tp.offset if tp.offset >= 0 else -1
-                if offset < 0 or offset >= high:  # never committed, or nothing waiting
+                # never committed: the gate starts at the oldest record (offset reset
+                # earliest), so records there wait as much as behind a committed offset
+                offset = tp.offset if tp.offset >= 0 else low
+                if offset >= high:  # nothing waiting
                     self._since.pop(key, None)
                     continue
                 seen = self._since.get(key)
@@ -79,7 +84,8 @@ class ProgressWatch:
                     self._since[key] = (offset, now)
                     continue
                 if still >= self.stall_s:
-                    return (f"{tp.topic}[{tp.partition}] committed offset {offset} has not "
+                    what = "committed offset" if tp.offset >= 0 else "never committed, offset"
+                    return (f"{tp.topic}[{tp.partition}] {what} {offset} has not "
                             f"moved for {still:.0f}s with records waiting "
                             f"(high water {high})")
                 if key not in self._said:  # a stall in the making: say so, once

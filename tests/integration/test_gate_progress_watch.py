@@ -44,6 +44,34 @@ def _commit(settings: Settings, group: str, topic: str, offset: int) -> None:
         c.close()
 
 
+def test_records_waiting_on_a_partition_never_committed_are_a_stall(
+        settings: Settings) -> None:
+    """A partition handed over in a rebalance before its first commit: nothing committed,
+    records waiting from the oldest one."""
+    topic = settings.topic(TOPICS.deliveries.base)
+    group = f"{settings.topic_prefix}postbacks-gate-{uuid.uuid4().hex[:6]}"
+    p = make_transactional_producer(settings, "watch-never")
+    p.begin_transaction()
+    p.produce(topic, b"one", b"k", partition=2)
+    p.commit_transaction(30)
+    watch = ProgressWatch(settings, group, stall_s=10.0)
+    try:
+        _leaders_known(watch, settings)
+        assert watch.stalled(now=100.0) is None  # first sight
+        assert watch.stalled(now=105.0) is None
+        stuck = watch.stalled(now=111.0)
+        assert stuck is not None and f"{topic}[2] never committed, offset 0" in stuck
+        c = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                      "group.id": group, "enable.auto.commit": False})
+        try:
+            c.commit(offsets=[TopicPartition(topic, 2, 2)], asynchronous=False)
+        finally:
+            c.close()
+        assert watch.stalled(now=200.0) is None  # processed: only the marker is left
+    finally:
+        watch.close()
+
+
 def test_a_waiting_record_behind_a_still_offset_is_a_stall_a_marker_is_not(
         settings: Settings) -> None:
     topic = settings.topic(TOPICS.deliveries.base)
