@@ -229,13 +229,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=_migrate)
 
     sp = sub.add_parser(
-        "retention", help="drop attempt-log partitions older than the retention window",
-        description="Drop the daily delivery_attempts partitions whose day is more than "
-        "--keep-days (POSTBACKS_ATTEMPT_RETENTION_DAYS) days before today (UTC), each in its "
+        "retention", help="drop attempt-log and deliveries partitions older than the "
+        "retention window",
+        description="Drop the daily delivery_attempts and deliveries partitions whose day is "
+        "more than --keep-days (POSTBACKS_ATTEMPT_RETENTION_DAYS) days before today (UTC), "
+        "the deliveries' keys with them, each in its "
         "own short transaction with an audit row; schedule it daily. Exit 1 when a drop "
         "could not get its lock in time (left for the next run).")
     sp.add_argument("--keep-days", type=int, default=None,
-                    help="days of attempts to keep (default: POSTBACKS_ATTEMPT_RETENTION_DAYS)")
+                    help="days of attempts and deliveries to keep (default: "
+                    "POSTBACKS_ATTEMPT_RETENTION_DAYS)")
     sp.add_argument("--dry-run", action="store_true", help="list what would be dropped")
     sp.set_defaults(func=_retention)
 

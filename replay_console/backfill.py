@@ -36,6 +36,7 @@ from psycopg.types.json import Jsonb
 from postbacks.core.backfill import Candidate, LineError, parse_file
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.identity import idempotency_key
+from postbacks.db.delivery_keys import insert_keys
 from postbacks.db.times import ts_of
 from postbacks.ids import derived_id
 from postbacks.settings import Settings
@@ -118,7 +119,7 @@ def _existing(conn: psycopg.Connection[Any], ids: list[str]) -> set[str]:
     out: set[str] = set()
     for i in range(0, len(ids), _BATCH):
         out.update(r[0] for r in conn.execute(
-            "SELECT delivery_id FROM deliveries WHERE delivery_id = ANY(%s)",
+            "SELECT delivery_id FROM delivery_keys WHERE delivery_id = ANY(%s)",
             (ids[i:i + _BATCH],)))
     return out
 
@@ -136,6 +137,12 @@ def _write(conn: psycopg.Connection[Any], rows: list[tuple[Candidate, Endpoint, 
     made: set[str] = set()
     for i in range(0, len(rows), _BATCH):
         batch = rows[i:i + _BATCH]
+        created = {c.delivery_id: ts_of(c.created_at_ms) if c.created_at_ms else now
+                   for c, _ep, _key in batch}
+        new = insert_keys(conn, list(created.items()))  # the key first: one row per id
+        batch = [x for x in batch if x[0].delivery_id in new]
+        if not batch:
+            continue
         with conn.cursor() as cur:
             cur.executemany(
                 "INSERT INTO deliveries (delivery_id, endpoint_id, app_id, conversion_id,"
@@ -147,7 +154,7 @@ def _write(conn: psycopg.Connection[Any], rows: list[tuple[Candidate, Endpoint, 
                   c.conversion["conversion_id"], c.conversion["event_type"],
                   c.conversion["goal_id"], c.conversion["event_id"], key,
                   c.conversion["payout_usd_micros"], Jsonb(dict(c.conversion)),
-                  ts_of(c.created_at_ms) if c.created_at_ms else now, now,
+                  created[c.delivery_id], now,
                   (c.last_error or "imported")[:2000]) for c, _ep, key in batch],
                 returning=True)
             inserted: set[str] = set()

@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 
+from postbacks.db.delivery_keys import BY_ID
 from replay_console.auth import Principal
 from replay_console.rules import ActionError, audit, require
 
@@ -23,8 +24,8 @@ def suppress_delivery(conn: psycopg.Connection[Any], p: Principal, delivery_id: 
     require(p, "suppress", "suppress deliveries")
     if not reason.strip():
         raise ActionError("a suppression needs a reason")
-    row = conn.execute("SELECT endpoint_id, status FROM deliveries WHERE delivery_id = %s"
-                       " FOR UPDATE", (delivery_id,)).fetchone()
+    row = conn.execute("SELECT endpoint_id, status FROM deliveries WHERE " + BY_ID +
+                       " FOR UPDATE", {"id": delivery_id}).fetchone()
     if row is None:
         raise ActionError(f"no delivery {delivery_id!r}", 404)
     if row[1] not in _SUPPRESSIBLE:

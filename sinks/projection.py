@@ -30,6 +30,9 @@ _CLOCK_SLACK = dt.timedelta(hours=1)
 # misjudging how many rows an id has, picked a hash join over a sequential scan of all of
 # ``deliveries`` (100 ms per flush at 300,000 rows, growing with the table); and each row
 # changed was written twice (status, then attempt count), each time through every index.
+# ``deliveries`` is partitioned by day of creation: each id's creation time comes from
+# ``delivery_keys`` (one index probe), so the row is looked up in its own day's partition
+# (run-time pruning) rather than in every day kept.
 _STATUS = "coalesce(n.kind, d.status)"
 _STATUS_AT = "coalesce(n.occurred_at, d.status_at)"
 _HELD_AT = "CASE WHEN n.kind = 'held' THEN n.occurred_at ELSE d.held_at END"
@@ -40,12 +43,13 @@ PROJECT = f"""
 UPDATE deliveries d
    SET status = {_STATUS}, status_at = {_STATUS_AT}, held_at = {_HELD_AT},
        hold_reason = {_HOLD_REASON}, attempt_count = {_ATTEMPTS}, last_error = {_LAST_ERROR}
-  FROM (SELECT ids.delivery_id, o.kind, o.occurred_at, o.reason, a.n, a.err
+  FROM (SELECT ids.delivery_id, c.created_at, o.kind, o.occurred_at, o.reason, a.n, a.err
           FROM unnest(%(ids)s::text[]) AS ids(delivery_id)
-          CROSS JOIN LATERAL (SELECT coalesce((
-               SELECT d0.created_at - interval '{_CLOCK_SLACK.total_seconds():.0f} s'
-                 FROM deliveries d0
-                WHERE d0.delivery_id = ids.delivery_id), 'infinity') AS since) b
+          CROSS JOIN LATERAL (SELECT (
+               SELECT k.created_at FROM delivery_keys k
+                WHERE k.delivery_id = ids.delivery_id) AS created_at) c
+          CROSS JOIN LATERAL (SELECT coalesce(c.created_at
+               - interval '{_CLOCK_SLACK.total_seconds():.0f} s', 'infinity') AS since) b
           LEFT JOIN LATERAL (
                SELECT kind, occurred_at, reason FROM delivery_outcomes x
                 WHERE x.delivery_id = ids.delivery_id
@@ -56,7 +60,7 @@ UPDATE deliveries d
                   AND x.attempted_at >= b.since AND x.attempted_at < now() + interval '1 day'
                 ORDER BY x.attempt_no DESC, x.attempted_at DESC LIMIT 1) a ON true
          WHERE o.kind IS NOT NULL OR a.n IS NOT NULL) n
- WHERE d.delivery_id = n.delivery_id
+ WHERE d.delivery_id = n.delivery_id AND d.created_at = n.created_at
    AND (d.status, d.status_at, d.held_at, d.hold_reason, d.attempt_count, d.last_error)
        IS DISTINCT FROM
        ({_STATUS}, {_STATUS_AT}, {_HELD_AT}, {_HOLD_REASON}, {_ATTEMPTS}, {_LAST_ERROR})

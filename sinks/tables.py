@@ -20,6 +20,8 @@ import orjson
 import psycopg
 from psycopg.types.json import set_json_dumps
 
+from postbacks.db.delivery_keys import KEYS_WRITTEN
+
 __all__ = ["PROJECTED", "STAGING_DDL", "TABLES", "Table", "column_types", "latest_outcome",
            "project_row", "settled", "ts_from_ms", "use_orjson"]
 
@@ -41,6 +43,9 @@ def _copy(cur: psycopg.Cursor[Any], table: str, cols: str, types: Sequence[int],
             copy.write_row(r)
 
 
+_CREATED = 10  # the column of a delivery row's created_at (its key: delivery_id, created_at)
+
+
 @dataclass(frozen=True, slots=True)
 class Table:
     name: str
@@ -49,6 +54,7 @@ class Table:
     types: tuple[str, ...]  # each column's type as the sink writes it (binary COPY)
     row: Callable[[Any], tuple[Any, ...]]
     touches_delivery: bool
+    keyed: bool = False  # one row per delivery_id, held by delivery_keys (deliveries)
 
     def __post_init__(self) -> None:
         if len(self.types) != len(self.columns):
@@ -74,21 +80,42 @@ class Table:
         three rows into a fresh database, 75-110 against 95-140 µs into one of 13 GB
         (400-row batches, 4 alternating pairs each). A failed COPY leaves the rows it
         wrote as dead tuples, so after meeting a stored row the sink sends the next batch
-        of the table through staging (rows read again come in runs)."""
+        of the table through staging (rows read again come in runs).
+
+        ``deliveries`` (partitioned by day; ``keyed``) keeps one row per delivery by its
+        key table (:mod:`postbacks.db.delivery_keys`): the direct path COPYs the keys into
+        ``delivery_keys`` before the rows, in the same savepoint (a stored key fails it
+        like a stored row); the staging path inserts the new keys and, in the same
+        statement, only the rows whose key was new."""
         cols = ", ".join(self.columns)
         if direct:
             try:
                 with conn.transaction(), conn.cursor() as cur:
+                    if self.keyed:
+                        cur.execute(KEYS_WRITTEN)
+                        _copy(cur, "delivery_keys", "delivery_id, created_at",
+                              (types[0], types[_CREATED]), [(r[0], r[_CREATED]) for r in rows])
                     _copy(cur, self.target, cols, types, rows)
                 return len(rows), False
             except (psycopg.errors.UniqueViolation, psycopg.errors.ExclusionViolation):
                 pass  # what ON CONFLICT DO NOTHING (no target) would have skipped
         with conn.cursor() as cur:
             _copy(cur, self.staging, cols, types, rows)
-            cur.execute(
-                f"INSERT INTO {self.target} ({cols}) SELECT {cols} FROM {self.staging}"
-                " ON CONFLICT DO NOTHING"
-            )
+            if self.keyed:
+                cur.execute(KEYS_WRITTEN)
+                cur.execute(
+                    "WITH k AS (INSERT INTO delivery_keys (delivery_id, created_at)"
+                    " SELECT DISTINCT ON (delivery_id) delivery_id, created_at"
+                    f" FROM {self.staging} ORDER BY delivery_id, created_at"
+                    " ON CONFLICT DO NOTHING RETURNING delivery_id, created_at)"
+                    f" INSERT INTO {self.target} ({cols}) SELECT DISTINCT ON (delivery_id)"
+                    f" {cols} FROM {self.staging} JOIN k USING (delivery_id, created_at)"
+                    " ON CONFLICT DO NOTHING")
+            else:
+                cur.execute(
+                    f"INSERT INTO {self.target} ({cols}) SELECT {cols} FROM {self.staging}"
+                    " ON CONFLICT DO NOTHING"
+                )
             n = cur.rowcount
             cur.execute(f"TRUNCATE {self.staging}")
         return n, n < len(rows)
@@ -193,7 +220,7 @@ TABLES: dict[str, Table] = {
          "status", "status_at", "held_at", "hold_reason", "attempt_count", "last_error"),
         ("text", "text", "text", "text", "text", "text", "text", "text", "int8", "jsonb",
          "timestamptz", "text", "timestamptz", "timestamptz", "text", "int4", "text"),
-        _delivery_row, True,
+        _delivery_row, True, keyed=True,
     ),
     "attempts": Table(
         "attempts", "delivery_attempts",

@@ -1,15 +1,21 @@
-"""Attempt-log retention: the daily ``delivery_attempts`` partitions older than the window
-are dropped whole (DESIGN: "append-only, partitioned by day, retention job"; the seeds keep
-60-90 days hot for replay and support). ``postbacks retention`` runs it; schedule it daily.
+"""Retention of the attempt log and of deliveries: the daily partitions of
+``delivery_attempts`` and of ``deliveries`` older than the window are dropped whole
+(DESIGN: "append-only, partitioned by day, retention job"; the seeds keep 60-90 days hot
+for replay and support). ``postbacks retention`` runs it; schedule it daily.
 
-A partition ``delivery_attempts_YYYYMMDD`` holds the attempts stamped on that UTC day.
-It is expired when its day is more than ``keep_days`` days before today: with 90, on
-2026-11-30 the days before 2026-09-01 go, the newest of them 2026-08-31. Each drop is
-its own short transaction with a lock timeout (dropping a partition locks its parent, so
-a drop waits behind no long query and no writer queues behind it; one that times out is
-left for the next run), and writes an audit row with the rows it removed. The
-``deliveries`` rows stay: their status and attempt count were projected when the
-attempts arrived. The default partition (rows outside every day made) is never dropped.
+A partition ``delivery_attempts_YYYYMMDD`` holds the attempts stamped on that UTC day, a
+partition ``deliveries_YYYYMMDD`` the deliveries created (planned by fan-out) on it. Both
+use one window, ``keep_days``: a partition is expired when its day is more than
+``keep_days`` days before today: with 90, on 2026-11-30 the days before 2026-09-01 go,
+the newest of them 2026-08-31. A delivery and the attempts of its creation day are
+dropped in the same run; its later retries' attempts go when their own day expires, so no
+attempt is dropped while its delivery's row is kept, and a delivery's row outlives its
+last attempts by at most its retry horizon. Each drop is its own short transaction with a
+lock timeout (dropping a partition locks its parent, so a drop waits behind no long query
+and no writer queues behind it; one that times out is left for the next run), and writes
+an audit row with the rows it removed; a deliveries partition's keys (``delivery_keys``)
+are deleted in batches just before its drop (:mod:`postbacks.db.delivery_keys`).
+The default partitions (rows outside every day made) are never dropped.
 """
 
 from __future__ import annotations
@@ -22,9 +28,16 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["DAY_PARTITION", "Expired", "attempt_partitions", "drop_expired", "expired"]
+from postbacks.db.delivery_keys import delete_partition_keys
+
+__all__ = ["DAY_PARTITION", "DELIVERY_PARTITION", "Expired", "attempt_partitions",
+           "day_partitions", "delivery_partitions", "drop_expired", "expired"]
 
 DAY_PARTITION = re.compile(r"^delivery_attempts_(\d{8})$")
+DELIVERY_PARTITION = re.compile(r"^deliveries_(\d{8})$")
+# parent table -> (partition name pattern, audit target type)
+_PARENTS = {"delivery_attempts": (DAY_PARTITION, "attempt_partition"),
+            "deliveries": (DELIVERY_PARTITION, "delivery_partition")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,17 +49,28 @@ class Expired:
     error: str | None = None
 
 
-def attempt_partitions(conn: psycopg.Connection[Any]) -> list[tuple[str, dt.date]]:
-    """The daily partitions of ``delivery_attempts`` (name, day), oldest first."""
+def day_partitions(conn: psycopg.Connection[Any], parent: str) -> list[tuple[str, dt.date]]:
+    """The daily partitions of ``parent`` (name, day), oldest first."""
+    pattern = _PARENTS[parent][0]
     rows = conn.execute(
         "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-        " WHERE i.inhparent = 'delivery_attempts'::regclass").fetchall()
+        " WHERE i.inhparent = %s::regclass", (parent,)).fetchall()
     out = []
     for (name,) in rows:
-        m = DAY_PARTITION.match(name)
+        m = pattern.match(name)
         if m:
             out.append((name, dt.datetime.strptime(m.group(1), "%Y%m%d").date()))
     return sorted(out, key=lambda x: x[1])
+
+
+def attempt_partitions(conn: psycopg.Connection[Any]) -> list[tuple[str, dt.date]]:
+    """The daily partitions of ``delivery_attempts`` (name, day), oldest first."""
+    return day_partitions(conn, "delivery_attempts")
+
+
+def delivery_partitions(conn: psycopg.Connection[Any]) -> list[tuple[str, dt.date]]:
+    """The daily partitions of ``deliveries`` (name, day), oldest first."""
+    return day_partitions(conn, "deliveries")
 
 
 def expired(partitions: list[tuple[str, dt.date]], today: dt.date,
@@ -60,30 +84,38 @@ def expired(partitions: list[tuple[str, dt.date]], today: dt.date,
 
 def drop_expired(database_url: str, *, keep_days: int, today: dt.date, dry_run: bool = False,
                  actor: str = "retention", lock_timeout_s: float = 5.0) -> list[Expired]:
-    """Drop the expired partitions (oldest first); returns what was (or would be) dropped."""
+    """Drop the expired partitions of both tables, each table's oldest first (attempts,
+    then deliveries); returns what was (or would be) dropped."""
     from postbacks.db.connect import connect
 
     out: list[Expired] = []
     with connect(database_url, autocommit=True) as conn:
         conn.execute(f"SET lock_timeout = '{int(lock_timeout_s * 1000)}ms'")
-        for name, day in expired(attempt_partitions(conn), today, keep_days):
-            rows = _count(conn, name)
-            if dry_run:
-                out.append(Expired(name, day, rows, dropped=False))
-                continue
-            try:
-                with conn.transaction():  # nothing writes to a day this old any more
-                    conn.execute(f'DROP TABLE "{name}"')
-                    conn.execute(
-                        "INSERT INTO audit_log (actor, action, target_type, target_id,"
-                        " before, note) VALUES (%s, 'drop_partition', 'attempt_partition',"
-                        " %s, %s, %s)",
-                        (actor, name, json.dumps({"day": day.isoformat(), "rows": rows}),
-                         f"older than {keep_days} days"))
+        for parent, (_pattern, target) in _PARENTS.items():
+            for name, day in expired(day_partitions(conn, parent), today, keep_days):
+                rows = _count(conn, name)
+                if dry_run:
+                    out.append(Expired(name, day, rows, dropped=False))
+                    continue
+                # a deliveries partition's keys first, in batches outside the drop's
+                # lock (nothing writes a day this old any more)
+                keys = delete_partition_keys(conn, name) if parent == "deliveries" else None
+                before: dict[str, object] = {"day": day.isoformat(), "rows": rows}
+                if keys is not None:
+                    before["keys"] = keys
+                try:
+                    with conn.transaction():
+                        conn.execute(f'DROP TABLE "{name}"')
+                        conn.execute(
+                            "INSERT INTO audit_log (actor, action, target_type, target_id,"
+                            " before, note) VALUES (%s, 'drop_partition', %s, %s, %s, %s)",
+                            (actor, target, name, json.dumps(before),
+                             f"older than {keep_days} days"))
+                except psycopg.errors.LockNotAvailable as exc:
+                    out.append(Expired(name, day, rows, dropped=False,
+                                       error=f"lock not granted in {lock_timeout_s:g} s: {exc}"))
+                    continue
                 out.append(Expired(name, day, rows, dropped=True))
-            except psycopg.errors.LockNotAvailable as exc:
-                out.append(Expired(name, day, rows, dropped=False,
-                                   error=f"lock not granted in {lock_timeout_s:g} s: {exc}"))
     return out
 
 

@@ -512,8 +512,9 @@ def _write_counts(f: Feed) -> tuple[int, int]:
     savepoint) and return this transaction's (inserts, updates) on ``deliveries``."""
     # the view also holds earlier transactions' counts not yet reported (a backend
     # reports them when idle, at most once a second): the difference inside one is exact
-    q = ("SELECT n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables"
-         " WHERE relname = 'deliveries'")
+    q = ("SELECT coalesce(sum(n_tup_ins), 0), coalesce(sum(n_tup_upd), 0)"
+         " FROM pg_stat_xact_user_tables WHERE relid IN (SELECT inhrelid FROM pg_inherits"
+         " WHERE inhparent = 'deliveries'::regclass)")  # its day partitions
     conn = f.sink.conn()
     before = conn.execute(q).fetchone()  # opens the transaction
     f.flush()
