@@ -126,6 +126,9 @@ def test_recommendation_applied_then_rerun_holds_nothing_and_the_incident_trips(
     assert before and sum(d["trips"] + d["held_count"] for d in before) == 0
     tripped = report["incident_trip_ms"]["current"]
     assert tripped is not None and tripped - surge[0] <= 15 * MIN, (tripped, surge)
+    print(f"\n{rows:,} deliveries over 4 weeks; k 0.5 tripped; recommended k {rec_k} "
+          f"(highest score {report['needed']['k']:.2f}); re-run: 0 trips before the "
+          f"incident, which tripped {(tripped - surge[0]) / MIN:.0f} min after its start")
 
 
 def test_bad_arguments_and_an_empty_range_get_clear_errors(
