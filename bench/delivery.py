@@ -10,6 +10,8 @@ Measures, in one run so ratios are fair on a shared machine:
   4. relay lateness p50/p99 (republish time - due_at);
   5. healthy-endpoint p99 latency with and without a 15-s endpoint on the same partition;
   6. two agent processes against one on the same partitions (bench/agents.py);
+  7. the anomaly gate's throughput on a backlog as a ratio to the engine's capacity (3) in
+     the same round, and the latency it adds at half that capacity (bench/gate_part.py);
 and ends with a table of the figures against the targets, met or not (bench/targets.py).
 The pipeline latency is measured at a quarter of the whole pipeline's rate in the run.
 (The latency parts -- pipeline latency, 4 and 5 -- live in bench/latency.py.)
@@ -37,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.agents import run_agents
 from bench.engine import assigned, run_engine
 from bench.figures import host_relative, merge_results, summarize_rounds
+from bench.gate_part import run_gate_part
 from bench.harness import (
     ROOT,
     cleanup,
@@ -194,6 +197,10 @@ def _run_parts(args: argparse.Namespace, parts: set[str], base: Settings, log_di
         if "engine" in parts:
             got |= run_engine(base, args.deliveries, args.endpoints, RUN_SEED + 7919 * r,
                               log_dir / f"engine-{r}", catch_up=args.engine_catch_up)
+        if "gate" in parts:  # against the engine just measured, in the same round
+            cleanup()  # the engine's topics: the broker spends CPU on every partition
+            got |= run_gate_part(base, got["engine_end_to_end_per_s"], args.gate_deliveries,
+                                 log_dir / f"gate-{r}")
         if "sustain" in parts:
             got |= run_engine(base, round(args.sustain_rate * args.sustain_s), args.endpoints,
                               RUN_SEED + 7919 * r + 1, log_dir / f"sustain-{r}",
@@ -241,9 +248,12 @@ def main() -> None:
                     help="run the throughput parts (agent, engine, sustain, e2e) this many "
                          "times, one after the other, and report each figure's median, lowest and "
                          "highest (the host's speed swings by a third within an hour)")
-    ap.add_argument("--parts", default="agent,engine,e2e,agents,latency,relay,isolation",
-                    help="comma-separated subset of: agent, engine, sustain, e2e, agents, "
-                         "latency, relay, isolation (default: all but sustain)")
+    ap.add_argument("--parts", default="agent,engine,gate,e2e,agents,latency,relay,isolation",
+                    help="comma-separated subset of: agent, engine, gate, sustain, e2e, agents, "
+                         "latency, relay, isolation (default: all but sustain); gate needs "
+                         "engine and adds it")
+    ap.add_argument("--gate-deliveries", type=int, default=100_000,
+                    help="gate part: the backlog the gate's throughput is measured on")
     ap.add_argument("--latency-rate", type=float, default=None,
                     help="conversions/s for the pipeline latency part (10 s); default a "
                          "quarter of the whole pipeline's rate measured by part e2e in the "
@@ -257,6 +267,8 @@ def main() -> None:
                     help="alternating without/with runs of the isolation part (median)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
+    if "gate" in parts:  # its figures are ratios to the engine's capacity in the same round
+        parts.add("engine")
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     if args.sustain_rate <= 0 or args.sustain_s < 10:

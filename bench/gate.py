@@ -13,6 +13,10 @@
    ``--series FILE`` writes every delivery's latency against its send time (commit-time
    stalls show up as a period of ``POSTBACKS_GATE_COMMIT_INTERVAL_S``).
 
+The two parts are functions (:func:`throughput`, :func:`latency`, both through one gate by
+:func:`run`); part ``gate`` of ``bench/delivery.py`` runs them against the delivery engine's
+capacity measured in the same run (bench/gate_part.py).
+
 Results go to stdout and ``bench/results/gate-latest.json``. Usage:
 ``python bench/gate.py [--n 100000] [--rate 2000] [--seconds 10]``. Topics are deleted at
 the end.
@@ -26,6 +30,7 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -216,8 +221,125 @@ def added_latency(s: Settings, n: int, tag: str,
                                                              if t - first < 1000]
 
 
+def _spy(pid: int, out: str, seconds: float, idle: bool = False) -> None:
+    """py-spy (on PATH, else beside the interpreter) the process ``pid`` for ``seconds`` into
+    ``out`` (raw folded stacks; speedscope, in time order, for a ``.json`` file), in the
+    background."""
+    import shutil
+    import subprocess
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    extra = ["-r", "100", "--idle", "-t"] if idle else ["-r", "200"]
+    fmt = "speedscope" if out.endswith(".json") else "raw"  # speedscope keeps sample order
+    subprocess.Popen([spy, "record", *extra, "-d", str(int(seconds)), "-f", fmt, "-o", out,
+                      "-p", str(pid)])
+
+
+def prepare(base: Settings, n_endpoints: int) -> tuple[Settings, list[str]]:
+    """Fresh topics, a global scope of the run's own, and its endpoints armed (see
+    :func:`arm`)."""
+    s = fresh(base, "gate")
+    s = dataclasses.replace(s, anomaly_global_key=s.instance_id + "-g")
+    endpoints = [f"ep_bench_{s.instance_id}_{i}" for i in range(n_endpoints)]
+    arm(s, endpoints)
+    return s, endpoints
+
+
+def throughput(s: Settings, stack: Stack, endpoints: list[str], n: int,
+               profile: str | None = None) -> dict[str, float]:
+    """Part 1: ``n`` deliveries on deliveries.v1, then the gate started (as ``gate`` in
+    ``stack``); its rate from its first output to its last, and its CPU per delivery."""
+    say(f"gate throughput: producing {n:,} deliveries over {len(endpoints)} endpoints")
+    produce(s, n, endpoints, "t")
+    t_start = time.time()
+    gate = stack.start("gate", "gate")
+    if profile:
+        _spy(gate.pid, profile, 12)
+    got = read_outputs(s, n, timeout=600)
+    if len(got) < n:
+        raise RuntimeError(f"the gate put out {len(got)} of {n} deliveries\n{gate.tail(20)}")
+    wall = time.time() - t_start
+    cpu = cpu_s(gate.pid)
+    first = min(t for t, _ in got)
+    last = max(t for t, _ in got)
+    rate = len(got) / max(1e-9, (last - first) / 1000)
+    say(f"gate: {len(got):,} outputs, {rate:,.0f} deliveries/s between first and last "
+        f"output (wall from process start {wall:.1f}s), CPU {cpu:.1f}s "
+        f"= {cpu / len(got) * 1e6:.0f} µs/delivery incl. start-up")
+    return {"throughput_per_s": round(rate), "cpu_us_per_delivery": round(cpu / len(got) * 1e6),
+            "startup_to_first_output_s": round(first / 1000 - t_start, 2)}
+
+
+def latency(s: Settings, stack: Stack, endpoints: list[str], rate: float, seconds: float,
+            idle_s: float = 2.0, back_to_back: bool = False, profile: str | None = None,
+            series: str | None = None) -> dict[str, Any]:
+    """Part 2, through the gate :func:`throughput` started: unless ``back_to_back``, wait
+    until it has committed everything (its aggregator included) and sat idle ``idle_s``;
+    then ``rate`` deliveries/s for ``seconds``, and the latency the gate adds to each."""
+    gate = stack.procs["gate"]
+    out: dict[str, Any] = {}
+    if not back_to_back:
+        drained = wait_drained(s)
+        say(f"gate drained the throughput run {drained:.1f}s after its last dispatch; "
+            f"idle for {idle_s:.0f}s")
+        out.update(drained_after_s=round(drained, 1), idle_s=idle_s)
+        time.sleep(idle_s)
+    say(f"gate latency: {rate:.0f}/s for {seconds:.0f}s through the running gate")
+    m = int(rate * seconds)
+    if profile:
+        _spy(gate.pid, profile, seconds + 2, idle=True)
+    partials0 = partials_written(s)
+    gc0 = gc_pauses(gate.log_path)
+    cpu0 = cpu_s(gate.pid)
+    produce(s, m, endpoints, "l", rate=rate, warm=True)
+    lat, steady, first_s = added_latency(s, m, "l", series)
+    if len(lat) < m:
+        raise RuntimeError(f"the gate dispatched {len(lat)} of {m} deliveries")
+    cpu_lat = (cpu_s(gate.pid) - cpu0) / m * 1e6
+    per_delivery = (partials_written(s) - partials0) / m
+    gc1 = gc_pauses(gate.log_path)
+    pauses = {k: round(gc1.get(k, 0.0) - gc0.get(k, 0.0), 4) for k in gc1}
+    say(f"during the latency run: {cpu_lat:.0f} µs CPU per delivery, "
+        f"{per_delivery:.3f} partials written per delivery; GC pauses: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(pauses.items())))
+    p50, p99 = pct(lat, 50), pct(lat, 99)
+    say(f"gate added latency over {len(lat):,} deliveries: p50 {p50:.0f} ms, "
+        f"p99 {p99:.0f} ms, max {max(lat):.0f} ms; after the first second: "
+        f"p50 {pct(steady, 50):.0f} ms, p99 {pct(steady, 99):.0f} ms; first second: "
+        f"p99 {pct(first_s, 99):.0f} ms, max {max(first_s):.0f} ms")
+    return out | {"gc_pauses_during_latency_run": pauses,
+                  "latency_run_cpu_us_per_delivery": round(cpu_lat),
+                  "partials_per_delivery": round(per_delivery, 4),
+                  "latency_p50_ms": p50, "latency_p99_ms": p99, "latency_n": len(lat),
+                  "latency_rate": rate, "steady_p50_ms": pct(steady, 50),
+                  "steady_p99_ms": pct(steady, 99), "first_second_p99_ms": pct(first_s, 99),
+                  "first_second_max_ms": max(first_s)}
+
+
+def run(base: Settings, n: int, rate: float | Callable[[dict[str, float]], float],
+        seconds: float, log_dir: Path, *, n_endpoints: int = 300,
+        env: dict[str, str] | None = None, idle_s: float = 2.0, back_to_back: bool = False,
+        profile: str | None = None, profile_latency: str | None = None,
+        series: str | None = None) -> dict[str, Any]:
+    """:func:`throughput` then :func:`latency` (unless ``seconds`` is 0) through one gate
+    process; ``rate`` may be a function of the throughput figures. Topics deleted after."""
+    s, endpoints = prepare(base, n_endpoints)
+    try:
+        gate_env = env_for(s, POSTBACKS_ANOMALY_GLOBAL_KEY=s.anomaly_global_key, **(env or {}))
+        with Stack(gate_env, log_dir) as stack:
+            out: dict[str, Any] = dict(throughput(s, stack, endpoints, n, profile))
+            if seconds <= 0:
+                say("no latency run (seconds 0)")
+                return out
+            at = rate(out) if callable(rate) else rate
+            return out | latency(s, stack, endpoints, at, seconds, idle_s, back_to_back,
+                                 profile_latency, series)
+    finally:
+        delete_prefixed_topics(s, s.topic_prefix)
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100_000, help="deliveries for the throughput run")
     ap.add_argument("--rate", type=float, default=2000, help="deliveries/s for the latency run")
     ap.add_argument("--seconds", type=float, default=10, help="length of the latency run")
@@ -239,86 +361,15 @@ def main() -> int:
     args = ap.parse_args()
     base = load_settings()
     migrate(base.database_url)
+    extra = {"POSTBACKS_GATE_COMMIT_INTERVAL_S": args.commit_s} if args.commit_s else {}
+    if args.partials_s is not None:
+        extra["POSTBACKS_GATE_PARTIALS_INTERVAL_S"] = args.partials_s
     results: dict[str, Any] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    log_dir = ROOT / ".local" / "bench-logs" / f"gate-{int(time.time())}"
-
-    s = fresh(base, "gate")
-    s = dataclasses.replace(s, anomaly_global_key=s.instance_id + "-g")
-    endpoints = [f"ep_bench_{s.instance_id}_{i}" for i in range(args.endpoints)]
-    arm(s, endpoints)
-    try:
-        say(f"throughput: producing {args.n:,} deliveries over {args.endpoints} endpoints")
-        produce(s, args.n, endpoints, "t")
-        extra = {"POSTBACKS_GATE_COMMIT_INTERVAL_S": args.commit_s} if args.commit_s else {}
-        if args.partials_s is not None:
-            extra["POSTBACKS_GATE_PARTIALS_INTERVAL_S"] = args.partials_s
-        env = env_for(s, POSTBACKS_ANOMALY_GLOBAL_KEY=s.anomaly_global_key, **extra)
-        with Stack(env, log_dir) as stack:
-            t_start = time.time()
-            gate = stack.start("gate", "gate")
-            if args.profile:
-                import subprocess
-
-                spy = str(Path(sys.executable).parent / "py-spy")
-                subprocess.Popen([spy, "record", "-r", "200", "-d", "12", "-f", "raw",
-                                  "-o", args.profile, "-p", str(gate.pid)])
-            got = read_outputs(s, args.n, timeout=600)
-            wall = time.time() - t_start
-            cpu = cpu_s(gate.pid)
-            first = min(t for t, _ in got)
-            last = max(t for t, _ in got)
-            rate = len(got) / max(1e-9, (last - first) / 1000)
-            say(f"gate: {len(got):,} outputs, {rate:,.0f} deliveries/s between first and last "
-                f"output (wall from process start {wall:.1f}s), CPU {cpu:.1f}s "
-                f"= {cpu / len(got) * 1e6:.0f} µs/delivery incl. start-up")
-            results["throughput_per_s"] = round(rate)
-            results["cpu_us_per_delivery"] = round(cpu / len(got) * 1e6)
-            results["startup_to_first_output_s"] = round(first / 1000 - t_start, 2)
-
-            if args.seconds <= 0:
-                say("no latency run (--seconds 0)")
-            else:
-                if not args.back_to_back:
-                    drained = wait_drained(s)
-                    say(f"gate drained the throughput run {drained:.1f}s after its last dispatch; "
-                        f"idle for {args.idle_s:.0f}s")
-                    results.update(drained_after_s=round(drained, 1), idle_s=args.idle_s)
-                    time.sleep(args.idle_s)
-                say(f"latency: {args.rate:.0f}/s for {args.seconds:.0f}s through the running gate")
-                m = int(args.rate * args.seconds)
-                if args.profile_latency:
-                    import subprocess
-
-                    spy = str(Path(sys.executable).parent / "py-spy")
-                    subprocess.Popen([spy, "record", "-r", "100", "--idle", "-t", "-d",
-                                      str(int(args.seconds) + 2), "-f", "raw",
-                                      "-o", args.profile_latency, "-p", str(gate.pid)])
-                partials0 = partials_written(s)
-                gc0 = gc_pauses(gate.log_path)
-                cpu0 = cpu_s(gate.pid)
-                produce(s, m, endpoints, "l", rate=args.rate, warm=True)
-                lat, steady, first_s = added_latency(s, m, "l", args.series)
-                cpu_lat = (cpu_s(gate.pid) - cpu0) / m * 1e6
-                per_delivery = (partials_written(s) - partials0) / m
-                gc1 = gc_pauses(gate.log_path)
-                pauses = {k: round(gc1.get(k, 0.0) - gc0.get(k, 0.0), 4) for k in gc1}
-                say(f"during the latency run: {cpu_lat:.0f} µs CPU per delivery, "
-                    f"{per_delivery:.3f} partials written per delivery; GC pauses: "
-                    + ", ".join(f"{k} {v}" for k, v in sorted(pauses.items())))
-                results["gc_pauses_during_latency_run"] = pauses
-                results.update(latency_run_cpu_us_per_delivery=round(cpu_lat),
-                               partials_per_delivery=round(per_delivery, 4))
-                p50, p99 = pct(lat, 50), pct(lat, 99)
-                say(f"gate added latency over {len(lat):,} deliveries: p50 {p50:.0f} ms, "
-                    f"p99 {p99:.0f} ms, max {max(lat):.0f} ms; after the first second: "
-                    f"p50 {pct(steady, 50):.0f} ms, p99 {pct(steady, 99):.0f} ms; first second: "
-                    f"p99 {pct(first_s, 99):.0f} ms, max {max(first_s):.0f} ms")
-                results.update(latency_p50_ms=p50, latency_p99_ms=p99, latency_n=len(lat),
-                               latency_rate=args.rate, steady_p50_ms=pct(steady, 50),
-                               steady_p99_ms=pct(steady, 99), first_second_p99_ms=pct(first_s, 99),
-                               first_second_max_ms=max(first_s))
-    finally:
-        delete_prefixed_topics(s, s.topic_prefix)
+    results |= run(base, args.n, args.rate, args.seconds,
+                   ROOT / ".local" / "bench-logs" / f"gate-{int(time.time())}",
+                   n_endpoints=args.endpoints, env=extra, idle_s=args.idle_s,
+                   back_to_back=args.back_to_back, profile=args.profile,
+                   profile_latency=args.profile_latency, series=args.series)
     out = ROOT / "bench" / "results" / "gate-latest.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
     say(f"results: {out}")

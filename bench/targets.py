@@ -4,9 +4,10 @@ what one run measured, each target met or not met. Pure: no services, no I/O."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["MET", "NOT_MET", "NOT_RUN", "STAGES", "TARGETS", "Row", "Target", "judge",
-           "rows", "table"]
+__all__ = ["MET", "NOT_MET", "NOT_RUN", "STAGES", "TARGETS", "Row", "Target", "gate_vs_engine",
+           "judge", "rows", "table"]
 
 MET = "met"
 NOT_MET = "not met"
@@ -39,6 +40,8 @@ TARGETS: tuple[Target, ...] = (
            1.2, False),
     Target("isolation_ratio_max", "healthy p99 with / without a 15-s endpoint, worst pair",
            1.5, False),
+    Target("gate_over_engine", "gate throughput / engine capacity (same round)", 2.0, True),
+    Target("gate_added_p99_ms", "gate added p99 at 0.5 x engine capacity", 50, False, "ms"),
 )
 
 # Figures printed beside the targets, without one: (key, label, unit)
@@ -55,12 +58,36 @@ _PLAIN: tuple[tuple[str, str, str], ...] = (
     ("agents_one_per_s", "one agent on the dispatch partitions, deliveries/s", "/s"),
     ("agents_two_per_s", "two agents on the same partitions, deliveries/s", "/s"),
     ("two_agents_over_one", "two agents / one agent", "x"),
+    ("gate_throughput_per_s", "gate alone on a backlog, deliveries/s", "/s"),
+    ("gate_cpu_us_per_delivery", "gate alone: CPU per delivery on the backlog", "us"),
+    ("gate_latency_rate", "gate latency part: deliveries/s offered", "/s"),
+    ("gate_added_p50_ms", "gate added p50 at 0.5 x engine capacity", "ms"),
+    ("gate_steady_p99_ms", "gate added p99 after the latency part's first second", "ms"),
+    ("gate_first_second_p99_ms", "gate added p99 in the latency part's first second", "ms"),
 )
 
 # The stages whose CPU per delivery the table shows (``cpu_us_<stage>``), and the rest
 # of the machine's share of the whole pipeline
 STAGES: tuple[str, ...] = ("fanout", "gate", "agent", "sink", "relay")
 _OTHERS: tuple[str, ...] = ("kafka", "postgres", "receiver")
+
+
+def gate_vs_engine(engine_per_s: float, gate: dict[str, Any]) -> dict[str, float]:
+    """The gate's figures (``bench.gate.run``: its throughput on a backlog, then the latency
+    it added with deliveries offered at half the engine's capacity) read against the
+    engine's capacity measured in the same round. ``gate_added_p99_ms`` is over every
+    delivery of the latency part, its first second included."""
+    out = {"gate_throughput_per_s": float(gate["throughput_per_s"]),
+           "gate_over_engine": gate["throughput_per_s"] / engine_per_s,
+           "gate_cpu_us_per_delivery": float(gate["cpu_us_per_delivery"])}
+    if "latency_p99_ms" in gate:
+        out |= {"gate_latency_rate": float(gate["latency_rate"]),
+                "gate_latency_over_engine": gate["latency_rate"] / engine_per_s,
+                "gate_added_p50_ms": float(gate["latency_p50_ms"]),
+                "gate_added_p99_ms": float(gate["latency_p99_ms"]),
+                "gate_steady_p99_ms": float(gate["steady_p99_ms"]),
+                "gate_first_second_p99_ms": float(gate["first_second_p99_ms"])}
+    return out
 
 
 @dataclass(frozen=True)

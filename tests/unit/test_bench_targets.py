@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.targets import MET, NOT_MET, NOT_RUN, TARGETS, Target, judge, rows, table
+from bench.targets import MET, NOT_MET, NOT_RUN, TARGETS, Target, gate_vs_engine, judge, rows, table
 
 
 def _target(key: str) -> Target:
@@ -25,6 +25,10 @@ def _target(key: str) -> Target:
     ("isolation_ratio", 1.21, NOT_MET),
     ("isolation_ratio_max", 1.5, MET),
     ("isolation_ratio_max", 1.6, NOT_MET),
+    ("gate_over_engine", 2.0, MET),  # at least 2x the engine's capacity
+    ("gate_over_engine", 1.99, NOT_MET),
+    ("gate_added_p99_ms", 50.0, MET),  # at most 50 ms
+    ("gate_added_p99_ms", 51.0, NOT_MET),
 ])
 def test_each_target_is_judged_by_its_bound(key: str, value: float, expected: str) -> None:
     assert judge(_target(key), {key: value}) == expected
@@ -40,7 +44,8 @@ def test_the_targets_are_the_issues_ratios() -> None:
     assert got == {"agent_over_bare": (1.0, True), "engine_over_bare": (0.85, True),
                    "pipeline_over_bare": (0.6, True),
                    "pipeline_latency_p99_ms": (250, False),
-                   "isolation_ratio": (1.2, False), "isolation_ratio_max": (1.5, False)}
+                   "isolation_ratio": (1.2, False), "isolation_ratio_max": (1.5, False),
+                   "gate_over_engine": (2.0, True), "gate_added_p99_ms": (50, False)}
 
 
 def test_rows_show_targets_first_then_the_figures_and_cpu_measured() -> None:
@@ -61,10 +66,34 @@ def test_the_table_counts_the_targets_met() -> None:
                "pipeline_latency_p99_ms": 120.0, "isolation_ratio": 1.1,
                "isolation_ratio_max": 2.0}
     text = table(results)
-    assert text.splitlines()[-1] == "targets met: 4 of 6 (0 not run)"
+    assert text.splitlines()[-1] == "targets met: 4 of 8 (2 not run)"
     engine = next(line for line in text.splitlines() if line.startswith("engine:"))
     assert engine.split()[-2:] == ["not", "met"] and "0.70x" in engine
     # the columns line up: every row's verdict starts where the header's does
     lines = text.splitlines()
     col = lines[0].index("verdict")
     assert all(line[col:].strip() in (MET, NOT_MET, NOT_RUN) for line in lines[2:8])
+
+
+def _gate(**kw: float) -> dict[str, float]:
+    return {"throughput_per_s": 9_000, "cpu_us_per_delivery": 110, "latency_rate": 1_500.0,
+            "latency_p50_ms": 14.0, "latency_p99_ms": 61.0, "steady_p99_ms": 30.0,
+            "first_second_p99_ms": 420.0} | kw
+
+
+def test_the_gate_is_read_against_the_engine_of_the_same_round() -> None:
+    got = gate_vs_engine(3_000.0, _gate())
+    assert got["gate_over_engine"] == 3.0 and got["gate_latency_over_engine"] == 0.5
+    # the p99 judged is over every delivery of the latency part, its first second included
+    assert got["gate_added_p99_ms"] == 61.0 and got["gate_steady_p99_ms"] == 30.0
+    assert judge(_target("gate_over_engine"), got) == MET
+    assert judge(_target("gate_added_p99_ms"), got) == NOT_MET
+    assert judge(_target("gate_over_engine"), gate_vs_engine(6_000.0, _gate())) == NOT_MET
+
+
+def test_a_gate_run_without_its_latency_part_leaves_that_target_not_run() -> None:
+    only = {k: v for k, v in _gate().items() if not k.startswith(("latency", "steady", "first"))}
+    got = gate_vs_engine(3_000.0, only)
+    assert "gate_added_p99_ms" not in got
+    assert judge(_target("gate_added_p99_ms"), got) == NOT_RUN
+    assert judge(_target("gate_over_engine"), got) == MET
