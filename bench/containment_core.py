@@ -39,7 +39,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,7 +119,13 @@ def _per_endpoint(idx: list[int], pool: list[int], eps: list[int]) -> Minute:
     return {ep: (v, n) for ep, (v, n) in out.items()}
 
 
-def generate(args: argparse.Namespace, seed: int, eps: Endpoints | None = None) -> Traffic:
+Sink = Callable[[int, list[int], list[int], list[int]], None]
+"""Called per generated minute with (minute, pool indices drawn, payout pool, endpoint of
+each pool entry): the individual conversions behind the minute's totals."""
+
+
+def generate(args: argparse.Namespace, seed: int, eps: Endpoints | None = None,
+             sink: Sink | None = None) -> Traffic:
     rng = random.Random(seed)
     raw = [1 / (i + 1) ** args.zipf for i in range(args.apps)]
     weights = [x / sum(raw) for x in raw]
@@ -143,12 +149,15 @@ def generate(args: argparse.Namespace, seed: int, eps: Endpoints | None = None) 
         expected.append(lam * mean_pay)
         n = _poisson(rng, lam * day_level * hour_level * gamma(shape, 1 / shape))
         counts.append(n)
-        if eps is None:
+        if eps is None and sink is None:
             minutes.append(sum(choices(pool, k=n)) if n else 0)
             continue
         idx = choices(indices, k=n)  # the same draws as choices(pool, k=n)
         minutes.append(sum(pool[i] for i in idx))
-        eps.minute(m, _per_endpoint(idx, pool, pool_ep))
+        if eps is not None:
+            eps.minute(m, _per_endpoint(idx, pool, pool_ep))
+        if sink is not None:
+            sink(m, idx, pool, pool_ep)
     warm = args.warmup * 7 * 1440
     return Traffic(minutes, counts, expected, weights, means, warm, args.weeks * 7 * 1440)
 
@@ -294,19 +303,24 @@ def _spread(values: Sequence[float | None], fmt: str) -> str:
     return s + (f" ({miss} none)" if miss else "")
 
 
+def traffic_args(ap: argparse.ArgumentParser, apps: int = 150, rate: float = 120.0) -> None:
+    """The generator's flags (shared with bench/containment.py)."""
+    ap.add_argument("--apps", type=int, default=apps, help="endpoints (one app each)")
+    ap.add_argument("--rate", type=float, default=rate, help="mean conversions per minute")
+    ap.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of volume")
+    ap.add_argument("--payout-sigma", type=float, default=0.9, help="lognormal sigma")
+    ap.add_argument("--day-sd", type=float, default=0.03)
+    ap.add_argument("--hour-sd", type=float, default=0.02)
+    ap.add_argument("--minute-cv", type=float, default=0.1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=1, help="first seed")
     ap.add_argument("--seeds", type=int, default=3, help="how many seeds from --seed")
     ap.add_argument("--weeks", type=int, default=6, help="normal weeks incl. warm-up")
     ap.add_argument("--warmup", type=int, default=2, help="weeks that only fill the profile")
-    ap.add_argument("--apps", type=int, default=150)
-    ap.add_argument("--rate", type=float, default=120.0, help="mean conversions per minute")
-    ap.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of volume")
-    ap.add_argument("--payout-sigma", type=float, default=0.9, help="lognormal sigma")
-    ap.add_argument("--day-sd", type=float, default=0.03)
-    ap.add_argument("--hour-sd", type=float, default=0.02)
-    ap.add_argument("--minute-cv", type=float, default=0.1)
+    traffic_args(ap)
     ap.add_argument("--spans", type=lambda v: tuple(int(x) for x in v.split(",")),
                     default=RollingPolicy().spans, help="window spans, minutes (5,15,60)")
     ap.add_argument("--clip", type=float, default=RollingPolicy().clip_sigmas)
