@@ -194,8 +194,9 @@ def _report(cal: Calibration, title: str) -> None:
 def run(settings: Settings, args: argparse.Namespace) -> int:
     now = int(time.time() * 1000)
     try:
-        until = _ms(args.until, "--to") or now
-        since = _ms(args.since, "--from") or until - args.days * _DAY_MS
+        to, frm = _ms(args.until, "--to"), _ms(args.since, "--from")
+        until = now if to is None else to
+        since = until - int(args.days * _DAY_MS) if frm is None else frm
         inc_start = _ms(args.incident_start, "--incident-start")
         inc_end = _ms(args.incident_end, "--incident-end")
     except ValueError as exc:
