@@ -10,20 +10,19 @@ import resource
 import subprocess
 import sys
 import time
-import urllib.parse
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from confluent_kafka import Producer
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from postbacks.codec import codec_for
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.fanout import plan_deliveries
 from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.core.providers.base import RenderedRequest
+from postbacks.db.connect import scratch_database as db_scratch
 from postbacks.db.migrate import migrate
 from postbacks.emit import synthetic_conversions
 from postbacks.records import AttemptRecord, DeliveryRecord, OutcomeRecord
@@ -34,15 +33,6 @@ from topics.admin import create_topics, delete_prefixed_topics
 
 ROOT = Path(__file__).resolve().parents[1]
 
-def _with_dbname(url: str, name: str) -> str:
-    """``url`` naming database ``name``; a ``postgresql://`` URL stays one (the stages'
-    settings accept only URLs)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme in ("postgresql", "postgres"):
-        return urllib.parse.urlunsplit(parts._replace(path=f"/{name}"))
-    return make_conninfo(url, dbname=name)
-
-
 @contextlib.contextmanager
 def scratch_database(base_url: str, suffix: str,
                      statements: Iterable[str] = ()) -> Iterator[str]:
@@ -50,19 +40,12 @@ def scratch_database(base_url: str, suffix: str,
     then changed by ``statements``; its URL. Dropped on exit: the figures of the engine
     parts depend on how much the database holds, and a database every run adds to grows
     by three rows per delivery."""
-    name = f"{conninfo_to_dict(base_url).get('dbname') or 'postbacks'}_{suffix}"
-    with psycopg.connect(_with_dbname(base_url, "postgres"), autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            url = _with_dbname(base_url, name)
-            migrate(url)
-            with psycopg.connect(url, autocommit=True) as conn:
-                for statement in statements:
-                    conn.execute(statement)
-            yield url
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with db_scratch(base_url, suffix) as url:
+        migrate(url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement)
+        yield url
 
 
 def say(msg: str) -> None:

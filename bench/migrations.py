@@ -126,13 +126,13 @@ class Scratch:
     def __init__(self, base_url: str) -> None:
         from psycopg.conninfo import conninfo_to_dict
 
-        from bench.harness import _with_dbname
+        from postbacks.db.connect import with_dbname
 
-        self._with = _with_dbname
+        self._with = with_dbname
         self.base = base_url
         self.prefix = f"{conninfo_to_dict(base_url).get('dbname') or 'postbacks'}" \
                       f"_migbench_{os.getpid()}"
-        self.admin = psycopg.connect(_with_dbname(base_url, "postgres"), autocommit=True)
+        self.admin = psycopg.connect(with_dbname(base_url, "postgres"), autocommit=True)
         self.made: set[str] = set()
         self.n = 0
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from postbacks.errors import ServiceUnavailable
 
-__all__ = ["KeptConnection", "connect"]
+__all__ = ["KeptConnection", "connect", "scratch_database", "with_dbname"]
 
 
 # A connection held open between uses (the background refreshers): TCP keepalives and a
@@ -77,3 +79,26 @@ class KeptConnection:
         if conn is not None:
             with contextlib.suppress(Exception):  # already broken: nothing to release
                 conn.close()
+
+
+def with_dbname(url: str, name: str) -> str:
+    """``url`` naming database ``name``; a ``postgresql://`` URL stays one (the stages'
+    settings accept only URLs)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme in ("postgresql", "postgres"):
+        return urllib.parse.urlunsplit(parts._replace(path=f"/{name}"))
+    return make_conninfo(url, dbname=name)
+
+
+@contextlib.contextmanager
+def scratch_database(base_url: str, suffix: str) -> Iterator[str]:
+    """An empty database ``<base name>_<suffix>`` on ``base_url``'s server (one left by an
+    earlier run is dropped first); its URL. Dropped on exit, its sessions ended."""
+    name = f"{conninfo_to_dict(base_url).get('dbname') or 'postbacks'}_{suffix}"
+    with connect(with_dbname(base_url, "postgres"), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield with_dbname(base_url, name)
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

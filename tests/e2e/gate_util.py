@@ -8,13 +8,13 @@ import urllib.request
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from postbacks.codec import codec_for
 from postbacks.settings import Settings
 from postbacks.tools.procs import wait_for
 from tests.unit.factories import make_conversion, make_delivery
-from topics import TOPICS
+from topics import GATE_APP, TOPICS
 
 HOUR_MS = 3_600_000
 PARTIAL_WINDOW_MS = 60_000  # the gate's partials are per event-time minute
@@ -147,3 +147,24 @@ class GateFeed:
         finally:
             c.close()
         return sum(t for _, t in latest.values())
+
+    def wait_partials_applied(self, timeout: float = 60) -> None:
+        """Until the gates' group has committed every partial on anomaly.partials.v1 (its
+        one partition) and no new one has arrived for a second: the aggregator has applied
+        all the partials of the outputs seen so far."""
+        tp = TopicPartition(self.s.topic(TOPICS.anomaly_partials.base), 0)
+        c = Consumer({"bootstrap.servers": self.s.kafka_bootstrap_servers,
+                      "group.id": self.s.topic(GATE_APP), "enable.auto.commit": False})
+        last: list[int] = []
+
+        def settled() -> bool:
+            high = c.get_watermark_offsets(tp, timeout=5)[1]
+            done = c.committed([tp], timeout=5)[0].offset
+            last.append(high if done >= high > 0 else -1)
+            return len(last) >= 2 and last[-1] >= 0 and last[-1] == last[-2]
+
+        try:
+            wait_for(settled, timeout, interval=1.0,
+                     what="the aggregator to commit every partial")
+        finally:
+            c.close()

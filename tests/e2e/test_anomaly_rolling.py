@@ -73,7 +73,7 @@ class Run:
 
     def history_through(self) -> None:
         self.feed.wait_outputs(self.n, timeout=300)
-        time.sleep(3)  # the last partials through the aggregator
+        self.feed.wait_partials_applied()
         assert self.feed.held() == [], "normal history held something"
         before_surge = _global(self.settings)
         assert before_surge is not None and before_surge[0] == "closed", before_surge

@@ -8,7 +8,6 @@ keeps the window and never drops the default partition."""
 from __future__ import annotations
 
 import datetime as dt
-import urllib.parse
 import uuid
 from collections.abc import Iterator
 from importlib import resources
@@ -16,13 +15,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
 
 from postbacks.core.backfill import Candidate
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.fanout import plan_deliveries
-from postbacks.db.connect import connect
+from postbacks.db.connect import connect, scratch_database
 from postbacks.db.delivery_keys import BY_ID
 from postbacks.db.migrate import migrate
 from postbacks.db.retention import delivery_partitions, drop_expired
@@ -35,23 +33,12 @@ _COLS = ("delivery_id, endpoint_id, app_id, conversion_id, event_type, goal_id, 
          " idempotency_key, payout_usd_micros, snapshot, created_at")
 
 
-def _with_dbname(url: str, name: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme in ("postgresql", "postgres"):
-        return urllib.parse.urlunsplit(parts._replace(path=f"/{name}"))
-    return make_conninfo(url, dbname=name)
-
-
 @pytest.fixture()
 def fresh_db(service_env: dict[str, str]) -> Iterator[str]:
-    base = service_env["POSTBACKS_DATABASE_URL"]
-    name = f"{conninfo_to_dict(base).get('dbname') or 'postbacks'}_part_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(_with_dbname(base, "postgres"), autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield _with_dbname(base, name)
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    """An empty database of its own on the test server; its URL. Dropped afterwards."""
+    with scratch_database(service_env["POSTBACKS_DATABASE_URL"],
+                          f"part_{uuid.uuid4().hex[:10]}") as url:
+        yield url
 
 
 def _insert(conn: psycopg.Connection[Any], did: str, created: dt.datetime, *,

@@ -11,15 +11,14 @@ import os
 import subprocess
 import sys
 import time
-import urllib.parse
 import uuid
 from collections.abc import Iterator
 from importlib import resources
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from postbacks.db.connect import scratch_database
 from postbacks.db.migrate import migrate, pending_migrations
 from postbacks.errors import ConfigError
 
@@ -34,24 +33,12 @@ TABLES = {"endpoints", "endpoint_secrets", "deliveries", "delivery_attempts",
 LOCK_ID = 0x706F73746261636B
 
 
-def _with_dbname(url: str, name: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme in ("postgresql", "postgres"):
-        return urllib.parse.urlunsplit(parts._replace(path=f"/{name}"))
-    return make_conninfo(url, dbname=name)
-
-
 @pytest.fixture()
 def fresh_db(service_env: dict[str, str]) -> Iterator[str]:
     """An empty database of its own on the test server; its URL. Dropped afterwards."""
-    base = service_env["POSTBACKS_DATABASE_URL"]
-    name = f"{conninfo_to_dict(base).get('dbname') or 'postbacks'}_mig_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(_with_dbname(base, "postgres"), autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield _with_dbname(base, name)
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database(service_env["POSTBACKS_DATABASE_URL"],
+                          f"mig_{uuid.uuid4().hex[:10]}") as url:
+        yield url
 
 
 def _tables(url: str) -> set[str]:
