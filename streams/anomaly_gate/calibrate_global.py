@@ -25,8 +25,6 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
-
 from postbacks.cli_output import fail, print_json, print_table
 from postbacks.core.anomaly.recommend import Calibration, calibrate, recommend
 from postbacks.core.anomaly.rolling import RollingThresholds
@@ -66,47 +64,20 @@ def minute_of(occurred_at: object, payout: object) -> tuple[int, int] | None:
 
 
 def read_range(settings: Settings, since: int, until: int) -> Iterator[dict[str, Any]]:
-    """Deliveries produced to ``deliveries.v1`` in [since, until) (record timestamps),
-    every partition from the offset of ``since`` to the first record at or after ``until``
-    or the end."""
+    """Deliveries produced to ``deliveries.v1`` in [since, until) (record timestamps); an
+    undecodable record is skipped (the gate would not count it either)."""
     from postbacks.codec import codec_for
     from postbacks.errors import DeadLetterError
+    from postbacks.kafka.time_range import read_time_range
     from topics import TOPICS
 
-    topic = settings.topic(TOPICS.deliveries.base)
     codec = codec_for("Delivery")
-    c = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                  "group.id": "postbacks-calibrate", "enable.auto.commit": False,
-                  "isolation.level": "read_committed"})
-    try:
-        meta = c.list_topics(topic, timeout=10).topics[topic]
-        if meta.error is not None:
-            raise ValueError(f"topic {topic}: {meta.error}")
-        parts = [TopicPartition(topic, p, since) for p in meta.partitions]
-        starts = c.offsets_for_times(parts, timeout=10)
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in meta.partitions}
-        todo = [tp for tp in starts if tp.offset >= 0 and tp.offset < ends[tp.partition]]
-        if not todo:
-            return
-        c.assign(todo)
-        left = {tp.partition for tp in todo}
-        while left:
-            for m in c.consume(1000, timeout=1.0):
-                p = m.partition()
-                if p not in left or m.error() is not None:
-                    continue
-                off = m.offset() or 0
-                if m.timestamp()[1] >= until or off + 1 >= ends[p]:
-                    left.discard(p)
-                    if m.timestamp()[1] >= until:
-                        continue
-                try:
-                    yield dict(codec.decode(m.value()))
-                except DeadLetterError:
-                    continue  # not a delivery the gate would count either
-    finally:
-        c.close()
+    for m in read_time_range(settings, settings.topic(TOPICS.deliveries.base), since, until,
+                             group_id="postbacks-calibrate"):
+        try:
+            yield dict(codec.decode(m.value() or b""))
+        except DeadLetterError:
+            continue
 
 
 def _from_db(settings: Settings, since: int, until: int) -> Minutes:
