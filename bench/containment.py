@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import containment_core as core
 from bench.containment_feed import Feed, arm, close_global, global_state, progress
 from bench.containment_plan import MIN_MS, Placed, place, select, tally, trip_minute
-from bench.harness import ROOT, cleanup, env_for, fresh, scratch_database
+from bench.harness import ROOT, cleanup, env_for, fresh, scratch_database, stop_on_signals
 from postbacks.settings import Settings, load_settings
 from postbacks.tools.procs import Stack, wait_for
 
@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" /
                     "containment-latest.json")
     args = ap.parse_args(argv)
+    stop_on_signals()
     chosen = select(args.shapes)
     busy = args.max_min + args.after_min + args.held_min + 30
     plan = place(chosen, args.weeks * 7 * 1440, busy)

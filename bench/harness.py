@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -46,6 +47,17 @@ def scratch_database(base_url: str, suffix: str,
             for statement in statements:
                 conn.execute(statement)
         yield url
+
+
+def stop_on_signals() -> None:
+    """SIGTERM (and SIGINT, even in a background job) stop a bench as Ctrl-C does: through
+    its context managers, so no stage it started is left running and no scratch database
+    or topic is left behind."""
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
 
 
 def say(msg: str) -> None:

@@ -49,7 +49,7 @@ from postbacks.records import PayoutPartialRecord
 from streams.anomaly_gate.config import GateConfig, HaltBook
 from topics import TOPICS
 
-__all__ = ["GLOBAL_ROLL", "MAX_OPEN_MINUTES", "PARTIAL_WINDOW_MS", "SPREAD_EVAL_MS",
+__all__ = ["GLOBAL_ROLL", "PARTIAL_WINDOW_MS", "SCORED_OPEN_MINUTES",
            "GlobalAggregator", "describe", "owns"]
 
 log = logging.getLogger(__name__)
@@ -59,11 +59,12 @@ PARTIAL_WINDOW_MS = MINUTE_MS  # the partials' event-time window
 
 ACTIVE_MS = 60_000  # a partition silent this long (gate wall clock) stops holding windows open
 UNHEARD_GRACE_MS = 10_000  # partitions never heard from hold windows open this long
-# Scoring adds every open minute to a copy of the state: with more minutes open than this
-# (a backlog read by several gates at different paces, event time hours or days apart) the
-# score runs at most once per SPREAD_EVAL_MS of wall time, not on every batch.
-MAX_OPEN_MINUTES = 120
-SPREAD_EVAL_MS = 2_000
+# Scoring adds the open minutes to a copy of the state, oldest first, at most this many: a
+# live gate has one or two open; a backlog read at different paces per partition can hold
+# hours or days of them, each known only in part, and adding all of them to the copy on
+# every batch cost the gate most of its CPU. The spans then end at the newest minute added,
+# the one nearest to complete.
+SCORED_OPEN_MINUTES = 10
 
 
 def _ints(raw: object, n: int, what: str) -> list[tuple[int, ...]]:
@@ -135,7 +136,6 @@ class GlobalAggregator:
         self._signalled: int | None = None
         self._dirty = False
         self.last: RollingResult | None = None
-        self._scored_at = 0  # wall clock of the last score (see SPREAD_EVAL_MS)
 
     def forget(self) -> None:
         self.loaded = False
@@ -204,9 +204,6 @@ class GlobalAggregator:
             return []
         self._close()
         self._dirty = True
-        if len(self.windows) > MAX_OPEN_MINUTES and now_ms - self._scored_at < SPREAD_EVAL_MS:
-            return []
-        self._scored_at = now_ms
         trip = self._evaluate()
         if trip is not None:
             self.halts.trip_now(trip, now_ms)
@@ -236,7 +233,7 @@ class GlobalAggregator:
             self.last = None
             return None
         s = self.state
-        for w in sorted(self.windows):  # the open minutes, as far as they are known
+        for w in sorted(self.windows)[:SCORED_OPEN_MINUTES]:  # as far as they are known
             total, count = self.windows[w]
             s = rolling_add(s, w, total, count)
         r = self.last = evaluate(s, self.config.global_rolling)

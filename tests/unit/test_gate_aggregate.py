@@ -6,6 +6,7 @@ import itertools
 import json
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 
 from postbacks.codec import codec_for
@@ -13,9 +14,10 @@ from postbacks.core.anomaly import GLOBAL_SCOPE, Detector, HaltState, Trip
 from postbacks.core.anomaly.rolling import GLOBAL_ROLLING, RollingOver, RollingWithin
 from postbacks.core.anomaly.rolling_codec import to_dict
 from postbacks.db.anomaly import AnomalyRow
+from streams.anomaly_gate import aggregate
 from streams.anomaly_gate.aggregate import (
     GLOBAL_ROLL,
-    SPREAD_EVAL_MS,
+    SCORED_OPEN_MINUTES,
     UNHEARD_GRACE_MS,
     GlobalAggregator,
 )
@@ -178,7 +180,7 @@ def test_partitions_far_apart_in_event_time_do_not_trip() -> None:
         if m >= 300:  # partition 1 runs five hours behind
             batch.append(partial(1, T0 + (m - 300) * MIN, 5 * USD, 5))
         if m % 60 == 59 or m >= 2 * WEEK_MIN:  # hourly batches, then one per minute
-            tripped += a.feed(*batch, now=NOW + m * SPREAD_EVAL_MS)  # 300 minutes open
+            tripped += a.feed(*batch)  # 300 minutes open
             batch = []
     assert tripped == []
     assert isinstance(a.agg.last, RollingWithin)
@@ -194,24 +196,47 @@ def test_unheard_partitions_hold_minutes_open_for_a_grace_that_survives_a_restar
     assert sorted(restarted.agg.windows) == [T0 + 6 * MIN]  # the older ones closed
 
 
-def test_with_many_minutes_open_the_score_runs_once_per_spread_interval() -> None:
+def test_with_many_minutes_open_the_score_adds_only_the_oldest_few(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Two gates reading a backlog at their own pace: partition 1 days behind partition 0
-    (both active) holds every minute in between open, each in its own minute; scoring them
-    all on every batch would cost O(open minutes) a batch, so it runs once per
-    SPREAD_EVAL_MS of wall time."""
+    (both active) holds every minute in between open, each in its own minute. The score
+    adds only the oldest SCORED_OPEN_MINUTES of them to its copy of the state (the ones
+    nearest to complete), so a batch costs the same however far apart the partitions are."""
     a = Agg(row("detect"), partitions=2)
     a.feed(partial(1, T0, 3 * USD, 3))
     a.feed(*(partial(0, T0 + m * MIN, USD) for m in range(3 * 24 * 60)))
     assert len(a.agg.windows) == 3 * 24 * 60  # nothing closes: partition 1 is at T0
-    scored = a.agg._scored_at
-    calls = []
-    real = a.agg._evaluate
-    a.agg._evaluate = lambda: calls.append(1) or real()  # type: ignore[method-assign]
-    a.agg.process([(a.offset, partial(0, T0 + 5000 * MIN, USD))], a.store.get, scored + 1)
-    assert calls == []  # within SPREAD_EVAL_MS of the last score
-    a.agg.process([(a.offset + 1, partial(0, T0 + 5001 * MIN, USD))], a.store.get,
-                  scored + SPREAD_EVAL_MS)
-    assert calls == [1]
-    a.agg.process([(a.offset + 2, partial(1, T0 + MIN, 2 * USD, 2))], a.store.get,
-                  scored + SPREAD_EVAL_MS + 1)
+    added: list[int] = []
+    real = aggregate.rolling_add
+
+    def counting(s: Any, w: int, total: int, count: int) -> Any:
+        added.append(w)
+        return real(s, w, total, count)
+
+    monkeypatch.setattr(aggregate, "rolling_add", counting)
+    a.feed(partial(0, T0 + 5000 * MIN, USD))
+    assert added == [T0 + m * MIN for m in range(SCORED_OPEN_MINUTES)]
+    a.feed(partial(1, T0 + MIN, 2 * USD, 2))
     assert a.agg.windows[T0 + MIN] == (3 * USD, 3)  # the lagging money in its own minute
+
+
+def test_a_surge_read_from_a_backlog_with_partitions_far_apart_trips() -> None:
+    """The same backlog shape as above with a tripled hour in both partitions: the score
+    near the lagging partition's minutes sees it once that partition reaches it."""
+    a = Agg(row("enforce"), partitions=2)
+    tripped: list[Trip] = []
+    batch: list[bytes] = []
+    surge = range(2 * WEEK_MIN + 120, 2 * WEEK_MIN + 180)
+    for m in range(2 * WEEK_MIN + 600):
+        batch.append(partial(0, T0 + m * MIN, (15 if m in surge else 5) * USD,
+                             15 if m in surge else 5))
+        if m >= 300:  # partition 1 runs five hours behind
+            lag = m - 300
+            batch.append(partial(1, T0 + lag * MIN, (15 if lag in surge else 5) * USD,
+                                 15 if lag in surge else 5))
+        if m % 10 == 9:
+            tripped += a.feed(*batch)
+            batch = []
+    assert len(tripped) == 1
+    start = (tripped[0].window_start_ms - T0) // MIN
+    assert surge.start - 60 <= start <= surge.start + 10, start
