@@ -14,20 +14,37 @@ from postbacks.settings import Settings
 
 __all__ = ["read_time_range"]
 
+# Codes a ListOffsets answers while leadership settles. librdkafka does not mark them
+# retriable on the error offsets_for_times raises, so they are named here.
+_TRANSIENT = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.OFFSET_NOT_AVAILABLE,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+})
+
 
 def _offsets_for_times(c: Consumer, parts: list[TopicPartition],
-                       attempts: int = 10) -> list[TopicPartition]:
-    """``offsets_for_times``, retried while the error is retriable (a leader just moved or
-    a topic just created: NOT_LEADER_FOR_PARTITION for a moment)."""
-    for attempt in range(attempts):
+                       deadline_s: float = 60.0) -> list[TopicPartition]:
+    """``offsets_for_times``, retried while the error is retriable and ``deadline_s`` has
+    not passed. A topic just created, or a leader just moved, answers
+    NOT_LEADER_FOR_PARTITION until the broker and the client's metadata agree; each retry
+    refreshes the client's metadata for the topic first."""
+    deadline = time.monotonic() + deadline_s
+    delay = 0.2
+    while True:
         try:
             return list(c.offsets_for_times(parts, timeout=10))
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
-            if attempt + 1 == attempts or not (isinstance(err, KafkaError) and err.retriable()):
+            retriable = isinstance(err, KafkaError) and (
+                err.retriable() or err.code() in _TRANSIENT)
+            if not retriable or time.monotonic() + delay > deadline:
                 raise
-            time.sleep(0.5)
-    raise AssertionError("unreachable")
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+            for topic in {tp.topic for tp in parts}:
+                c.list_topics(topic, timeout=10)
 
 
 def read_time_range(settings: Settings, topic: str, since: int, until: int, *,

@@ -1,0 +1,50 @@
+"""``offsets_for_times`` is retried on the codes a ListOffsets answers while leadership
+settles (librdkafka does not mark them retriable), with the topic's metadata refreshed, and
+not on anything else. The consumer is a stand-in: what is tested is the retry rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from postbacks.kafka.time_range import _offsets_for_times
+
+
+class _Consumer:
+    def __init__(self, failures: list[int]) -> None:
+        self.failures = list(failures)
+        self.refreshed: list[str] = []
+
+    def offsets_for_times(self, parts: list[TopicPartition], timeout: float) -> Any:
+        if self.failures:
+            raise KafkaException(KafkaError(self.failures.pop(0)))
+        return [TopicPartition(tp.topic, tp.partition, 7) for tp in parts]
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.refreshed.append(topic)
+
+
+PARTS = [TopicPartition("t", 0, 1000), TopicPartition("t", 1, 1000)]
+
+
+def test_not_leader_is_retried_with_the_metadata_refreshed() -> None:
+    c = _Consumer([KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE])
+    got = _offsets_for_times(c, PARTS)  # type: ignore[arg-type]
+    assert [tp.offset for tp in got] == [7, 7]
+    assert c.refreshed == ["t", "t"]
+
+
+def test_a_lasting_not_leader_ends_at_the_deadline() -> None:
+    c = _Consumer([KafkaError.NOT_LEADER_FOR_PARTITION] * 1000)
+    with pytest.raises(KafkaException, match="Not leader"):
+        _offsets_for_times(c, PARTS, deadline_s=0.5)  # type: ignore[arg-type]
+    assert 1 <= len(c.refreshed) <= 5
+
+
+def test_another_error_is_not_retried() -> None:
+    c = _Consumer([KafkaError.TOPIC_AUTHORIZATION_FAILED])
+    with pytest.raises(KafkaException):
+        _offsets_for_times(c, PARTS)  # type: ignore[arg-type]
+    assert c.refreshed == []
