@@ -5,11 +5,10 @@ Processing guarantee (measured against the broker, docs/decisions/0004-faust-gat
 Faust's exactly_once is unusable in faust-streaming 0.15, so the gate is **at-least-once
 with effectively-once state**:
 
-- a batch's outputs and the table writes for its state (both through one idempotent,
-  acks=all confluent-kafka producer; the table writes go to the tables' Faust changelog
-  topics in Faust's own JSON encoding, so Faust recovers the tables from them as usual)
-  are acknowledged by the broker before Faust commits the offsets covering them: nothing
-  is lost;
+- a batch's outputs and partials, then the table writes for its state (through one
+  idempotent, acks=all confluent-kafka producer, to the tables' Faust changelog topics in
+  Faust's own JSON encoding, so Faust recovers the tables as usual), are acknowledged by
+  the broker before Faust commits the offsets covering them: nothing is lost;
 - after a crash the uncommitted tail is decided again; its records are duplicates that the
   agent (same idempotency key) and the sink (primary keys) absorb, and its payouts are not
   counted twice (offsets persisted with the state);
@@ -69,6 +68,7 @@ from streams.anomaly_gate.engine import BatchOut, GateEngine, In
 from streams.anomaly_gate.refresh import Refresher
 from streams.anomaly_gate.stall import ProgressWatch
 from streams.anomaly_gate.startup import faust_settings, prepare
+from streams.anomaly_gate.state_writes import HeldWrites, Write
 from topics import GATE_APP, TOPICS
 
 __all__ = ["GateProcess"]
@@ -143,6 +143,7 @@ class GateProcess:
         self.control = ControlReader(settings, self.halts, self.writer)
         self.producer: Producer = make_producer(settings, **{"linger.ms": settings.gate_linger_ms})
         self._failed: list[str] = []
+        self._held = HeldWrites()
         self._produced = 0  # records handed to the producer ...
         self._reported = 0  # ... and delivery reports received for them
         self._partial_codec = codec_for("PayoutPartial")
@@ -186,7 +187,9 @@ class GateProcess:
 
         def forget(*_a: Any, **_k: Any) -> None:
             self._send_partials(self.engine.take_partials(int(time.time() * 1000)))
-            self._write_states()  # nothing counted is dropped with the cache
+            self._hold_states()  # nothing counted is dropped with the cache
+            self.producer.flush(10)  # the partials before the state that counts them
+            self._produce_states(None)
             self.engine.forget()
             self.aggregator.forget()
 
@@ -247,16 +250,20 @@ class GateProcess:
     async def flush(self) -> None:
         """Everything produced so far is acknowledged, or the process restarts.
 
-        Runs before every Faust offset commit (``app.producer.flush`` is wrapped), so a
-        batch's offsets are committed only after its outputs and changelog writes are on
-        the broker -- while batches themselves are pipelined (a batch returns as soon as
-        its records are handed to the producer). Faust picks the offsets to commit before
-        it calls this, and the state written here covers every batch processed so far.
-        """
+        Runs before every Faust offset commit (``app.producer.flush`` is wrapped): Faust
+        picks the offsets first, the state taken here covers every batch processed so far
+        (batches are pipelined: one returns once its records are handed to the producer),
+        and it is produced once the outputs and partials before it are acknowledged
+        (:mod:`streams.anomaly_gate.state_writes` says why)."""
         self._send_partials(self.engine.take_partials(int(time.time() * 1000)))
-        self._write_states()
-        # Wait for the reports of what was produced *before* this point only: a plain
-        # producer.flush() under steady load waits for a moment the queue is empty.
+        ticket = self._hold_states()
+        await self._acknowledged()
+        self._produce_states(ticket)
+        await self._acknowledged()
+
+    async def _acknowledged(self) -> None:
+        """The reports of what was produced *before* now (producer.flush() would wait for
+        a moment the queue is empty: under steady load, long)."""
         target, deadline = self._produced, time.monotonic() + 60.0
         while self._reported < target and time.monotonic() < deadline:
             self.producer.poll(0)
@@ -266,20 +273,21 @@ class GateProcess:
             restart_in_place(f"gate: {left} record(s) unacknowledged, failed: "
                              f"{self._failed[:3]} (nothing committed past them)", backoff_s=1.0)
 
-    def _write_states(self) -> None:
-        """Changed scope states -> tables (once per scope per commit, not per delivery)."""
+    def _hold_states(self) -> int:
+        """Changed states -> tables (once a commit); their changelog records are held."""
         ep_table, g_table = self._tables
-        for partition, k, v in self.engine.take_writes():
-            self._write_table(ep_table, partition, k, v)
-        for k, v in self.aggregator.take_writes():
-            self._write_table(g_table, 0, k, v)
+        writes = [Write(ep_table, p, k, v) for p, k, v in self.engine.take_writes()]
+        writes += [Write(g_table, 0, k, v) for k, v in self.aggregator.take_writes()]
+        for w in writes:
+            w.table.data[w.key] = w.value  # the cache a rebalance restores from: now
+        return self._held.hold(writes)
 
-    def _write_table(self, table: Any, partition: int, key: str, value: Any) -> None:
-        """``table[key] = value`` and its changelog record, as Faust's ``send_changelog``
-        would write it, but through the confluent producer (acknowledged like the outputs)."""
-        table.data[key] = value
-        self._send(table.changelog_topic.get_topic_name(), _CHANGELOG_CODEC.dumps(key),
-                   _CHANGELOG_CODEC.dumps(value), partition)
+    def _produce_states(self, upto: int | None) -> None:
+        """The held changelog records, as Faust's ``send_changelog`` would write them, but
+        through the confluent producer (acknowledged like the outputs)."""
+        for w in self._held.release(upto):
+            self._send(w.table.changelog_topic.get_topic_name(), _CHANGELOG_CODEC.dumps(w.key),
+                       _CHANGELOG_CODEC.dumps(w.value), w.partition)
 
     async def _gate_batch(self, events: Any, table: Any) -> None:
         t0 = time.perf_counter()
