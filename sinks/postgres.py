@@ -21,6 +21,7 @@ insert met a stored row. The statement was about a third of PostgreSQL's CPU per
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import logging
 import threading
@@ -33,7 +34,6 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
-    KafkaError,
     KafkaException,
     Message,
     TopicPartition,
@@ -47,6 +47,7 @@ from postbacks.db.migrate import ensure_attempt_partitions
 from postbacks.errors import DeadLetterError, InvalidRecord, ServiceUnavailable
 from postbacks.ids import new_id
 from postbacks.kafka.clients import check_broker, make_consumer, records
+from postbacks.kafka.leaders import until_leader_known
 from postbacks.kafka.watchdog import subscribe_watched
 from postbacks.metrics import SINK_ROWS, SINK_WAITING, STAGE_RECORDS
 from postbacks.settings import Settings
@@ -61,9 +62,7 @@ __all__ = ["PostgresSink", "run_sink"]
 log = logging.getLogger(__name__)
 
 GROUP = "postbacks-sink"
-# what a partition created a moment ago answers until its leader is known to this client
-_NO_LEADER_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                  KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION)
+
 
 class PostgresSink:
     """``add()`` decoded rows, ``flush()`` them with the offsets in one transaction."""
@@ -197,23 +196,19 @@ class PostgresSink:
             if not all((self.settings.topic(t.base), tp.partition) in given
                        for t in (TOPICS.attempts, TOPICS.outcomes)):
                 continue
-            for attempt in range(5):  # a partition just created may have no leader yet
-                try:
-                    got = consumer.get_watermark_offsets(
-                        TopicPartition(tp.topic, tp.partition), timeout=5, cached=False)
-                except KafkaException as exc:
-                    err = exc.args[0] if exc.args else None
-                    if isinstance(err, KafkaError) and attempt < 4 and (
-                            err.retriable() or err.code() in _NO_LEADER_YET):
-                        time.sleep(0.5)
-                        consumer.list_topics(tp.topic, timeout=5)  # its metadata, again
-                        continue
-                    log.warning("sink: end of %s [%d] unknown (%s); its rows are all "
-                                "projected", tp.topic, tp.partition, exc)
-                    break
-                if got is not None:
-                    self._waiting.final_from((tp.topic, tp.partition), got[1])
-                break
+            part = TopicPartition(tp.topic, tp.partition)
+            try:  # a partition just created may have no leader yet
+                got = until_leader_known(
+                    consumer, [tp.topic],
+                    functools.partial(consumer.get_watermark_offsets, part, timeout=5,
+                                      cached=False),
+                    deadline_s=2.5)
+            except KafkaException as exc:
+                log.warning("sink: end of %s [%d] unknown (%s); its rows are all "
+                            "projected", tp.topic, tp.partition, exc)
+                continue
+            if got is not None:
+                self._waiting.final_from((tp.topic, tp.partition), got[1])
 
     def ends_wanted(self) -> bool:
         """Whether the partitions' ends must be read again (ids were forgotten)."""

@@ -5,47 +5,16 @@ producers (its last offsets are commit markers, never delivered) does not hang t
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from postbacks.kafka.leaders import until_leader_known
 from postbacks.settings import Settings
 
-__all__ = ["read_time_range"]
+__all__ = ["OFFSETS_DEADLINE_S", "read_time_range"]
 
-# Codes a ListOffsets answers while leadership settles. librdkafka does not mark them
-# retriable on the error offsets_for_times raises, so they are named here.
-_TRANSIENT = frozenset({
-    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.FENCED_LEADER_EPOCH,
-    KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.OFFSET_NOT_AVAILABLE,
-    KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
-})
-
-
-def _offsets_for_times(c: Consumer, parts: list[TopicPartition],
-                       deadline_s: float = 60.0) -> list[TopicPartition]:
-    """``offsets_for_times``, retried while the error is retriable and ``deadline_s`` has
-    not passed. A topic just created, or a leader just moved, answers
-    NOT_LEADER_FOR_PARTITION until the broker and the client's metadata agree; each retry
-    refreshes the client's metadata for the topic first."""
-    deadline = time.monotonic() + deadline_s
-    delay = 0.2
-    while True:
-        try:
-            return list(c.offsets_for_times(parts, timeout=10))
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            retriable = isinstance(err, KafkaError) and (
-                err.retriable() or err.code() in _TRANSIENT)
-            if not retriable or time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
-            for topic in {tp.topic for tp in parts}:
-                c.list_topics(topic, timeout=10)
-
+OFFSETS_DEADLINE_S = 60.0  # for the start offsets of a topic whose leaders are settling
 
 def read_time_range(settings: Settings, topic: str, since: int, until: int, *,
                     group_id: str) -> Iterator[Message]:
@@ -59,8 +28,10 @@ def read_time_range(settings: Settings, topic: str, since: int, until: int, *,
         meta = c.list_topics(topic, timeout=10).topics[topic]
         if meta.error is not None:
             raise ValueError(f"topic {topic}: {meta.error}")
-        starts = _offsets_for_times(c, [TopicPartition(topic, p, since)
-                                        for p in meta.partitions])
+        wanted = [TopicPartition(topic, p, since) for p in meta.partitions]
+        starts = until_leader_known(c, [topic],
+                                    lambda: list(c.offsets_for_times(wanted, timeout=10)),
+                                    OFFSETS_DEADLINE_S)
         ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
                 for p in meta.partitions}
         todo = [tp for tp in starts if 0 <= tp.offset < ends[tp.partition]]
