@@ -46,15 +46,25 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import containment_core as core
-from bench.containment_feed import Feed, arm, close_global, global_state, progress
+from bench.containment_feed import (
+    Feed,
+    arm,
+    close_global,
+    global_state,
+    progress,
+    wait_watermark,
+    watermark_reader,
+)
 from bench.containment_plan import MIN_MS, Placed, place, select, tally, trip_minute
 from bench.harness import ROOT, cleanup, env_for, fresh, scratch_database, stop_on_signals
+from postbacks.core.anomaly.rolling import DEFAULT_SPANS
 from postbacks.settings import Settings, load_settings
 from postbacks.tools.procs import Stack, wait_for
 
@@ -76,6 +86,7 @@ class Run:
         self.eps = [f"ep_{s.instance_id}_{i}" for i in range(args.apps)]
         self.feed = Feed(s)
         self.cursor = 0  # next normal minute to send
+        self.watermark: Callable[[], int | None] = lambda: None  # the gate's, once it runs
         self.rng = random.Random(seed * 7919 + 1)
 
     def _keep(self, m: int, idx: list[int], pool: list[int], pool_ep: list[int]) -> None:
@@ -148,9 +159,15 @@ class Run:
         if tripped:
             self.normal_until(first + fed + a.held_min)
             self.feed.wait()
+            # The cohort out of every span in the roll-up, not only out of the gate: a
+            # close while the roll-up's spans still hold the cohort trips on it again.
+            gone = self.t0 + (first + fed + max(DEFAULT_SPANS) + 1) * MIN_MS
+            caught_up = wait_watermark(self.watermark, gone)
             close_global(self.s)
             time.sleep(a.settle_s + 2)
             self.feed.first_global_hold = None
+        else:
+            caught_up = None
         halted_normal = len(self.feed.normal_held) - held_before
         self.closed_at = self.cursor
         t = tally(sent, self.feed.cohort, total, unsent_open)
@@ -161,6 +178,7 @@ class Run:
                "endpoints": len(members) if sh.excess else 0, "campaigns": len(campaigns),
                "endpoint_excess_pct": 100 * sh.excess / share if sh.excess else 0.0,
                "normal_held_while_halted": halted_normal, "reason": reason,
+               "roll_up_past_cohort_at_close": caught_up,
                "paced_s": round(paced_s, 1)}
         progress(f"  {sh.name}: trip {trip} min, retro held {t.retro_held_pct}, "
                  f"dispatched {t.dispatched_pct:.2f}% ({fed} min paced in {paced_s:.0f} s)")
@@ -183,6 +201,7 @@ def run_seed(seed: int, args: argparse.Namespace, base: Settings, plan: list[Pla
         try:
             with Stack(env, log_dir) as stack:
                 stack.start("gate", "gate")
+                run.watermark = watermark_reader(stack.procs["gate"].log_path)
                 wait_for(lambda: "gate running" in stack.procs["gate"].tail(400), 90,
                          what="the gate")
                 run.normal_until(hist_end)
@@ -261,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "time); run under flock /tmp/postbacks-bench.lock.")
     ap.add_argument("--seed", type=int, default=1, help="first seed")
     ap.add_argument("--seeds", type=int, default=3, help="how many seeds from --seed")
-    ap.add_argument("--weeks", type=int, default=2, help="weeks of history before the shapes")
+    ap.add_argument("--weeks", type=int, default=4, help="weeks of history before the shapes")
     core.traffic_args(ap, apps=120, rate=40.0)
     ap.add_argument("--shapes", default="6h,control",
                     help="comma-separated name prefixes (6h, 40h, 6h+50%%, control, all)")

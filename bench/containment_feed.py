@@ -8,9 +8,12 @@ Delivery ids carry what a delivery is: ``dlv_n<minute>_<i>`` normal traffic,
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer
@@ -20,6 +23,7 @@ from postbacks.codec import codec_for
 from postbacks.db.anomaly import close_halt, set_mode
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
+from postbacks.tools.procs import metrics_page
 from streams.anomaly_gate.admin import publish_state
 from tests.unit.factories import make_conversion, make_delivery
 from topics import TOPICS
@@ -48,6 +52,29 @@ def global_state(s: Settings) -> tuple[str, str | None]:
                            " scope = 'global' AND scope_key = %s AND detector = 'value_rate'",
                            (s.anomaly_global_key,)).fetchone()
     return ("closed", None) if row is None else (row[0], row[1])
+
+
+def watermark_reader(gate_log: Path) -> Callable[[], int | None]:
+    """Reads the gate's ``postbacks_anomaly_global_watermark_seconds`` (ms; None unset)."""
+    def read() -> int | None:
+        page = metrics_page(gate_log)
+        got = re.search(r"^postbacks_anomaly_global_watermark_seconds (\S+)$", page or "", re.M)
+        return None if got is None or float(got.group(1)) <= 0 else int(float(got.group(1)) * 1000)
+    return read
+
+
+def wait_watermark(read: Callable[[], int | None], at_least_ms: int,
+                   timeout: float = 120.0) -> bool:
+    """Until the global roll-up's watermark is at ``at_least_ms`` or later (bounded)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = read()
+        if got is not None and got >= at_least_ms:
+            return True
+        time.sleep(0.2)
+    progress(f"  the global roll-up did not reach {at_least_ms} within {timeout:.0f} s "
+             f"(at {read()})")
+    return False
 
 
 def close_global(s: Settings) -> None:

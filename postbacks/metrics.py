@@ -18,6 +18,7 @@ from postbacks.metrics_local import LocalCounter, LocalHistogram
 
 __all__ = [
     "ANOMALY_BASELINE",
+    "ANOMALY_GLOBAL_WATERMARK",
     "ANOMALY_SIGNALS",
     "ANOMALY_SPAN_EXPECTED",
     "ANOMALY_SPAN_OBSERVED",
@@ -179,6 +180,11 @@ GATE_AGGREGATOR = Gauge(
     "postbacks_gate_aggregator",
     "1 in the gate instance that owns anomaly.partials.v1 and runs the global roll-up, 0 in"
     " the others (the sum over instances is 1 once the group is stable)")
+ANOMALY_GLOBAL_WATERMARK = Gauge(
+    "postbacks_anomaly_global_watermark_seconds",
+    "Event time (epoch seconds) of the global roll-up's open minute: the payout of every"
+    " earlier minute is complete in its rolling state (every active partition has moved"
+    " past it). Set in the aggregator instance only")
 HALTED_SCOPES = Gauge("postbacks_anomaly_halted_scopes", "Scopes currently tripped", ["scope"])
 HELD_DEPTH = Gauge("webhook_held_depth", "Deliveries currently held")
 HELD_OLDEST_AGE = Gauge("webhook_held_oldest_age_seconds",

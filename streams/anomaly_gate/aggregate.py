@@ -39,6 +39,7 @@ from postbacks.core.anomaly.rolling import add as rolling_add
 from postbacks.core.anomaly.rolling_codec import from_dict, to_dict
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import (
+    ANOMALY_GLOBAL_WATERMARK,
     ANOMALY_SIGNALS,
     ANOMALY_SPAN_EXPECTED,
     ANOMALY_SPAN_OBSERVED,
@@ -88,6 +89,8 @@ def owns(assigned: Any, partials_topic: str, was: bool | None) -> bool:
     now = any(tp.topic == partials_topic for tp in assigned)
     if now != was:
         GATE_AGGREGATOR.set(1 if now else 0)
+        if not now:
+            ANOMALY_GLOBAL_WATERMARK.set(0)  # another instance's figure from now on
         log.info("global aggregator: %s", "this instance runs the global roll-up" if now
                  else "the global roll-up runs in another instance")
     return now
@@ -136,6 +139,12 @@ class GlobalAggregator:
         self._signalled: int | None = None
         self._dirty = False
         self.last: RollingResult | None = None
+        # Re-armed from a close: spans judge only minutes from ``since`` (the newest minute
+        # known when the close was seen), so a halt closed while its incident is still in a
+        # span does not trip on the same money again. ``halted`` is persisted so an instance
+        # taking over mid-halt re-arms at the close too.
+        self.halted = False
+        self.since: int | None = None
 
     def forget(self) -> None:
         self.loaded = False
@@ -146,6 +155,7 @@ class GlobalAggregator:
         raw = get(GLOBAL_ROLL)
         self.state, self.offset, self.parts, self.windows = empty(), NOTHING, {}, {}
         self._first_sent = None
+        self.halted, self.since = False, None
         if raw is not None:
             try:
                 if not isinstance(raw, dict) or type(raw.get("o")) is not int:
@@ -156,6 +166,9 @@ class GlobalAggregator:
                 self.windows = {w: (t, c) for w, t, c in _ints(raw.get("wins", ""), 3, "wins")}
                 first = raw.get("first")
                 self._first_sent = first if type(first) is int else None
+                since = raw.get("since")
+                self.since = since if type(since) is int else None
+                self.halted = raw.get("halted") is True
                 self.offset = raw["o"]
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("unreadable global state (%s): starting it afresh", exc)
@@ -207,6 +220,7 @@ class GlobalAggregator:
         trip = self._evaluate()
         if trip is not None:
             self.halts.trip_now(trip, now_ms)
+            self.halted = True
             return [trip]
         return []
 
@@ -225,6 +239,7 @@ class GlobalAggregator:
             s = rolling_add(s, w, total, count)
         if s.minute is not None:
             s = advance(s, watermark // MINUTE_MS)
+            ANOMALY_GLOBAL_WATERMARK.set((s.minute or 0) * MINUTE_MS / 1000)
         self.state = s
 
     def _evaluate(self) -> Trip | None:
@@ -232,11 +247,12 @@ class GlobalAggregator:
         if mode is Mode.OFF:
             self.last = None
             return None
+        self._rearm()
         s = self.state
         for w in sorted(self.windows)[:SCORED_OPEN_MINUTES]:  # as far as they are known
             total, count = self.windows[w]
             s = rolling_add(s, w, total, count)
-        r = self.last = evaluate(s, self.config.global_rolling)
+        r = self.last = evaluate(s, self.config.global_rolling, since_minute=self.since)
         self._gauges(r)
         if not isinstance(r, RollingOver):
             return None
@@ -249,6 +265,20 @@ class GlobalAggregator:
                         r.over.expected_micros, r.window_start_ms, describe(r))
         return None
 
+    def _rearm(self) -> None:
+        """A tripped -> closed seen since the last batch: judge from the newest minute."""
+        halted = self.halts.halts.get(GLOBAL_SCOPE) is HaltState.TRIPPED
+        if halted == self.halted:
+            return
+        self.halted = halted
+        if not halted:
+            newest = max(self.windows, default=None)
+            m = newest // MINUTE_MS if newest is not None else self.state.minute
+            if m is not None:
+                self.since = m
+                log.warning("global halt closed: the rolling spans judge from event time"
+                            " %s (epoch ms) on", m * MINUTE_MS)
+
     def take_writes(self) -> list[tuple[str, Value]]:
         """The table write for the state changed since the last call (before a commit)."""
         if not self._dirty or not self.loaded:
@@ -258,7 +288,8 @@ class GlobalAggregator:
         wins = ";".join(f"{w}:{t}:{c}" for w, (t, c) in sorted(self.windows.items()))
         self._dirty = False
         return [(GLOBAL_ROLL, {"s": to_dict(self.state), "o": self.offset, "parts": parts,
-                               "wins": wins, "first": self._first_sent})]
+                               "wins": wins, "first": self._first_sent,
+                               "since": self.since, "halted": self.halted})]
 
     def _gauges(self, r: RollingResult) -> None:
         if not isinstance(r, RollingOver | RollingWithin):

@@ -21,7 +21,7 @@ from streams.anomaly_gate.aggregate import (
     UNHEARD_GRACE_MS,
     GlobalAggregator,
 )
-from streams.anomaly_gate.config import HaltBook, build_config
+from streams.anomaly_gate.config import HaltBook, StateChange, build_config
 
 GKEY = "unit-global"
 MIN = 60_000
@@ -240,3 +240,70 @@ def test_a_surge_read_from_a_backlog_with_partitions_far_apart_trips() -> None:
     assert len(tripped) == 1
     start = (tripped[0].window_start_ms - T0) // MIN
     assert surge.start - 60 <= start <= surge.start + 10, start
+
+
+def _close(a: Agg, at: int = NOW + 1) -> None:
+    a.agg.halts.apply(StateChange(GLOBAL_SCOPE, "value_rate", HaltState.CLOSED, at))
+
+
+def _tripped_by_a_surge(a: Agg) -> int:
+    """History, an hour more, then +200 % for 5 minutes (it trips); the next minute."""
+    w = _history(a)
+    a.feed(*(partial(0, w + m * MIN, 10 * USD, 10) for m in range(61)))
+    w += 61 * MIN
+    trips = [t for m in range(5) for t in a.feed(partial(0, w + m * MIN, 30 * USD, 30))]
+    assert len(trips) == 1
+    return w + 5 * MIN
+
+
+def test_a_closed_halt_does_not_trip_again_on_the_minutes_it_was_closed_over() -> None:
+    """Closed while the surge is still inside the 15- and 60-min spans: normal minutes
+    after the close do not trip again; the spans judge from the close on."""
+    a = Agg(row("enforce"))
+    w = _tripped_by_a_surge(a)
+    a.feed(partial(0, w, 10 * USD, 10))
+    _close(a)
+    for m in range(1, 20):
+        assert a.feed(partial(0, w + m * MIN, 10 * USD, 10)) == [], m
+    assert a.agg.since == (w + MIN) // MIN  # the newest minute of the batch that saw it
+    assert a.agg.halts.halts == {}
+    sixty = next(sc for sc in a.agg.last.scores if sc.span == 60)  # type: ignore[union-attr]
+    assert sixty.seen == 19  # from that minute to the open one
+
+
+def test_without_the_close_rule_the_same_minutes_would_trip_again() -> None:
+    """The control for the test above: the same minutes, scored with no ``since``, are over
+    (so the test above shows the rule, not a quiet stretch)."""
+    a = Agg(row("enforce"))
+    w = _tripped_by_a_surge(a)
+    a.feed(partial(0, w, 10 * USD, 10))
+    _close(a)
+    a.feed(partial(0, w + MIN, 10 * USD, 10))
+    a.agg.since = None
+    assert a.feed(partial(0, w + 2 * MIN, 10 * USD, 10)) != []
+
+
+def test_a_surge_after_the_close_trips_again() -> None:
+    a = Agg(row("enforce"))
+    w = _tripped_by_a_surge(a)
+    a.feed(partial(0, w, 10 * USD, 10))
+    _close(a)
+    a.feed(*(partial(0, w + m * MIN, 10 * USD, 10) for m in range(1, 3)))
+    trips = [t for m in range(3, 9)  # wall clock after the close, as it would be
+             for t in a.feed(partial(0, w + m * MIN, 40 * USD, 40), now=NOW + 2)]
+    assert len(trips) == 1 and trips[0].window_start_ms >= w
+
+
+def test_an_instance_taking_over_after_the_close_re_arms_at_it() -> None:
+    """The halt flag is in the table: an instance restored from it after the halt was
+    closed (it never saw the halt itself) still applies the close rule."""
+    a = Agg(row("enforce"))
+    w = _tripped_by_a_surge(a)
+    a.feed(partial(0, w, 10 * USD, 10))
+    assert a.store[GLOBAL_ROLL]["halted"] is True
+    b = Agg(row("enforce"), store=a.store)  # its halt book: closed
+    b.offset = a.offset
+    for m in range(1, 20):
+        assert b.feed(partial(0, w + m * MIN, 10 * USD, 10)) == [], m
+    assert b.agg.since == (w + MIN) // MIN
+    assert b.store[GLOBAL_ROLL]["halted"] is False

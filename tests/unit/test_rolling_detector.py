@@ -224,3 +224,21 @@ def test_malformed_state_is_refused(change: dict[str, object], message: str) -> 
     d = {**to_dict(s), **change}
     with pytest.raises(ValueError, match=message):
         from_dict(d)  # type: ignore[arg-type]
+
+
+def test_since_minute_keeps_every_span_from_reaching_back_before_it() -> None:
+    """A surge before ``since_minute`` (a halt closed after it) trips without the bound and
+    not with it; a span then covers only the minutes from ``since_minute``."""
+    s, first = cached_history(2)
+    m = first + 15 * 60
+    rng = random.Random(5)
+    for i in range(15):  # +300 % for 10 minutes, then 5 normal minutes
+        total, n = minute_of_traffic(rng, m + i, 100.0, 1.0, 3.0 if i < 10 else 0.0)
+        s = add(s, (m + i) * MINUTE_MS, total, n)
+    open_minute = m + 14
+    assert isinstance(evaluate(s, GLOBAL_ROLLING), RollingOver)
+    bounded = evaluate(s, GLOBAL_ROLLING, since_minute=m + 12)
+    assert isinstance(bounded, RollingWithin)
+    assert {sc.span: sc.seen for sc in bounded.scores} == {5: 3, 15: 3, 60: 3}
+    assert evaluate(s, GLOBAL_ROLLING, since_minute=open_minute + 1) is NO_PROFILE
+    assert evaluate(s, GLOBAL_ROLLING, since_minute=m - 100) == evaluate(s, GLOBAL_ROLLING)

@@ -309,9 +309,11 @@ def _z(o: float, e: float, v: float) -> float:
 
 
 def _score(s: RollingState, span: int, frac: float, opens: tuple[float, float, float, float],
-           levels: tuple[float, float, float, float], inflate: float) -> SpanScore | None:
-    """``levels``: (value level, value cv2, count level, count cv2)."""
-    n = min(span - 1, len(s.obs))
+           levels: tuple[float, float, float, float], inflate: float,
+           usable: int) -> SpanScore | None:
+    """``levels``: (value level, value cv2, count level, count cv2); ``usable``: closed
+    minutes the span may cover at most."""
+    n = min(span - 1, len(s.obs), usable)
     e_open, v_open, ce_open, cv_open = opens
     lv, cv2, lc, ccv2 = levels
     e = math.fsum(s.exp[-n:]) + e_open * frac if n else e_open * frac
@@ -331,16 +333,19 @@ def _score(s: RollingState, span: int, frac: float, opens: tuple[float, float, f
     return SpanScore(span, n + 1, o, e, math.sqrt(v), _z(oc, e, v), co, ce, cz)
 
 
-def evaluate(s: RollingState, th: RollingThresholds,
-             now_ms: int | None = None) -> RollingResult:
+def evaluate(s: RollingState, th: RollingThresholds, now_ms: int | None = None,
+             since_minute: int | None = None) -> RollingResult:
     """Score every span ending at the open minute, as of ``now_ms`` (event time).
 
     ``now_ms`` inside the open minute counts that minute's expectation pro rata (at its
     start, nothing is expected of it yet); None or later counts the whole minute.
+    ``since_minute``: no span reaches back before this minute (a span covering less is a
+    partial window); an open minute before it is not judged at all (no profile).
     """
     minute = s.minute
-    if minute is None:
+    if minute is None or (since_minute is not None and minute < since_minute):
         return NO_PROFILE
+    usable = len(s.obs) if since_minute is None else minute - since_minute
     frac = 1.0
     if now_ms is not None:
         frac = min(1.0, max(0.0, (now_ms - minute * MINUTE_MS) / MINUTE_MS))
@@ -357,7 +362,7 @@ def evaluate(s: RollingState, th: RollingThresholds,
     scores = []
     over: SpanScore | None = None
     for span in s.policy.spans:
-        sc = _score(s, span, frac, opens, levels, inflate)
+        sc = _score(s, span, frac, opens, levels, inflate, usable)
         if sc is None:
             continue
         scores.append(sc)
