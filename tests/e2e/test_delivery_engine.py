@@ -51,7 +51,11 @@ def test_breaker_opens_quarantines_without_attempts_then_probe_and_ramp(h: Harne
     wait_for(lambda: h.scalar("SELECT count(*) FROM delivery_outcomes WHERE endpoint_id = %s"
                               " AND kind = 'quarantined'", (ep,)) == 5, 60,
              what="5 quarantined outcomes")
-    failed = h.scalar("SELECT count(*) FROM delivery_attempts WHERE endpoint_id = %s", (ep,))
+    # the sink writes attempts and outcomes from their own topics: the attempts may land
+    # after the outcomes (CI: 5 quarantined outcomes on record, 0 of the 20 attempts yet)
+    attempts = "SELECT count(*) FROM delivery_attempts WHERE endpoint_id = %s"
+    wait_for(lambda: h.scalar(attempts, (ep,)) >= 20, 30, what="the 20 failed attempts")
+    failed = h.scalar(attempts, (ep,))
     assert failed == 20  # concurrency 1: exactly the threshold, then no attempt consumed
     h.script(ep, statuses=[200])
     # after the open period the relay brings the 5 back: one probe closes it, then the ramp
