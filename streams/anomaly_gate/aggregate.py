@@ -139,10 +139,10 @@ class GlobalAggregator:
         self._signalled: int | None = None
         self._dirty = False
         self.last: RollingResult | None = None
-        # Re-armed from a close: spans judge only minutes from ``since`` (the newest minute
-        # known when the close was seen), so a halt closed while its incident is still in a
-        # span does not trip on the same money again. ``halted`` is persisted so an instance
-        # taking over mid-halt re-arms at the close too.
+        # Re-armed from a close: spans judge only minutes from ``since`` (the minute after
+        # the newest one known when the close was seen), so a halt closed while its
+        # incident is still in a span does not trip on the same money again. ``halted`` is
+        # persisted so an instance taking over mid-halt re-arms at the close too.
         self.halted = False
         self.since: int | None = None
 
@@ -266,7 +266,9 @@ class GlobalAggregator:
         return None
 
     def _rearm(self) -> None:
-        """A tripped -> closed seen since the last batch: judge from the newest minute."""
+        """A tripped -> closed seen since the last batch: judge from the minute after the
+        newest one known (that minute holds money from before the close: the incident's,
+        when it is closed the moment the incident ends)."""
         halted = self.halts.halts.get(GLOBAL_SCOPE) is HaltState.TRIPPED
         if halted == self.halted:
             return
@@ -275,9 +277,9 @@ class GlobalAggregator:
             newest = max(self.windows, default=None)
             m = newest // MINUTE_MS if newest is not None else self.state.minute
             if m is not None:
-                self.since = m
+                self.since = m + 1
                 log.warning("global halt closed: the rolling spans judge from event time"
-                            " %s (epoch ms) on", m * MINUTE_MS)
+                            " %s (epoch ms) on", self.since * MINUTE_MS)
 
     def take_writes(self) -> list[tuple[str, Value]]:
         """The table write for the state changed since the last call (before a commit)."""

@@ -12,12 +12,18 @@ history and normal minutes trip nothing.
 With two gate instances, killing (-9) the one that runs the global roll-up in the middle of
 the surge moves the roll-up to the other with its state (the ``gate-global`` changelog and
 the per-partition partials), and the global scope still trips within minutes of event time.
+
+Closed through ``postbacks anomaly close`` while the surge still fills every span, the
+scope trips nothing on the normal minutes after the close (the spans judge from the close
+on), and a new surge after them trips again.
 """
 
 from __future__ import annotations
 
 import re
 import time
+
+import pytest
 
 from postbacks.core.anomaly.baseline import empty as hourly_empty
 from postbacks.core.anomaly.detectors import Over, RateThresholds, observe
@@ -26,6 +32,7 @@ from postbacks.db.connect import connect
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
 from tests.e2e.gate_util import GateFeed
+from tests.integration.anomaly_helpers import run_cli
 
 MIN = 60_000
 HOUR = 60 * MIN
@@ -78,10 +85,14 @@ class Run:
         before_surge = _global(self.settings)
         assert before_surge is not None and before_surge[0] == "closed", before_surge
 
-    def minute(self, minute: int, timeout: float = 60) -> bool:
-        """Send the surge's events of ``minute`` of the hour; whether the scope tripped."""
+    def minute(self, minute: int, timeout: float = 60, surge_from: int = 50,
+               normal: bool = False) -> bool:
+        """Send the events of ``minute`` (from the surge hour's start): the surge that began
+        at minute ``surge_from``, or normal traffic; whether the scope is tripped after."""
         start = self.surge_hour + minute * MIN
-        for at in range(self.surge_hour + 50 * MIN, start + MIN, SURGE_STEP_MS):
+        first, step = (start, 10_000) if normal else (self.surge_hour + surge_from * MIN,
+                                                      SURGE_STEP_MS)
+        for at in range(first, start + MIN, step):
             if at >= start:
                 self.send(at)
         self.feed.wait_outputs(self.n, timeout=timeout)
@@ -176,3 +187,52 @@ def test_the_aggregator_killed_mid_surge_and_the_global_scope_still_trips(
     assert re.search(r"global rolling detector over its thresholds: \d+-min span", log), \
         log[-2000:]
     assert _aggregator(stack, (survivor,)) == survivor
+
+
+def test_a_closed_halt_judges_anew_no_retrip_on_its_own_surge_but_on_a_new_one(
+        settings: Settings, stack: Stack, namespace: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The halt is closed while the surge's minutes still fill the 5-, 15- and 60-minute
+    spans: normal minutes after the close trip nothing (the spans judge from the close on),
+    and a new surge after them trips again, from a span that starts after the close."""
+    run = Run(settings, namespace)
+    stack.start("gate", "gate")
+    gate = stack.procs["gate"]
+    wait_for(lambda: "gate running" in gate.tail(400), 60, what="the gate")
+    run.history_through()
+    tripped_at = next((m for m in range(50, 70) if run.minute(m)), None)
+    assert tripped_at is not None, "the global scope never tripped"
+    closed_after = tripped_at + 6  # the surge goes on, held: it fills the 15-min span
+    for m in range(tripped_at + 1, closed_after + 1):
+        run.minute(m)
+    held = len(run.feed.held())
+    assert held >= 6 * 14
+
+    assert run_cli(monkeypatch, settings, "anomaly", "close", "--scope", "global",
+                   "--detector", "value_rate", "--actor", "carol",
+                   "--note", "the surge was a test") == 0
+    wait_for(lambda: re.search(r"halt global/\S+ value_rate is now closed", gate.tail(400)),
+             30, what="the gate reading the close")
+    dispatched = run.feed.dispatched_count()
+    normal = range(closed_after + 1, closed_after + 8)
+    for m in normal:  # the 15-min span holds 11 surge minutes at the first of these
+        assert run.minute(m, normal=True) is False, f"re-tripped after normal minute {m}"
+    assert len(run.feed.held()) == held, "a normal minute after the close was held"
+    assert run.feed.dispatched_count() == dispatched + 6 * len(normal)
+    since = re.search(r"global halt closed: the rolling spans judge from event time (\d+)",
+                      gate.tail(2000))
+    assert since is not None, gate.tail(2000)[-2000:]
+    # the minute after the newest the roll-up knew when it saw the close
+    assert (run.surge_hour + (closed_after + 1) * MIN <= int(since.group(1))
+            <= run.surge_hour + (closed_after + 2) * MIN), since.group(1)
+
+    again = normal[-1] + 1
+    tripped_again = next((m for m in range(again, again + 10)
+                          if run.minute(m, surge_from=again)), None)
+    state = _global(settings)
+    print(f"\nclosed after minute {closed_after}; normal minutes {normal[0]}-{normal[-1]} "
+          f"tripped nothing; a new surge from minute {again} tripped after minute "
+          f"{tripped_again}: {state}")
+    assert tripped_again is not None, "a surge after the close never tripped"
+    assert tripped_again <= again + 5
+    assert run.span_start(state) >= int(since.group(1))

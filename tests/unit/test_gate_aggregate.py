@@ -265,10 +265,30 @@ def test_a_closed_halt_does_not_trip_again_on_the_minutes_it_was_closed_over() -
     _close(a)
     for m in range(1, 20):
         assert a.feed(partial(0, w + m * MIN, 10 * USD, 10)) == [], m
-    assert a.agg.since == (w + MIN) // MIN  # the newest minute of the batch that saw it
+    # the minute after the newest of the batch that saw it
+    assert a.agg.since == (w + MIN) // MIN + 1
     assert a.agg.halts.halts == {}
     sixty = next(sc for sc in a.agg.last.scores if sc.span == 60)  # type: ignore[union-attr]
-    assert sixty.seen == 19  # from that minute to the open one
+    assert sixty.seen == 18  # from that minute to the open one
+
+
+def test_a_halt_closed_the_moment_its_surge_ends_does_not_trip_on_its_last_minute() -> None:
+    """Closed while the newest minute known is still a surge minute (more of its money
+    arrives after the close): that minute is not judged again, the minutes after it are."""
+    a = Agg(row("enforce"))
+    end = _tripped_by_a_surge(a)  # the surge's last minute is end - MIN, still open
+    _close(a)
+    assert a.feed(partial(0, end - MIN, 70 * USD, 70)) == []  # $40 more, after the close
+    assert a.agg.since == end // MIN
+    for m in range(0, 20):
+        assert a.feed(partial(0, end + m * MIN, 10 * USD, 10)) == [], m
+
+    b = Agg(row("enforce"))  # the control: the same, judged from the surge's last minute
+    assert _tripped_by_a_surge(b) == end
+    _close(b)
+    assert b.feed(partial(0, end - MIN, 31 * USD, 31)) == []
+    b.agg.since = (end - MIN) // MIN
+    assert b.feed(partial(0, end - MIN, 70 * USD, 70)) != []
 
 
 def test_without_the_close_rule_the_same_minutes_would_trip_again() -> None:
@@ -305,5 +325,5 @@ def test_an_instance_taking_over_after_the_close_re_arms_at_it() -> None:
     b.offset = a.offset
     for m in range(1, 20):
         assert b.feed(partial(0, w + m * MIN, 10 * USD, 10)) == [], m
-    assert b.agg.since == (w + MIN) // MIN
+    assert b.agg.since == (w + MIN) // MIN + 1
     assert b.store[GLOBAL_ROLL]["halted"] is False
