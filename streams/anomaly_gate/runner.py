@@ -25,18 +25,21 @@ ms. A full (generation 2) garbage collection over Faust's and the libraries' sta
 objects took up to 90 ms; they are frozen after start-up (``gc.freeze``), so a full
 collection only walks what the gate allocated since.
 
-Transactional input is read committed (:func:`patch_faust_read_committed`: Faust reads
-uncommitted records unless it runs its own exactly_once).
+Transactional input is read committed (``faust_patches.patch_faust_read_committed``:
+Faust reads uncommitted records unless it runs its own exactly_once). Faust's fetch loop
+hands records to the streams without four tasks per record
+(``faust_patches.patch_faust_eager_deliver``).
 
-Offset commits over transactional input (faust-streaming 0.15 bug, patched here): a
+Offset commits over transactional input (faust-streaming 0.15 bug, patched in
+``faust_patches``): a
 transaction marker leaves a gap in the offsets the gate reads (fan-out writes
 ``deliveries.v1`` in transactions). Faust records the gap after read offset ``r`` up to
 the next record ``o`` as ``[r + 1, o]`` -- ``o`` included, though ``o`` is acked too -- and
 the duplicate ``o`` in its acked list ends the run of consecutive offsets it commits up
 to. Each commit then advanced one transaction per partition: behind fan-out at 2,000/s
 the committed offset fell ~1,000 records further behind every second (measured), and a
-restart would have decided all of them again. :func:`patch_faust_gaps` records the gap
-as ``[r + 1, o - 1]``; ``tests/e2e/test_anomaly_gate.py`` checks the commits keep up.
+restart would have decided all of them again. ``faust_patches.patch_faust_gaps`` records
+the gap as ``[r + 1, o - 1]``; ``tests/e2e/test_anomaly_gate.py`` checks the commits keep up.
 Upstream: faust-streaming/faust#606, robinhood/faust#625.
 """
 
@@ -65,6 +68,11 @@ from streams.anomaly_gate.aggregate import PARTIAL_WINDOW_MS, GlobalAggregator, 
 from streams.anomaly_gate.config import HaltBook
 from streams.anomaly_gate.control import ControlReader, TripWriter
 from streams.anomaly_gate.engine import BatchOut, GateEngine, In
+from streams.anomaly_gate.faust_patches import (
+    patch_faust_eager_deliver,
+    patch_faust_gaps,
+    patch_faust_read_committed,
+)
 from streams.anomaly_gate.refresh import Refresher
 from streams.anomaly_gate.stall import ProgressWatch
 from streams.anomaly_gate.startup import faust_settings, prepare
@@ -81,48 +89,9 @@ GROUP = GATE_APP  # the Faust app id: its consumer group, prefixed like a topic
 EP_TABLE, G_TABLE = "gate-endpoints", "gate-global"
 
 
-def patch_faust_gaps() -> None:
-    """Make Faust's gap record exclude the record after the gap (see the module docstring)."""
-    from faust.transport.consumer import Consumer as FaustConsumer
-
-    original = FaustConsumer._add_gap
-    if getattr(original, "postbacks_patched", False):
-        return
-
-    async def add_gap(self: Any, tp: Any, offset_from: int, offset_to: int) -> None:
-        if offset_to - 1 >= offset_from:  # offset_to is a record read (and acked) itself
-            await original(self, tp, offset_from, offset_to - 1)
-
-    add_gap.postbacks_patched = True  # type: ignore[attr-defined]
-    FaustConsumer._add_gap = add_gap  # type: ignore[method-assign]
-
-
-def patch_faust_read_committed() -> None:
-    """Make Faust's stream consumer read committed records only.
-
-    faust-streaming 0.15 reads ``read_uncommitted`` unless the app runs its own (broken)
-    exactly_once; fan-out writes deliveries.v1 in transactions, so the gate dispatched --
-    and counted into its baselines -- deliveries of transactions that were later aborted
-    (a fan-out crash mid-batch: the conversion is fanned out again, so the postback went
-    twice and its payout was counted twice; a conversion never committed was paid for).
-    aiokafka's fetcher takes the level from the consumer when it starts."""
-    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
-
-    original = AIOKafkaConsumerThread._create_worker_consumer
-    if getattr(original, "postbacks_patched", False):
-        return
-
-    def create(self: Any, transport: Any) -> Any:
-        consumer = original(self, transport)
-        consumer._isolation_level = "read_committed"
-        return consumer
-
-    create.postbacks_patched = True  # type: ignore[attr-defined]
-    AIOKafkaConsumerThread._create_worker_consumer = create  # type: ignore[method-assign]
-
-
 patch_faust_gaps()
 patch_faust_read_committed()
+patch_faust_eager_deliver()
 # The tables' changelog serializer (Faust's "json" codec for keys and values): records
 # produced with it are read back by Faust's table recovery exactly like its own.
 _CHANGELOG_CODEC = faust_codecs.get_codec("json")
