@@ -11,8 +11,9 @@
 stream's queue, and the wait gives up on it if a rebalance suspends the flow while the
 queue is full. ``mode``'s ``wait_first`` makes a task of each awaitable and of the
 service's stopped and crashed events, then ``asyncio.wait`` on the four: measured at
-37 µs a record on this 2-core host, against 0.1 µs to await the callback directly, where
-the gate spends about 300 µs a delivery in all. The patched ``wait_first`` first runs the
+37 µs a record on this 2-core host, against 0.1 µs to await the callback directly (the
+gate took 264-324 µs a delivery in all without this patch, 196-230 µs with it:
+docs/decisions/0004-faust-gate.md). The patched ``wait_first`` first runs the
 callback's coroutine up to its first suspension (as an eager task would). Almost always it
 finishes there, with the record on a queue that had room, and nothing else is needed. When
 it does suspend (a full queue), the rest of it runs as a task and Faust's own
