@@ -178,6 +178,11 @@ def _trip_episodes(state: RollingState, traffic: Traffic, first: int, last: int,
             continue
         r = evaluate(state, th)
         over = isinstance(r, RollingOver)
+        if peak is not None:
+            for x, arm in zip(state.policy.shifts, state.arms, strict=False):
+                key = f"cusum{x:g}"
+                if arm.s > peak.get(key, -math.inf):
+                    peak[key] = arm.s
         if peak is not None and not isinstance(r, NoProfile):
             for sc in r.scores:
                 for key, z in ((f"{sc.span}", sc.score), (f"c{sc.span}", sc.count_score)):
@@ -256,19 +261,24 @@ def run_shape(sh: Shape, snap: dict[str, int | float | str], traffic: Traffic, f
             "campaigns": 240}
 
 
+def _policy(args: argparse.Namespace) -> RollingPolicy:
+    return RollingPolicy(spans=args.spans, clip_sigmas=args.clip, shifts=args.shifts,
+                         allowance=args.allowance)
+
+
 def run_seed(seed: int, args: argparse.Namespace,
              th: RollingThresholds) -> dict[str, object]:
     t0 = time.perf_counter()
     tail = args.weeks * 7 * 1440
     eps = None
     if args.endpoints:
-        eps = Endpoints(ENDPOINT_ROLLING, RollingPolicy(spans=args.spans, clip_sigmas=args.clip),
+        eps = Endpoints(ENDPOINT_ROLLING, _policy(args),
                         START_MS, args.warmup * 7 * 1440, tail,
                         tuple(tail + h * 60 for _, h in STARTS))
     traffic = generate(args, seed, eps)
     t_gen = time.perf_counter() - t0
     peak: dict[str, float] = {}
-    policy = RollingPolicy(spans=args.spans, clip_sigmas=args.clip)
+    policy = _policy(args)
     state, episodes, minutes = _trip_episodes(empty(policy), traffic, 0, tail,
                                               traffic.normal_weeks_from, th, peak)
     control_state, c_eps, c_min = _trip_episodes(state, traffic, tail, len(traffic.minutes),
@@ -329,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="short-span allowance: k + skew / sqrt(span)")
     ap.add_argument("--count-skew", type=float, default=GLOBAL_ROLLING.count_skew)
     ap.add_argument("--multiple", type=float, default=GLOBAL_ROLLING.multiple)
+    ap.add_argument("--cusum-h", type=float, default=GLOBAL_ROLLING.cusum_h,
+                    help="a CUSUM arm of the count trips above this (inf: off)")
+    ap.add_argument("--shifts", type=lambda v: tuple(float(x) for x in v.split(",")),
+                    default=RollingPolicy().shifts, help="CUSUM arm shifts (0.25,0.5)")
+    ap.add_argument("--allowance", type=float, default=RollingPolicy().allowance)
     ap.add_argument("--floor-usd", type=float, default=GLOBAL_ROLLING.floor_micros / 1e6)
     ap.add_argument("--endpoints", action="store_true",
                     help="also run every endpoint's own detector (slow: minutes a seed)")
@@ -337,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     th = RollingThresholds(k=args.k, skew=args.skew, count_skew=args.count_skew,
                            multiple=args.multiple,
                            floor_micros=round(args.floor_usd * 1e6),
-                           cv_floor=GLOBAL_ROLLING.cv_floor, support_k=GLOBAL_ROLLING.support_k)
+                           cv_floor=GLOBAL_ROLLING.cv_floor, support_k=GLOBAL_ROLLING.support_k,
+                           cusum_h=args.cusum_h)
     t0 = time.perf_counter()
     runs = []
     for seed in range(args.seed, args.seed + args.seeds):
@@ -352,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['endpoint_control_false_trips']}", flush=True)
     print(f"\nglobal rolling detector: spans={args.spans} clip={args.clip} k={th.k} "
           f"skew={th.skew} count_skew={th.count_skew} "
-          f"multiple={th.multiple} "
+          f"multiple={th.multiple} cusum_h={th.cusum_h} "
+          f"shifts={args.shifts} allowance={args.allowance} "
           f"floor=${th.floor_micros / 1e6:g}; min/median/max over {len(runs)} seeds\n")
     print(f"{'shape':<18} {'trip min':>16} {'% before trip':>20} {'% dispatched':>20} "
           f"{'endpoints':>9} {'excess/endpoint':>16}"

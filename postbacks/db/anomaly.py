@@ -57,6 +57,7 @@ _PARAM_DETECTOR = {
     "multiple": Detector.VALUE_RATE,
     "floor_micros": Detector.VALUE_RATE,
     "k": Detector.VALUE_RATE,
+    "h": Detector.VALUE_RATE,
     "window_ms": Detector.RETRODATING,
 }
 _HELD_LOCK = 7_424_611_001  # pg advisory lock serialising held-cohort resolutions
@@ -130,13 +131,13 @@ def validate_params(detector: str, params: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in params.items():
         owner = _PARAM_DETECTOR.get(key)
         if owner is None:
-            raise ValueError(f"unknown param {key!r}: allowed are multiple, floor_micros, k "
+            raise ValueError(f"unknown param {key!r}: allowed are multiple, floor_micros, k, h "
                              "(value_rate) and window_ms (retrodating)")
         if owner != detector:
             raise ValueError(f"param {key!r} configures {owner.value}, not {detector}")
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"param {key!r} must be a number, not {value!r}")
-        if key in ("multiple", "k"):
+        if key in ("multiple", "k", "h"):
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{key} must be a finite number > 0, not {value!r}")
             out[key] = float(value)

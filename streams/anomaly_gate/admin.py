@@ -148,6 +148,8 @@ def set_mode_cmd(settings: Settings, args: argparse.Namespace) -> int:
         params["floor_micros"] = round(args.floor_usd * _MICROS_PER_USD)
     if args.k is not None:
         params["k"] = args.k
+    if args.h is not None:
+        params["h"] = args.h
     if args.window_days is not None:
         params["window_ms"] = round(args.window_days * _MS_PER_DAY)
     with connect(settings.database_url) as conn:
@@ -235,6 +237,9 @@ def add_parser(subparsers: Any) -> None:
     sp.add_argument("--k", type=float,
                     help="value_rate, global scope: the rolling detector's score threshold "
                     "(sigmas; `postbacks anomaly calibrate` recommends one)")
+    sp.add_argument("--h", type=float,
+                    help="value_rate, global scope: the CUSUM arms' threshold (log-likelihood"
+                    " ratio; `postbacks anomaly calibrate` recommends one)")
     sp.add_argument("--window-days", type=float,
                     help="retrodating: hold when created - completed exceeds this")
     sp.add_argument("--note", help="why (recorded in the audit log)")

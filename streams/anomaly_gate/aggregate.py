@@ -34,6 +34,7 @@ from postbacks.core.anomaly.rolling import (
     advance,
     empty,
     evaluate,
+    reset_arms,
 )
 from postbacks.core.anomaly.rolling import add as rolling_add
 from postbacks.core.anomaly.rolling_codec import from_dict, to_dict
@@ -99,6 +100,11 @@ def owns(assigned: Any, partials_topic: str, was: bool | None) -> bool:
 def describe(r: RollingOver) -> str:
     """Which span tripped, on what score: the trip's reason."""
     sc = r.over
+    if sc.arm:  # a CUSUM arm: its run is the window, its statistic the score
+        return (f"{sc.span}-min span (CUSUM {sc.arm} arm, log-likelihood ratio "
+                f"{sc.score:.1f}): payout {sc.observed_micros / 1e6:.2f} USD vs "
+                f"{sc.expected_micros / 1e6:.2f} expected, count {sc.observed_count} vs "
+                f"{sc.expected_count:.1f}")
     return (f"{sc.span}-min span ({sc.seen} min seen): payout {sc.observed_micros / 1e6:.2f}"
             f" USD vs {sc.expected_micros / 1e6:.2f} expected, score {sc.score:.1f}, count "
             f"{sc.observed_count} vs {sc.expected_count:.1f}, score {sc.count_score:.1f}")
@@ -278,6 +284,7 @@ class GlobalAggregator:
             m = newest // MINUTE_MS if newest is not None else self.state.minute
             if m is not None:
                 self.since = m + 1
+                self.state = reset_arms(self.state, self.since)
                 log.warning("global halt closed: the rolling spans judge from event time"
                             " %s (epoch ms) on", self.since * MINUTE_MS)
 

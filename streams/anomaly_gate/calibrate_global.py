@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from postbacks.cli_output import fail, print_json, print_table
-from postbacks.core.anomaly.recommend import Calibration, calibrate, recommend
+from postbacks.core.anomaly.recommend import MIN_H, Calibration, calibrate, recommend
 from postbacks.core.anomaly.rolling import RollingThresholds
 from postbacks.core.instants import InstantError, parse_instant
 from postbacks.settings import Settings
@@ -151,14 +151,16 @@ def _current(settings: Settings, offline: bool) -> tuple[RollingThresholds, str 
 
 
 def _report(cal: Calibration, title: str) -> None:
-    print(f"\n{title} (k={cal.thresholds.k:g}, multiple={cal.thresholds.multiple:g}, "
+    print(f"\n{title} (k={cal.thresholds.k:g}, h={cal.thresholds.cusum_h:g}, "
+          f"multiple={cal.thresholds.multiple:g}, "
           f"floor={cal.thresholds.floor_micros / 1e6:g} USD)")
     print_table(
         ["DAY", "MINUTES", "PAYOUT_USD", "CONVERSIONS", "TRIPS", "HELD", "HELD_USD",
-         "CLOSEST_K"],
+         "CLOSEST_K", "CLOSEST_H"],
         [[d.day, d.minutes, f"{d.payout_micros / 1e6:,.2f}", d.count, d.trips,
           d.held_count, f"{d.held_micros / 1e6:,.2f}",
-          "-" if d.closest is None else f"{d.closest:.2f}"] for d in cal.days.values()])
+          "-" if d.closest is None else f"{d.closest:.2f}",
+          "-" if d.closest_h is None else f"{d.closest_h:.2f}"] for d in cal.days.values()])
     print(f"first trip: {_iso(cal.first_trip_ms)}")
 
 
@@ -176,8 +178,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         return fail(args, "--from must be before --to", 2)
     if (inc_start is None) != (inc_end is None) or (inc_start or 0) > (inc_end or 0):
         return fail(args, "--incident-start and --incident-end go together, start first", 2)
-    if args.margin < 0:
-        return fail(args, "--margin must be >= 0", 2)
+    if args.margin < 0 or args.h_margin < 0:
+        return fail(args, "--margin and --h-margin must be >= 0", 2)
     if args.apply and not (args.actor and args.actor.strip()):
         return fail(args, "--apply needs --actor (who is making this change)", 2)
     t0 = time.perf_counter()
@@ -210,7 +212,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         return calibrate(_series(minutes), th, incident=incident, progress=tick)
 
     cal = scan(current, "current thresholds")
-    rec = recommend(cal, args.margin)
+    rec = recommend(cal, args.margin, h_margin=args.h_margin)
     again = scan(rec, "recommended k")
     print(f"history: {source}, {_iso(min(minutes) * 60_000)} .. "
           f"{_iso((max(minutes) + 1) * 60_000)}, {cal.minutes:,} minutes with payouts"
@@ -221,8 +223,14 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
           + ("none over the multiple and floor" if need is None else
              f"k {need.k:.2f} ({need.span}-min span, {need.channel}, minute ending "
              f"{_iso(need.at_ms)})"))
-    print(f"recommended: k {rec.k:g} (that + margin {args.margin:g}, at least 3); "
-          f"current k {current.k:g}")
+    need_h = cal.needed_h
+    print("highest CUSUM statistic outside the incident: "
+          + ("none over the multiple and floor" if need_h is None else
+             f"h {need_h.k:.2f} ({need_h.channel} arm, {need_h.span}-min run, minute ending "
+             f"{_iso(need_h.at_ms)})"))
+    print(f"recommended: k {rec.k:g} (that + margin {args.margin:g}, at least 3), h "
+          f"{rec.cusum_h:g} (that + margin {args.h_margin:g}, at least {MIN_H:g}); current "
+          f"k {current.k:g}, h {current.cusum_h:g}")
     print(f"with it: {again.trips_outside} trips outside the incident"
           + ("" if incident else f", {sum(d.held_count for d in again.days.values())} held"))
     if incident is not None:
@@ -234,6 +242,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     if args.json:
         print_json({"current": asdict(cal.thresholds), "recommended": asdict(rec),
                     "needed": None if need is None else asdict(need),
+                    "needed_h": None if need_h is None else asdict(need_h),
                     "days": [asdict(d) for d in cal.days.values()],
                     "incident_trip_ms": {"current": cal.incident_trip_ms,
                                          "recommended": again.incident_trip_ms}})
@@ -252,7 +261,7 @@ def _apply(settings: Settings, args: argparse.Namespace, rec: RollingThresholds,
         try:
             row = set_mode(conn, scope="global", scope_key=settings.anomaly_global_key,
                            detector="value_rate", mode=mode or "detect",
-                           params={"k": rec.k}, actor=args.actor,
+                           params={"k": rec.k, "h": rec.cusum_h}, actor=args.actor,
                            note=args.note or "postbacks anomaly calibrate --apply")
         except ValueError as exc:
             return fail(args, str(exc), 2)
@@ -278,8 +287,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--incident-end", help="its end")
     ap.add_argument("--margin", type=float, default=0.5,
                     help="sigmas added to the highest score (default 0.5)")
+    ap.add_argument("--h-margin", type=float, default=2.0,
+                    help="added to the highest CUSUM statistic (default 2: e^2, about 7 times"
+                    " the time between false trips)")
     ap.add_argument("--apply", action="store_true",
-                    help="write the recommended k to the global value_rate row (audited)")
+                    help="write the recommended k and h to the global value_rate row (audited)")
     ap.add_argument("--actor", help="who you are (with --apply)")
     ap.add_argument("--note", help="why (with --apply; recorded in the audit log)")
     ap.add_argument("--json", action="store_true", help="also print the report as JSON")

@@ -53,11 +53,14 @@ class StateChange:
 
 def _rolling(params: Mapping[str, Any], default: RollingThresholds) -> RollingThresholds:
     """The global row's ``multiple`` and ``floor_micros`` (and, in a hand-made row, ``k``
-    and ``skew``) over the rolling detector's defaults."""
+    and ``skew``; ``h``: the CUSUM arms' threshold) over the rolling detector's defaults."""
     try:
-        return replace(default, **{k: type(getattr(default, k))(params[k])
-                                   for k in ("multiple", "floor_micros", "k", "skew")
-                                   if k in params})
+        over: dict[str, Any] = {k: type(getattr(default, k))(params[k])
+                                for k in ("multiple", "floor_micros", "k", "skew")
+                                if k in params}
+        if "h" in params:
+            over["cusum_h"] = float(params["h"])
+        return replace(default, **over)
     except (TypeError, ValueError):
         return default
 

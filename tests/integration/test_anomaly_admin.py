@@ -52,6 +52,8 @@ def _trip(settings: Settings, key: str, **kw: Any) -> bool:
     ({"params": {"multiple": 0}}, "multiple must be a finite number > 0"),
     ({"params": {"multiple": float("nan")}}, "multiple must be a finite number > 0"),
     ({"params": {"multiple": True}}, "must be a number"),
+    ({"params": {"h": -3.0}}, "h must be a finite number > 0"),
+    ({"params": {"h": float("inf")}}, "h must be a finite number > 0"),
     ({"params": {"floor_micros": -1}}, "floor_micros must be >= 0"),
     ({"params": {"floor_micros": 1.5}}, "must be an integer"),
     ({"params": {"floor_micros": "5"}}, "must be a number"),

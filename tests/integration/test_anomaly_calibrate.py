@@ -87,7 +87,8 @@ def test_recommendation_applied_then_rerun_holds_nothing_and_the_incident_trips(
     assert rows > 200_000
     with connect(settings.database_url) as conn:
         set_mode(conn, scope="global", scope_key=settings.anomaly_global_key,
-                 detector="value_rate", mode="enforce", params={"k": 0.5}, actor="test")
+                 detector="value_rate", mode="enforce", params={"k": 0.5, "h": 1.0},
+                 actor="test")
         conn.commit()
     window = ["--from", _iso(since), "--to", _iso(until), "--quiet"]
     incident = ["--incident-start", _iso(surge[0]), "--incident-end", _iso(surge[1])]
@@ -100,8 +101,10 @@ def test_recommendation_applied_then_rerun_holds_nothing_and_the_incident_trips(
     assert report["current"]["k"] == 0.5
     assert sum(d["trips"] for d in report["days"]) > 0  # k 0.5 trips on noise
     assert sum(d["held_micros"] for d in report["days"]) > 0
-    rec_k = report["recommended"]["k"]
+    rec_k, rec_h = report["recommended"]["k"], report["recommended"]["cusum_h"]
     assert rec_k >= 3.0 and rec_k >= report["needed"]["k"] + 0.5 - 0.01
+    assert report["current"]["cusum_h"] == 1.0 and report["needed_h"] is not None
+    assert rec_h >= 8.0 and rec_h >= report["needed_h"]["k"] + 2.0 - 0.01
     assert "with it: 0 trips outside the incident" in out
     assert "(not applied" in out
     assert _global_k(settings) == 0.5  # nothing written without --apply
@@ -114,6 +117,7 @@ def test_recommendation_applied_then_rerun_holds_nothing_and_the_incident_trips(
     audit = audit_rows(settings, [f"global/{settings.anomaly_global_key}/value_rate"])
     assert audit[-1]["actor"] == "alice" and audit[-1]["note"] == "4 weeks"
     assert audit[-1]["after"]["params"]["k"] == rec_k
+    assert audit[-1]["after"]["params"]["h"] == rec_h
 
     # re-run on its own history with what was applied: nothing trips, nothing held outside
     # the incident, and the incident (x3 for 6 h) trips within minutes of its start
@@ -121,7 +125,7 @@ def test_recommendation_applied_then_rerun_holds_nothing_and_the_incident_trips(
                    "--json") == 0
     out = capsys.readouterr().out
     report = json.loads(out[out.index("\n{") + 1:out.rindex("}") + 1])
-    assert report["current"]["k"] == rec_k
+    assert (report["current"]["k"], report["current"]["cusum_h"]) == (rec_k, rec_h)
     before = [d for d in report["days"] if d["day"] < _iso(surge[0])[:10]]
     assert before and sum(d["trips"] + d["held_count"] for d in before) == 0
     tripped = report["incident_trip_ms"]["current"]

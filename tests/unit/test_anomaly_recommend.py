@@ -8,7 +8,14 @@ import random
 
 import pytest
 
-from postbacks.core.anomaly.recommend import MIN_K, calibrate, needed_k, recommend
+from postbacks.core.anomaly.recommend import (
+    MIN_H,
+    MIN_K,
+    calibrate,
+    needed_h,
+    needed_k,
+    recommend,
+)
 from postbacks.core.anomaly.rolling import GLOBAL_ROLLING, RollingThresholds, SpanScore
 
 USD = 1_000_000
@@ -55,7 +62,8 @@ def _history(weeks: int, rng: random.Random, surge: tuple[int, int, float] | Non
 
 def test_a_low_k_trips_on_noise_and_the_recommendation_trips_nothing() -> None:
     hist = _history(4, random.Random(7))
-    low = RollingThresholds(k=0.5, skew=0.0, multiple=1.05, floor_micros=5 * USD)
+    low = RollingThresholds(k=0.5, skew=0.0, multiple=1.05, floor_micros=5 * USD,
+                            cusum_h=0.5)
     cal = calibrate(hist, low)
     assert sum(d.trips for d in cal.days.values()) > 0
     assert cal.first_trip_ms is not None
@@ -65,6 +73,8 @@ def test_a_low_k_trips_on_noise_and_the_recommendation_trips_nothing() -> None:
     assert cal.needed is not None
     rec = recommend(cal, margin=0.5)
     assert rec.k >= max(MIN_K, cal.needed.k + 0.5) - 0.01
+    assert cal.needed_h is not None and cal.needed_h.channel.startswith("count +")
+    assert rec.cusum_h >= max(MIN_H, cal.needed_h.k + 2.0) - 0.01
     again = calibrate(hist, rec)
     assert sum(d.trips for d in again.days.values()) == again.trips_outside == 0
     assert sum(d.held_micros for d in again.days.values()) == 0
@@ -92,3 +102,18 @@ def test_the_margin_and_the_minimum() -> None:
     assert recommend(cal, margin=2.0).k >= recommend(cal, margin=0.0).k
     with pytest.raises(ValueError, match="margin"):
         recommend(cal, margin=-1)
+    with pytest.raises(ValueError, match="margin"):
+        recommend(cal, h_margin=-1)
+    assert recommend(cal, h_margin=0.0).cusum_h >= MIN_H
+
+
+@pytest.mark.parametrize(("sc", "want"), [
+    (SpanScore(9, 9, 200 * USD, 100 * USD, 10 * USD, 7.5, 0, 0.0, 7.5, "count +50%"), 7.5),
+    # at zero, under the multiple, under the floor, or without the value's support
+    (SpanScore(0, 0, 0, 0.0, 0.0, 0.0, 0, 0.0, 0.0, "count +50%"), None),
+    (SpanScore(9, 9, 105 * USD, 100 * USD, 1 * USD, 7.5, 0, 0.0, 7.5, "count +50%"), None),
+    (SpanScore(9, 9, 130 * USD, 100 * USD, 1 * USD, 7.5, 0, 0.0, 7.5, "count +50%"), None),
+    (SpanScore(9, 9, 200 * USD, 100 * USD, 60 * USD, 7.5, 0, 0.0, 7.5, "count +25%"), None),
+])
+def test_needed_h(sc: SpanScore, want: float | None) -> None:
+    assert needed_h(sc, GLOBAL_ROLLING) == want

@@ -154,6 +154,13 @@ def test_the_rows_multiple_and_floor_set_the_rolling_thresholds() -> None:
     assert cfg.global_rolling == GLOBAL_ROLLING
 
 
+def test_the_rows_h_sets_the_cusum_arms_threshold() -> None:
+    cfg, _ = build_config([row("enforce", {"k": 5.5, "h": 14.5})], GKEY)
+    assert (cfg.global_rolling.k, cfg.global_rolling.cusum_h) == (5.5, 14.5)
+    cfg, _ = build_config([row("enforce", {"h": "high"})], GKEY)
+    assert cfg.global_rolling == GLOBAL_ROLLING
+
+
 def test_a_restart_from_the_table_decides_exactly_as_an_uninterrupted_run() -> None:
     a, b = Agg(row("enforce")), Agg(row("enforce"))
     w = _history(a, weeks=1)

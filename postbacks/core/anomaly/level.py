@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, replace
 
 __all__ = ["LEVEL_TAU_MIN", "MIN_HOURS", "NO_LEVEL", "RESID_TAU_H", "Level", "age_out",
-           "close_hour", "current", "format_level", "in_hour", "parse_level"]
+           "close_hour", "current", "format_level", "in_hour", "learned", "parse_level"]
 
 LEVEL_TAU_MIN = 180.0
 RESID_TAU_H = 336.0
@@ -64,9 +64,14 @@ def in_hour(lv: Level, observed: float, expected: float, variance: float) -> Lev
                    h_var=lv.h_var + variance)
 
 
+def learned(lv: Level) -> bool:
+    """Whether the level is in force (enough hours scored; before that it is 1)."""
+    return lv.r_den >= MIN_HOURS and lv.b > 0
+
+
 def current(lv: Level, cv2: float) -> tuple[float, float]:
     """(level, remaining cv2): the multiplier of the expectation and its variation."""
-    if lv.r_den < MIN_HOURS or lv.b <= 0:
+    if not learned(lv):
         return 1.0, cv2
     noise = lv.v / (lv.b * lv.b)
     gain = cv2 / (cv2 + noise) if cv2 + noise > 0 else 0.0

@@ -31,13 +31,18 @@ from postbacks.core.anomaly.rolling import (
     RollingWithin,
     SpanScore,
     add,
+    arm_scores,
+    arm_trips,
     empty,
     evaluate,
+    reset_arms,
 )
 
-__all__ = ["Calibration", "DayRow", "Needed", "calibrate", "needed_k", "recommend"]
+__all__ = ["Calibration", "DayRow", "Needed", "calibrate", "needed_h", "needed_k",
+           "recommend"]
 
 MIN_K = 3.0  # the recommendation never goes below this many sigmas
+MIN_H = 8.0  # nor a CUSUM arm's h below this (e^8 minutes: about 2 years between false trips)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,7 @@ class DayRow:
     held_count: int = 0  # after the first trip (the scope halted, nobody closed it)
     held_micros: int = 0
     closest: float | None = None  # the highest needed k that day
+    closest_h: float | None = None  # the highest CUSUM statistic over the multiple and floor
 
 
 @dataclass
@@ -65,6 +71,7 @@ class Calibration:
     thresholds: RollingThresholds
     days: dict[str, DayRow] = field(default_factory=dict)
     needed: Needed | None = None  # the highest needed k outside the incident
+    needed_h: Needed | None = None  # the highest arm statistic outside it (``k``: that h)
     first_trip_ms: int | None = None  # end of the minute of the first trip
     incident_trip_ms: int | None = None  # the first trip inside the incident
     minutes: int = 0
@@ -90,6 +97,15 @@ def needed_k(sc: SpanScore, th: RollingThresholds) -> tuple[float, str] | None:
     return best
 
 
+def needed_h(sc: SpanScore, th: RollingThresholds) -> float | None:
+    """The ``h`` at or below which this arm trips (None: the run is at zero, under the
+    multiple or the floor, or a count arm without the value's support)."""
+    if sc.seen == 0:
+        return None
+    open_h = replace(th, cusum_h=1e-12)
+    return sc.score if arm_trips(sc, open_h) else None
+
+
 def calibrate(minutes: Iterable[tuple[int, int, int]], th: RollingThresholds,
               policy: RollingPolicy | None = None, incident: tuple[int, int] | None = None,
               progress: Callable[[int, int], None] | None = None,
@@ -101,7 +117,7 @@ def calibrate(minutes: Iterable[tuple[int, int, int]], th: RollingThresholds,
     out = Calibration(th)
     s: RollingState = empty(policy)
     tail_ms = (max(s.policy.spans) - 1) * MINUTE_MS
-    halted = False
+    halted = closed = False
     was_over = False
     for n, (minute, micros, count) in enumerate(minutes, 1):
         s = add(s, minute * MINUTE_MS, micros, count)  # the minute open, whole
@@ -118,12 +134,19 @@ def calibrate(minutes: Iterable[tuple[int, int, int]], th: RollingThresholds,
         row.count += count
         out.minutes += 1
         out.incident_minutes += inside
+        if incident is not None and at >= incident[1] and not closed:
+            s, closed = reset_arms(s, minute), True  # the incident's halt closed at its end
         r = evaluate(s, th)
         if not shadow and isinstance(r, RollingOver | RollingWithin):
             for sc in r.scores:
                 got = needed_k(sc, th)
                 if got is not None:
                     _note(out, row, Needed(got[0], end_ms, sc.span, got[1]))
+        if not inside:
+            for sc in arm_scores(s):
+                h = needed_h(sc, th)
+                if h is not None:
+                    _note_h(out, row, Needed(h, end_ms, sc.span, sc.arm))
         over = isinstance(r, RollingOver)
         if over and not was_over:
             row.trips += 1
@@ -149,10 +172,20 @@ def _note(out: Calibration, row: DayRow, need: Needed) -> None:
         out.needed = need
 
 
-def recommend(cal: Calibration, margin: float = 0.5, min_k: float = MIN_K) -> RollingThresholds:
-    """The thresholds with ``k`` = the highest needed k + ``margin`` (at least ``min_k``):
+def _note_h(out: Calibration, row: DayRow, need: Needed) -> None:
+    if row.closest_h is None or need.k > row.closest_h:
+        row.closest_h = need.k
+    if out.needed_h is None or need.k > out.needed_h.k:
+        out.needed_h = need
+
+
+def recommend(cal: Calibration, margin: float = 0.5, min_k: float = MIN_K,
+              h_margin: float = 2.0, min_h: float = MIN_H) -> RollingThresholds:
+    """The thresholds with ``k`` = the highest needed k + ``margin`` (at least ``min_k``)
+    and the arms' ``h`` = the highest arm statistic + ``h_margin`` (at least ``min_h``):
     over the same history outside the incident, nothing trips."""
-    if margin < 0:
-        raise ValueError(f"margin must be >= 0, not {margin}")
+    if margin < 0 or h_margin < 0:
+        raise ValueError(f"margins must be >= 0, not {margin}, {h_margin}")
     need = cal.needed.k if cal.needed is not None else 0.0
-    return replace(cal.thresholds, k=round(max(min_k, need + margin), 2))
+    h = round(max(min_h, (cal.needed_h.k if cal.needed_h is not None else 0.0) + h_margin), 2)
+    return replace(cal.thresholds, k=round(max(min_k, need + margin), 2), cusum_h=h)

@@ -35,6 +35,13 @@ hold:
 - ``O > multiple * E`` (the configured multiple: a floor on the relative excess);
 - ``O - E > floor_micros`` (an absolute minimum, for small endpoints only).
 
+**CUSUM arms** (:mod:`.cusum`, one per ``policy.shifts``: +25% and +50%) run on the count,
+against its expectation times ``1 + allowance x`` the remaining level deviation, from the
+moment today's level is learned. An arm trips when its statistic is over ``cusum_h`` and
+its run (the minutes since it last left zero) is over the multiple and the floor, with a
+value score over ``support_k``. The spans are judged first; an arm's trip reports its run
+as the window. :func:`reset_arms` starts them again at a close.
+
 No expectation (a slot with fewer than ``min_weeks`` samples in the span) never trips.
 Late events (an earlier minute than the open one) count in the open minute: late money
 still counts now. Minutes without events are zeros. Pure: event time drives everything.
@@ -45,23 +52,37 @@ The state goes to a table changelog through :mod:`.rolling_codec` (``to_dict``,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from postbacks.core.anomaly.cusum import NO_ARM, Arm, MinuteFigures, step
 from postbacks.core.anomaly.detectors import NO_BASELINE, WITHIN, Over, RateResult
-from postbacks.core.anomaly.level import NO_LEVEL, Level, age_out, current, in_hour
+from postbacks.core.anomaly.level import NO_LEVEL, age_out, current, in_hour, learned
 from postbacks.core.anomaly.level import close_hour as close_level_hour
 from postbacks.core.anomaly.profile import (
     COUNT,
     MINUTE_MS,
     SLOTS,
     Profile,
-    ProfileStats,
     close_hour,
     count_stats,
     expect_minute,
     slot_of_hour,
     stats,
     with_slot,
+)
+from postbacks.core.anomaly.rolling_types import (
+    DEFAULT_SPANS,
+    ENDPOINT_ROLLING,
+    GLOBAL_ROLLING,
+    NO_PROFILE,
+    NoProfile,
+    RollingOver,
+    RollingPolicy,
+    RollingResult,
+    RollingState,
+    RollingThresholds,
+    RollingWithin,
+    SpanScore,
 )
 
 __all__ = [
@@ -79,141 +100,17 @@ __all__ = [
     "SpanScore",
     "add",
     "advance",
+    "arm_scores",
+    "arm_trips",
     "as_rate_result",
     "empty",
     "evaluate",
     "push_minute",
+    "reset_arms",
 ]
 
-DEFAULT_SPANS = (5, 15, 60)
 _NAN = float("nan")
 
-
-@dataclass(frozen=True, slots=True)
-class RollingPolicy:
-    """Spans (minutes), trailing weeks per hour-of-week slot, samples needed, clip."""
-
-    spans: tuple[int, ...] = DEFAULT_SPANS
-    weeks: int = 4
-    min_weeks: int = 2
-    clip_sigmas: float = 4.0
-
-    def __post_init__(self) -> None:
-        if not self.spans or any(not 1 <= s <= 24 * 60 for s in self.spans):
-            raise ValueError(f"spans must be 1..1440 minutes: {self.spans}")
-        if not 1 <= self.min_weeks <= self.weeks:
-            raise ValueError(f"need 1 <= min_weeks <= weeks: {self.min_weeks}, {self.weeks}")
-        if not self.clip_sigmas > 0:
-            raise ValueError(f"clip_sigmas must be > 0: {self.clip_sigmas}")
-
-    def cap(self, expected: float, variance: float) -> float:
-        """The most a minute counts in a score: expected + the larger of ``clip_sigmas``
-        deviations and the expectation itself (so a large scope's surge is not capped
-        below +100% a minute, while one large payout in a small minute is)."""
-        return expected + max(self.clip_sigmas * math.sqrt(variance), expected)
-
-    @property
-    def ring(self) -> int:
-        """Closed minutes kept: the longest span less the open minute."""
-        return max(self.spans) - 1
-
-
-@dataclass(frozen=True, slots=True)
-class RollingThresholds:
-    """Trip when z > ``k_for(span)``, observed > ``multiple`` x expected, excess > floor.
-
-    ``k_for(span) = k + skew / sqrt(span)``: a sum of few minutes of skewed payouts has a
-    longer upper tail than a Gaussian (its skewness falls as 1/sqrt(span)), so a short
-    span needs a higher score for the same false-trip rate.
-    """
-
-    k: float = 4.5
-    skew: float = 3.0
-    multiple: float = 1.1
-    floor_micros: int = 50_000_000
-    cv_floor: float = 0.02  # level variation assumed at least this (a short history)
-    support_k: float = 2.0  # value score a count trip needs
-    count_skew: float = 2.0  # counts carry no payout sizes: less skew than value
-
-    def __post_init__(self) -> None:
-        if not (self.k > 0 and self.skew >= 0 and self.multiple >= 1
-                and self.floor_micros >= 0 and self.cv_floor >= 0 and self.support_k >= 0
-                and self.count_skew >= 0):
-            raise ValueError(f"bad rolling thresholds: {self}")
-
-    def k_for(self, span: int) -> float:
-        return self.k + self.skew / math.sqrt(span)
-
-    def count_k_for(self, span: int) -> float:
-        return self.k + self.count_skew / math.sqrt(span)
-
-
-GLOBAL_ROLLING = RollingThresholds(multiple=1.1, floor_micros=50_000_000)  # $50
-ENDPOINT_ROLLING = RollingThresholds(k=5.0, multiple=2.0, floor_micros=200_000_000)  # $200
-
-
-@dataclass(frozen=True, slots=True)
-class RollingState:
-    """One scope's state. ``obs`` .. ``cvar`` are the closed minutes, oldest -> newest."""
-
-    policy: RollingPolicy
-    minute: int | None  # the open minute (minutes since the epoch); None until an event
-    cur: int  # open minute's observed total (micros) and count
-    ccur: int
-    obs: tuple[int, ...]  # value: observed, capped at policy.cap, expected (NaN: none), var
-    capped: tuple[float, ...]
-    exp: tuple[float, ...]
-    var: tuple[float, ...]
-    cobs: tuple[int, ...]  # count: observed, expected, variance
-    cexp: tuple[float, ...]
-    cvar: tuple[float, ...]
-    h_total: int  # open hour (minute // 60): payout, count, sums of squared minute values
-    h_count: int
-    h_sq: float
-    h_csq: int
-    profile: Profile
-    st: ProfileStats  # value channel
-    cst: ProfileStats  # count channel
-    lv: Level = NO_LEVEL  # today's level, value channel (see :mod:`.level`)
-    lc: Level = NO_LEVEL  # and count channel
-
-
-@dataclass(frozen=True, slots=True)
-class SpanScore:
-    """One span's numbers, for metrics and for the trip."""
-
-    span: int  # minutes
-    seen: int  # minutes covered (< span for a partial window)
-    observed_micros: int
-    expected_micros: float
-    sigma_micros: float
-    score: float  # (capped observed - expected) / sigma
-    observed_count: int
-    expected_count: float
-    count_score: float
-
-
-@dataclass(frozen=True, slots=True)
-class RollingOver:
-    """A span is over its thresholds (the first, shortest one that is)."""
-
-    window_start_ms: int
-    over: SpanScore
-    scores: tuple[SpanScore, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RollingWithin:
-    scores: tuple[SpanScore, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class NoProfile:
-    """No span has an expectation yet (a young scope): the rate cannot trip."""
-
-
-NO_PROFILE = NoProfile()
-RollingResult = RollingOver | RollingWithin | NoProfile
 
 
 def empty(policy: RollingPolicy | None = None) -> RollingState:
@@ -235,10 +132,44 @@ def push_minute(s: RollingState, minute: int, observed: int, count: int) -> Roll
     if len(s.obs) >= n:  # the oldest minute leaves the windows: it informs the level
         lv = age_out(lv, s.capped[0], s.exp[0], s.var[0])
         lc = age_out(lc, float(s.cobs[0]), s.cexp[0], s.cvar[0])
-    return replace(s, lv=lv, lc=lc, obs=(*s.obs, observed)[-n:], capped=(*s.capped, cap)[-n:],
+    arms = s.arms
+    if minute >= s.arms_from:
+        arms = _step_arms(s, _figures(s, (float(observed), e, v), (float(count), ce, cv)),
+                          minute)
+    return replace(s, lv=lv, lc=lc, arms=arms, obs=(*s.obs, observed)[-n:],
+                   capped=(*s.capped, cap)[-n:],
                    exp=(*s.exp, e)[-n:], var=(*s.var, v)[-n:],
                    cobs=(*s.cobs, count)[-n:], cexp=(*s.cexp, ce)[-n:],
                    cvar=(*s.cvar, cv)[-n:])
+
+
+_ARM_CV2 = 0.02 ** 2  # the level deviation arms allow for is at least 2%
+
+
+def _figures(s: RollingState, value: tuple[float, float, float],
+             count: tuple[float, float, float]) -> MinuteFigures:
+    """A minute for the arms: they test the count, and sum the value for the run. ``value``:
+    (observed, expected, variance) before today's level; ``count`` likewise."""
+    o, e, v = value
+    c, ce, cv = count
+    lvl = current(s.lv, max(s.st.cv2, _ARM_CV2))[0]
+    clvl, ccv2 = current(s.lc, max(s.cst.cv2, _ARM_CV2))
+    # Before today's level is learned the expectation carries the whole day's level error,
+    # which a CUSUM would accumulate: the arms wait for it (about two days of hours).
+    ce, cv = (ce * clvl, cv * clvl) if learned(s.lc) else (_NAN, 0.0)
+    allow = 1 + s.policy.allowance * math.sqrt(max(ccv2, _ARM_CV2))
+    return MinuteFigures(c, ce * allow, cv, o, e * lvl, v * lvl, c, ce)
+
+
+def _step_arms(s: RollingState, fig: MinuteFigures, minute: int) -> tuple[Arm, ...]:
+    shifts = s.policy.shifts
+    arms = s.arms or (NO_ARM,) * len(shifts)
+    return tuple(step(arm, x, fig, minute) for arm, x in zip(arms, shifts, strict=True))
+
+
+def reset_arms(s: RollingState, from_minute: int) -> RollingState:
+    """Every arm back to zero, stepping only minutes from ``from_minute`` (a close)."""
+    return replace(s, arms=(), arms_from=from_minute)
 
 
 def _close_hours(s: RollingState, first: int, upto: int) -> RollingState:
@@ -333,6 +264,13 @@ def _score(s: RollingState, span: int, frac: float, opens: tuple[float, float, f
     return SpanScore(span, n + 1, o, e, math.sqrt(v), _z(oc, e, v), co, ce, cz)
 
 
+def _frac(minute: int, now_ms: int | None) -> float:
+    """How much of the open minute has elapsed at ``now_ms`` (None: all of it)."""
+    if now_ms is None:
+        return 1.0
+    return min(1.0, max(0.0, (now_ms - minute * MINUTE_MS) / MINUTE_MS))
+
+
 def evaluate(s: RollingState, th: RollingThresholds, now_ms: int | None = None,
              since_minute: int | None = None) -> RollingResult:
     """Score every span ending at the open minute, as of ``now_ms`` (event time).
@@ -346,9 +284,7 @@ def evaluate(s: RollingState, th: RollingThresholds, now_ms: int | None = None,
     if minute is None or (since_minute is not None and minute < since_minute):
         return NO_PROFILE
     usable = len(s.obs) if since_minute is None else minute - since_minute
-    frac = 1.0
-    if now_ms is not None:
-        frac = min(1.0, max(0.0, (now_ms - minute * MINUTE_MS) / MINUTE_MS))
+    frac = _frac(minute, now_ms)
     got = expect_minute(s.st, minute)
     cgot = expect_minute(s.cst, minute)
     opens = ((got if got is not None else (_NAN, 0.0))
@@ -374,10 +310,50 @@ def evaluate(s: RollingState, th: RollingThresholds, now_ms: int | None = None,
             over = sc
     if not scores:
         return NO_PROFILE
+    if over is None and minute >= s.arms_from and got is not None and cgot is not None:
+        over = next((a for a in _arms_at(s, minute, frac, opens) if arm_trips(a, th)
+                     and (since_minute is None or minute - a.seen + 1 >= since_minute)),
+                    None)
     if over is not None:
         start = (minute - over.seen + 1) * MINUTE_MS
         return RollingOver(start, over, tuple(scores))
     return RollingWithin(tuple(scores))
+
+
+def _arms_at(s: RollingState, minute: int, frac: float,
+             opens: tuple[float, float, float, float]) -> tuple[SpanScore, ...]:
+    """Every arm with the open minute counted (``frac`` of it), as a :class:`SpanScore`."""
+    e, v, ce, cv = (x * frac for x in opens)
+    fig = _figures(s, (float(s.cur), e, v), (float(s.ccur), ce, cv))
+    out = []
+    for x, a in zip(s.policy.shifts, _step_arms(s, fig, minute), strict=True):
+        n = minute - a.start + 1 if a.s > 0 else 0
+        out.append(SpanScore(n, n, int(a.obs), a.exp, math.sqrt(a.var), a.s, int(a.cobs),
+                             a.cexp, a.s, f"count +{x * 100:g}%"))
+    return tuple(out)
+
+
+def arm_scores(s: RollingState, now_ms: int | None = None) -> tuple[SpanScore, ...]:
+    """Every CUSUM arm as of ``now_ms`` (as :func:`evaluate` counts the open minute):
+    ``span``/``seen`` its run in minutes (0: at zero), ``score`` its statistic, ``arm`` its
+    name. () when the open minute has no expectation or the arms do not step yet."""
+    minute = s.minute
+    if minute is None or minute < s.arms_from:
+        return ()
+    got, cgot = expect_minute(s.st, minute), expect_minute(s.cst, minute)
+    if got is None or cgot is None:
+        return ()
+    return _arms_at(s, minute, _frac(minute, now_ms), got + cgot)
+
+
+def arm_trips(sc: SpanScore, th: RollingThresholds) -> bool:
+    """An arm's statistic over ``cusum_h``, its run's payout over the multiple and the
+    floor, and the run's value score over ``support_k`` (the money moved with the count)."""
+    return (sc.score > th.cusum_h
+            and sc.observed_micros > th.multiple * sc.expected_micros
+            and sc.observed_micros - sc.expected_micros > th.floor_micros
+            and _z(sc.observed_micros, sc.expected_micros, sc.sigma_micros ** 2)
+            > th.support_k)
 
 
 def as_rate_result(r: RollingResult) -> RateResult:

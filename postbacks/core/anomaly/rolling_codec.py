@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from postbacks.core.anomaly.cusum import Arm
 from postbacks.core.anomaly.level import format_level, parse_level
 from postbacks.core.anomaly.profile import count_stats, format_profile, parse_profile, stats
 from postbacks.core.anomaly.rolling import RollingPolicy, RollingState
@@ -36,6 +37,9 @@ def to_dict(s: RollingState) -> Stored:
         "h_total": s.h_total, "h_count": s.h_count, "h_sq": s.h_sq, "h_csq": s.h_csq,
         "lv": format_level(s.lv), "lc": format_level(s.lc),
         "profile": format_profile(s.profile),
+        "shifts": _join(p.shifts), "allowance": p.allowance, "arms_from": s.arms_from,
+        "arms": ";".join(_join((a.s, a.start, a.obs, a.exp, a.var, a.cobs, a.cexp))
+                         for a in s.arms),
     }
     if s.minute is not None:
         out["minute"] = s.minute
@@ -73,13 +77,36 @@ def _floats(data: Stored, key: str) -> tuple[float, ...]:
     return tuple(float(x) for x in _str(data, key).split(",") if x)
 
 
+def _arms(raw: str, n: int) -> tuple[Arm, ...]:
+    """The CUSUM arms (none: all at zero)."""
+    if not raw:
+        return ()
+    arms = []
+    for part in raw.split(";"):
+        xs = [float(x) for x in part.split(",")]
+        if len(xs) != 7 or not all(math.isfinite(x) for x in xs):
+            raise ValueError(f"rolling state: bad arm {part!r}")
+        arms.append(Arm(xs[0], int(xs[1]), *xs[2:]))
+    if len(arms) != n:
+        raise ValueError(f"rolling state: {len(arms)} arms, expected {n}")
+    return tuple(arms)
+
+
 def from_dict(data: Stored) -> RollingState:
     """Inverse of :func:`to_dict`; raises ValueError on anything malformed."""
     if data.get("v") != _FORMAT:
         raise ValueError(f"rolling state: unknown format {data.get('v')!r}")
     try:
+        # a state written before the CUSUM arms existed: the default arms, at zero
+        shifts = (tuple(float(x) for x in _str(data, "shifts").split(",")) if "shifts" in data
+                  else RollingPolicy().shifts)
+        allowance = (_float(data, "allowance") if "allowance" in data
+                     else RollingPolicy().allowance)
         p = RollingPolicy(tuple(int(x) for x in _str(data, "spans").split(",")),
-                          _int(data, "weeks"), _int(data, "min_weeks"), _float(data, "clip"))
+                          _int(data, "weeks"), _int(data, "min_weeks"), _float(data, "clip"),
+                          shifts, allowance)
+        arms = _arms(_str(data, "arms"), len(shifts)) if "arms" in data else ()
+        arms_from = _int(data, "arms_from") if "arms_from" in data else 0
         rings = (_ints(data, "obs"), _floats(data, "exp"), _floats(data, "var"),
                  _ints(data, "cobs"), _floats(data, "cexp"), _floats(data, "cvar"))
         profile = parse_profile(_str(data, "profile"), p.weeks)
@@ -99,4 +126,5 @@ def from_dict(data: Stored) -> RollingState:
     return RollingState(p, minute, _int(data, "cur"), _int(data, "ccur"), obs, capped, exp,
                         var, cobs, cexp, cvar, _int(data, "h_total"), _int(data, "h_count"),
                         _float(data, "h_sq"), _int(data, "h_csq"), profile,
-                        stats(profile, p.min_weeks), count_stats(profile, p.min_weeks), lv, lc)
+                        stats(profile, p.min_weeks), count_stats(profile, p.min_weeks), lv, lc,
+                        arms, arms_from)
