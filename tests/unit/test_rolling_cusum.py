@@ -159,8 +159,8 @@ def test_arms_round_trip_through_the_changelog_and_an_older_state_starts_them_at
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"arms": "1.0,2,3"}, "bad arm"),
-    ({"arms": "1.0,1000,1,1,1,1,1"}, "1 arms, expected 2"),
-    ({"arms": "nan,1000,1,1,1,1,1;0,0,0,0,0,0,0"}, "bad arm"),
+    ({"arms": "1.0,1000,1,1,1,1,1;0,0,0,0,0,0,0"}, "2 arms, expected 1"),
+    ({"arms": "nan,1000,1,1,1,1,1"}, "bad arm"),
     ({"shifts": "0"}, "shifts"),
 ])
 def test_malformed_arms_are_refused(change: dict[str, object], message: str) -> None:

@@ -35,7 +35,7 @@ hold:
 - ``O > multiple * E`` (the configured multiple: a floor on the relative excess);
 - ``O - E > floor_micros`` (an absolute minimum, for small endpoints only).
 
-**CUSUM arms** (:mod:`.cusum`, one per ``policy.shifts``: +25% and +50%) run on the count,
+**CUSUM arms** (:mod:`.cusum`, one per ``policy.shifts``: +50% by default) run on the count,
 against its expectation times ``1 + allowance x`` the remaining level deviation, from the
 moment today's level is learned. An arm trips when its statistic is over ``cusum_h`` and
 its run (the minutes since it last left zero) is over the multiple and the floor, with a

@@ -24,7 +24,7 @@ class RollingPolicy:
     weeks: int = 4
     min_weeks: int = 2
     clip_sigmas: float = 4.0
-    shifts: tuple[float, ...] = (0.25, 0.5)  # the count's CUSUM arms (:mod:`.cusum`)
+    shifts: tuple[float, ...] = (0.5,)  # the count's CUSUM arms (:mod:`.cusum`)
     allowance: float = 2.0  # arms test expected x (1 + allowance x level deviation)
 
     def __post_init__(self) -> None:
@@ -65,7 +65,7 @@ class RollingThresholds:
     cv_floor: float = 0.02  # level variation assumed at least this (a short history)
     support_k: float = 2.0  # value score a count trip needs
     count_skew: float = 2.0  # counts carry no payout sizes: less skew than value
-    cusum_h: float = 12.0  # a CUSUM arm trips above this (log-likelihood ratio)
+    cusum_h: float = 12.5  # a CUSUM arm trips above this (log-likelihood ratio)
 
     def __post_init__(self) -> None:
         if not (self.k > 0 and self.skew >= 0 and self.multiple >= 1
