@@ -13,6 +13,9 @@ With two gate instances, killing (-9) the one that runs the global roll-up in th
 the surge moves the roll-up to the other with its state (the ``gate-global`` changelog and
 the per-partition partials), and the global scope still trips within minutes of event time.
 
+With the spans out of reach (the row's ``k`` at 50) and 60 hours of profiled history (so
+today's level is learned), the CUSUM arm on the count trips the same surge on its own.
+
 Closed through ``postbacks anomaly close`` while the surge still fills every span, the
 scope trips nothing on the normal minutes after the close (the spans judge from the close
 on), and a new surge after them trips again.
@@ -57,18 +60,22 @@ def _tripped(settings: Settings) -> bool:
 class Run:
     """The history fed as a backlog, then the surge one minute at a time."""
 
-    def __init__(self, settings: Settings, namespace: str) -> None:
+    def __init__(self, settings: Settings, namespace: str, profiled_hours: int = 2,
+                 params: dict[str, float] | None = None) -> None:
+        """``profiled_hours``: history after the profile's first 2 weeks (today's level,
+        which the CUSUM arm waits for, is learned after about 48 of them)."""
         self.settings = settings
         with connect(settings.database_url) as conn:
             set_mode(conn, scope="global", scope_key=settings.anomaly_global_key,
-                     detector="value_rate", mode="enforce", actor="test")  # defaults
+                     detector="value_rate", mode="enforce", params=params,
+                     actor="test")  # defaults unless params
             conn.commit()
         self.eps = [f"ep_{namespace}_{i}" for i in range(4)]
         self.feed = GateFeed(settings)
-        t0 = self.feed.hour_ago(weeks=3)
+        t0 = self.feed.hour_ago(weeks=3) - profiled_hours * HOUR
         self.events: list[tuple[int, int]] = []  # (occurred_at, payout)
         self.n = 0
-        self.surge_hour = t0 + 2 * WEEK + 2 * HOUR
+        self.surge_hour = t0 + 2 * WEEK + profiled_hours * HOUR
         for at in range(t0, self.surge_hour + 50 * MIN, 10_000):
             self.send(at)
         self.feed.flush()
@@ -236,3 +243,21 @@ def test_a_closed_halt_judges_anew_no_retrip_on_its_own_surge_but_on_a_new_one(
     assert tripped_again is not None, "a surge after the close never tripped"
     assert tripped_again <= again + 5
     assert run.span_start(state) >= int(since.group(1))
+
+
+def test_the_cusum_arm_trips_a_sustained_surge_on_its_own(
+        settings: Settings, stack: Stack, namespace: str) -> None:
+    run = Run(settings, namespace, profiled_hours=60, params={"k": 50.0})
+    stack.start("gate", "gate")
+    wait_for(lambda: "gate running" in stack.procs["gate"].tail(400), 60, what="the gate")
+    run.history_through()  # 60 profiled hours, the arm stepping: nothing tripped or held
+    tripped_at = next((m for m in range(50, 75) if run.minute(m)), None)
+    state = _global(settings)
+    print(f"\nspans at k 50; the CUSUM arm tripped after minute {tripped_at} (surge from "
+          f"minute 50); reason: {state}")
+    assert tripped_at is not None, "the CUSUM arm never tripped"
+    # +138% at 6 a minute: about 2.7 a minute of log-likelihood ratio, h 12.5, and the
+    # run over the $50 floor
+    assert 52 <= tripped_at <= 58
+    assert state is not None and "CUSUM count +50% arm" in (state[1] or ""), state
+    assert run.span_start(state) >= run.surge_hour + 49 * MIN
