@@ -18,6 +18,7 @@ from postbacks.metrics_local import LocalCounter, LocalHistogram
 
 __all__ = [
     "ANOMALY_BASELINE",
+    "ANOMALY_CUSUM",
     "ANOMALY_GLOBAL_WATERMARK",
     "ANOMALY_SIGNALS",
     "ANOMALY_SPAN_EXPECTED",
@@ -145,6 +146,10 @@ ANOMALY_SPAN_EXPECTED = Gauge(
     "Seasonal expectation of the same rolling span, by scope and span (minutes)",
     ["scope", "span"],
 )
+ANOMALY_CUSUM = Gauge(
+    "postbacks_anomaly_cusum",
+    "The rolling detector's CUSUM statistic (log-likelihood ratio) by scope and arm"
+    " (count +50%); the arm trips above h (12.5 by default)", ["scope", "arm"])
 ANOMALY_SPAN_SCORE = Gauge(
     "postbacks_anomaly_span_score",
     "Normalized excess of the rolling span, (observed - expected) / sigma, by scope, span"

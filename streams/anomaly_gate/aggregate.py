@@ -32,6 +32,7 @@ from postbacks.core.anomaly.rolling import (
     RollingState,
     RollingWithin,
     advance,
+    arm_scores,
     empty,
     evaluate,
     reset_arms,
@@ -40,6 +41,7 @@ from postbacks.core.anomaly.rolling import add as rolling_add
 from postbacks.core.anomaly.rolling_codec import from_dict, to_dict
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import (
+    ANOMALY_CUSUM,
     ANOMALY_GLOBAL_WATERMARK,
     ANOMALY_SIGNALS,
     ANOMALY_SPAN_EXPECTED,
@@ -260,6 +262,8 @@ class GlobalAggregator:
             s = rolling_add(s, w, total, count)
         r = self.last = evaluate(s, self.config.global_rolling, since_minute=self.since)
         self._gauges(r)
+        for a in arm_scores(s):
+            ANOMALY_CUSUM.labels("global", a.arm).set(a.score)
         if not isinstance(r, RollingOver):
             return None
         if self._signalled != r.window_start_ms:

@@ -261,3 +261,7 @@ def test_the_cusum_arm_trips_a_sustained_surge_on_its_own(
     assert 52 <= tripped_at <= 58
     assert state is not None and "CUSUM count +50% arm" in (state[1] or ""), state
     assert run.span_start(state) >= run.surge_hour + 49 * MIN
+    page = stack.procs["gate"].metrics() or ""
+    got = re.search(r'^postbacks_anomaly_cusum\{arm="count \+50%",scope="global"\} (\S+)$',
+                    page, re.M)
+    assert got is not None and float(got.group(1)) > 12.5, page[-2000:]
