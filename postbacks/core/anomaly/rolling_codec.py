@@ -1,7 +1,9 @@
 """A rolling detector's state as a table-changelog value (``to_dict``) and back.
 
 Ints, floats and strings only, about 34 KB per scope with a full four-week profile: the
-minute rings as comma-joined numbers, the profile as :func:`format_profile` writes it. The
+minute rings as comma-joined numbers, the profile as :func:`format_profile` writes it, the
+CUSUM arms as ``;``-joined groups (a state written before the arms existed restores them at
+zero, with the default shifts and allowance). The
 capped values are derived again on the way back (they depend only on the stored minutes
 and the policy); the profile statistics too. So ``to_dict(from_dict(d)) == d``, and a
 restored state decides exactly as the one that was saved.
