@@ -180,9 +180,7 @@ def _trip_episodes(state: RollingState, traffic: Traffic, first: int, last: int,
         over = isinstance(r, RollingOver)
         if peak is not None:
             for x, arm in zip(state.policy.shifts, state.arms, strict=False):
-                key = f"cusum{x:g}"
-                if arm.s > peak.get(key, -math.inf):
-                    peak[key] = arm.s
+                peak[f"cusum{x:g}"] = max(arm.s, peak.get(f"cusum{x:g}", -math.inf))
         if peak is not None and not isinstance(r, NoProfile):
             for sc in r.scores:
                 for key, z in ((f"{sc.span}", sc.score), (f"c{sc.span}", sc.count_score)):
