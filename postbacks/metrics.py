@@ -51,6 +51,7 @@ __all__ = [
     "NOTIFICATIONS_TOTAL",
     "OUTCOMES_TOTAL",
     "PAYOUT_USD",
+    "PRODUCERS_REPLACED",
     "QUARANTINED",
     "RENDER_ERRORS",
     "RETRODATED",
@@ -125,6 +126,9 @@ OUTCOMES_TOTAL = LocalCounter("webhook_outcomes_total", "Outcome events produced
 PAYOUT_USD = LocalCounter("webhook_payout_usd_total",
                           "Payout (USD) of deliveries by how they ended", ["outcome"])
 STAGE_RECORDS = Counter("postbacks_stage_records_total", "Records consumed by stage", ["stage"])
+PRODUCERS_REPLACED = Counter(
+    "postbacks_transactional_producers_replaced_total",
+    "Transactional producers abandoned and replaced after an offset send hung", ["stage"])
 SINK_ROWS = Counter("postbacks_sink_rows_total", "Rows written to PostgreSQL", ["table"])
 SINK_WAITING = Gauge("postbacks_sink_waiting_rows",
                      "Delivery rows the sink holds back for their first outcome")

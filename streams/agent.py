@@ -21,7 +21,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from postbacks.core.endpoint import Endpoint
 from postbacks.db.crypto import SecretBox
@@ -32,10 +32,10 @@ from postbacks.kafka.clients import (
     check_broker,
     consume_ready,
     make_consumer,
-    make_transactional_producer,
     records,
 )
 from postbacks.kafka.stage import Output, commit_batch
+from postbacks.kafka.txn import TxnProducer
 from postbacks.kafka.watchdog import subscribe_watched
 from postbacks.metrics import STAGE_RECORDS, UNFINISHED
 from postbacks.policies import breaker_policy, retry_policy
@@ -82,7 +82,7 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
     )
     cache.start()
     consumer = make_consumer(settings, GROUP)
-    producer = make_transactional_producer(settings, "agent")
+    producer = TxnProducer.create(settings, "agent")
     direct = DirectLog(settings)  # intents (and breaker transitions)
     # this process: the instance id and a run id of its own, new at every start
     instance = f"{settings.instance_id}/{new_id('run', int(time.time() * 1000))}"
@@ -187,7 +187,7 @@ def _load_skips(c: Consumer, partitions: list[TopicPartition],
 
 
 async def _commit(loop: asyncio.AbstractEventLoop, kafka: ThreadPoolExecutor,
-                  settings: Settings, consumer: Consumer, producer: Producer, tracker: Tracker,
+                  settings: Settings, consumer: Consumer, producer: TxnProducer, tracker: Tracker,
                   lanes: Lanes, skip: dict[tuple[str, int], set[int]]) -> None:
     items, commits = tracker.drain()
     if not commits:
@@ -207,7 +207,7 @@ async def _commit(loop: asyncio.AbstractEventLoop, kafka: ThreadPoolExecutor,
 
 
 async def _drain(loop: asyncio.AbstractEventLoop, kafka: ThreadPoolExecutor,
-                 settings: Settings, consumer: Consumer, producer: Producer, tracker: Tracker,
+                 settings: Settings, consumer: Consumer, producer: TxnProducer, tracker: Tracker,
                  lanes: Lanes, skip: dict[tuple[str, int], set[int]],
                  timeout_s: float = 15.0) -> None:
     """On shutdown: stop taking work, let in-flight sends finish, commit what finished."""

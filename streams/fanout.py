@@ -11,8 +11,9 @@ from postbacks.codec import codec_for
 from postbacks.core.fanout import plan_deliveries, validate_conversion
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
-from postbacks.kafka.clients import check_broker, make_consumer, make_transactional_producer
+from postbacks.kafka.clients import check_broker, make_consumer
 from postbacks.kafka.stage import Output, run_stage
+from postbacks.kafka.txn import TxnProducer
 from postbacks.records import ConversionEvent
 from postbacks.settings import Settings
 from topics import TOPICS
@@ -41,7 +42,7 @@ def run_fanout(settings: Settings, stop: threading.Event) -> None:
             out.add(TOPICS.deliveries.base, d["endpoint_id"].encode(), dlv_codec.encode(d))
 
     consumer = make_consumer(settings, GROUP)
-    producer = make_transactional_producer(settings, "fanout")
+    producer = TxnProducer.create(settings, "fanout")
     try:
         run_stage("fanout", settings, consumer, producer, [TOPICS.conversions.base], handle, stop,
                   group=GROUP)

@@ -27,8 +27,9 @@ from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
 from postbacks.db.notifications import NotificationStore, Stopping
 from postbacks.errors import ConfigError
-from postbacks.kafka.clients import check_broker, make_consumer, make_transactional_producer
+from postbacks.kafka.clients import check_broker, make_consumer
 from postbacks.kafka.stage import Output, run_stage
+from postbacks.kafka.txn import TxnProducer
 from postbacks.metrics import NOTIFICATIONS_TOTAL
 from postbacks.records import OperationalEventRecord
 from postbacks.settings import Settings
@@ -139,7 +140,7 @@ def run_notifier(settings: Settings, stop: threading.Event) -> None:
     cache.start()
     notifier = Notifier(settings, cache, box, stop)
     consumer = make_consumer(settings, GROUP)
-    producer = make_transactional_producer(settings, "notifier")
+    producer = TxnProducer.create(settings, "notifier")
     try:
         run_stage("notifier", settings, consumer, producer, list(INPUTS), notifier.handle,
                   stop, group=GROUP)

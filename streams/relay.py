@@ -26,10 +26,10 @@ from postbacks.kafka.clients import (
     check_broker,
     consume_ready,
     make_consumer,
-    make_transactional_producer,
     records,
 )
 from postbacks.kafka.stage import Output, commit_batch, dead_letter_for
+from postbacks.kafka.txn import TxnProducer
 from postbacks.kafka.watchdog import subscribe_watched
 from postbacks.metrics import DLQ_TOTAL, LATENCY, STAGE_RECORDS
 from postbacks.records import DeliveryRecord
@@ -58,7 +58,7 @@ def run_relay(
             held.pop((tp.topic, tp.partition), None)
 
     consumer = make_consumer(settings, GROUP)
-    producer = make_transactional_producer(settings, "relay")
+    producer = TxnProducer.create(settings, "relay")
     inputs = [settings.topic(t.base) for t in (*TOPICS.retry, TOPICS.quarantine)]
     subscribe_watched(consumer, inputs, settings, GROUP, stop, on_revoke=on_revoke)
     processed = STAGE_RECORDS.labels(stage="relay")

@@ -23,7 +23,9 @@ __all__ = [
     "make_consumer",
     "make_producer",
     "make_transactional_producer",
+    "producer_config",
     "records",
+    "transactional_config",
 ]
 
 
@@ -48,7 +50,7 @@ def make_consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
     return Consumer(conf)
 
 
-def make_producer(settings: Settings, **extra: Any) -> Producer:
+def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
     """Idempotent producer, acks=all (``POSTBACKS_KAFKA_ACKS``, which accepts nothing else):
     an ack means the record is on ``min.insync.replicas`` brokers (2 of 3 on a cluster), so
     it survives the loss of any one of them.
@@ -56,7 +58,7 @@ def make_producer(settings: Settings, **extra: Any) -> Producer:
     Keys are partitioned with murmur2, as the Java client and Faust/aiokafka do, so every
     producer of a delivery topic puts one endpoint on the same partition number (the
     anomaly gate's co-partitioning depends on it)."""
-    conf = {
+    return {
         **_base(settings),
         "partitioner": "murmur2_random",
         "enable.idempotence": True,
@@ -65,12 +67,22 @@ def make_producer(settings: Settings, **extra: Any) -> Producer:
         "compression.type": settings.kafka_compression,
         **extra,
     }
-    return Producer(conf)
+
+
+def make_producer(settings: Settings, **extra: Any) -> Producer:
+    """A producer with :func:`producer_config`."""
+    return Producer(producer_config(settings, **extra))
+
+
+def transactional_config(settings: Settings, stage: str) -> dict[str, Any]:
+    """A stage's transactional producer: its ``transactional.id`` is the stage and the
+    instance id (unique per process), so a restarted instance fences its predecessor."""
+    txn_id = settings.topic(f"postbacks-{stage}-{settings.instance_id}")
+    return producer_config(settings, **{"transactional.id": txn_id, "linger.ms": 5})
 
 
 def make_transactional_producer(settings: Settings, stage: str) -> Producer:
-    txn_id = settings.topic(f"postbacks-{stage}-{settings.instance_id}")
-    producer = make_producer(settings, **{"transactional.id": txn_id, "linger.ms": 5})
+    producer = Producer(transactional_config(settings, stage))
     try:
         producer.init_transactions(30)
     except KafkaException as exc:

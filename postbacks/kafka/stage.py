@@ -21,7 +21,6 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
-    Producer,
     TopicPartition,
 )
 
@@ -29,6 +28,7 @@ from postbacks.codec import codec_for
 from postbacks.core.outcomes import make_dead_letter
 from postbacks.errors import DeadLetterError
 from postbacks.kafka.clients import consume_ready, records
+from postbacks.kafka.txn import TxnProducer
 from postbacks.kafka.watchdog import guard, subscribe_watched
 from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS
 from postbacks.records import DeadLetterRecord
@@ -38,7 +38,6 @@ from topics import TOPICS
 __all__ = ["Emit", "Output", "commit_batch", "dead_letter_for", "run_stage"]
 
 log = logging.getLogger(__name__)
-_SEND_OFFSETS_S = 30.0
 
 
 @dataclass(slots=True)
@@ -102,7 +101,7 @@ def run_stage(
     stage: str,
     settings: Settings,
     consumer: Consumer,
-    producer: Producer,
+    producer: TxnProducer,
     input_bases: list[str],
     handle: Emit,
     stop: threading.Event,
@@ -148,7 +147,7 @@ def run_stage(
 
 
 def commit_batch(
-    stage: str, settings: Settings, consumer: Consumer, producer: Producer,
+    stage: str, settings: Settings, consumer: Consumer, txn: TxnProducer,
     out: Output, offsets: Mapping[tuple[str, int], int | tuple[int, str]],
     *, timeout_s: float = 60.0,
 ) -> bool:
@@ -159,14 +158,15 @@ def commit_batch(
     one aborts and rewinds; a fatal one (this producer was fenced by a newer instance)
     propagates and ends the process."""
     with guard(f"{stage}: transaction"):
-        return _commit_batch(stage, settings, consumer, producer, out, offsets,
+        return _commit_batch(stage, settings, consumer, txn, out, offsets,
                              time.monotonic() + timeout_s)
 
 
 def _commit_batch(
-    stage: str, settings: Settings, consumer: Consumer, producer: Producer,
+    stage: str, settings: Settings, consumer: Consumer, txn: TxnProducer,
     out: Output, offsets: Mapping[tuple[str, int], int | tuple[int, str]], deadline: float,
 ) -> bool:
+    producer = txn.producer
     _retrying(f"{stage}: begin", producer.begin_transaction, deadline)
     try:
         for topic_base, key, value in out.items:
@@ -181,15 +181,12 @@ def _commit_batch(
                      for (t, p), o in offsets.items()]
         # Not retried: a retriable failure here usually means the group moved on (a broker
         # restart, a session timeout), and the consumer can only rejoin once we poll again.
-        # Aborting and re-reading from the committed offsets is always safe.
-        # librdkafka does not apply this call's timeout to its coordinator lookup
-        # (confluentinc/librdkafka#5456, #5511, open): after a broker restart it has blocked
-        # here for good in most of our restart tests. Past its timeout and a margin it is
-        # that bug, so the watchdog restarts the stage then, not after stall_restart_s.
-        with guard(f"{stage}: send_offsets_to_transaction", limit_s=_SEND_OFFSETS_S + 15):
-            producer.send_offsets_to_transaction(
-                positions, consumer.consumer_group_metadata(), _SEND_OFFSETS_S
-            )
+        # Aborting and re-reading from the committed offsets is always safe. A send that
+        # hangs in librdkafka (its coordinator gone: see postbacks.kafka.txn) is abandoned
+        # with its producer, which a new one replaces: the same as an abort.
+        if not txn.send_offsets(positions, consumer.consumer_group_metadata()):
+            _rewind(consumer, deadline)
+            return False
         _retrying(f"{stage}: commit", lambda: producer.commit_transaction(60), deadline)
         return True
     except KafkaException as exc:

@@ -2,7 +2,9 @@
 
 librdkafka can block inside a transactional call indefinitely -- seen here:
 ``send_offsets_to_transaction`` after a broker restart while the consumer's group session
-had expired (the call's own timeout did not apply: confluentinc/librdkafka#5456, #5511). A
+had expired (the call's own timeout did not apply: confluentinc/librdkafka#5456, #5511;
+:mod:`postbacks.kafka.txn` abandons such a send after 10 s, and this is the bound behind
+it). A
 stage stuck like that holds its partitions forever. The watchdog notices a guarded call
 running longer than its limit (its own, or ``stall_s``), dumps every thread's stack to the
 log, and re-executes the process in place (same PID, same arguments). That is safe by
