@@ -40,12 +40,13 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.containment_endpoints import Endpoints, Minute
+from postbacks.core.anomaly.endpoint_state import ENDPOINT_POLICY
 from postbacks.core.anomaly.rolling import (
     ENDPOINT_ROLLING,
     GLOBAL_ROLLING,
@@ -270,7 +271,8 @@ def run_seed(seed: int, args: argparse.Namespace,
     tail = args.weeks * 7 * 1440
     eps = None
     if args.endpoints:
-        eps = Endpoints(ENDPOINT_ROLLING, _policy(args),
+        eps = Endpoints(ENDPOINT_ROLLING,  # as the gate runs an endpoint's detector
+                        replace(_policy(args), conversion_cap=ENDPOINT_POLICY.conversion_cap),
                         START_MS, args.warmup * 7 * 1440, tail,
                         tuple(tail + h * 60 for _, h in STARTS))
     traffic = generate(args, seed, eps)

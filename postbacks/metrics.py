@@ -17,15 +17,16 @@ from postbacks.core.anomaly.modes import Detector
 from postbacks.metrics_local import LocalCounter, LocalHistogram
 
 __all__ = [
-    "ANOMALY_BASELINE",
     "ANOMALY_CUSUM",
+    "ANOMALY_ENDPOINT_SPAN_EXPECTED",
+    "ANOMALY_ENDPOINT_SPAN_OBSERVED",
+    "ANOMALY_ENDPOINT_SPAN_SCORE",
     "ANOMALY_GLOBAL_WATERMARK",
     "ANOMALY_SIGNALS",
     "ANOMALY_SPAN_EXPECTED",
     "ANOMALY_SPAN_OBSERVED",
     "ANOMALY_SPAN_SCORE",
     "ANOMALY_TRIPS",
-    "ANOMALY_WINDOW_PAYOUT",
     "ATTEMPTS_TOTAL",
     "BACKLOG_AGE",
     "BREAKER_OPEN",
@@ -136,10 +137,6 @@ SINK_WAITING = Gauge("postbacks_sink_waiting_rows",
 # The anomaly gate (seed 000 §5.11). Endpoint-labelled gauges are exported only for
 # endpoints whose value-rate detector is armed (a payout_anomaly_settings row), so the
 # label set is bounded by configuration, not by traffic.
-ANOMALY_WINDOW_PAYOUT = Gauge(
-    "postbacks_anomaly_window_payout_usd", "Payout in the open event-time window, by scope",
-    ["scope", "scope_key"],
-)
 ANOMALY_SPAN_OBSERVED = Gauge(
     "postbacks_anomaly_span_observed_usd",
     "Payout in the rolling span ending at the newest event-time minute, by scope and span"
@@ -160,10 +157,21 @@ ANOMALY_SPAN_SCORE = Gauge(
     " (minutes) and channel (value, count); the span trips above its k", ["scope", "span",
                                                                           "channel"],
 )
-ANOMALY_BASELINE = Gauge(
-    "postbacks_anomaly_baseline_usd",
-    "Seasonal baseline of the open window (median of the same hour-of-week), by scope",
-    ["scope", "scope_key"],
+ANOMALY_ENDPOINT_SPAN_OBSERVED = Gauge(
+    "postbacks_anomaly_endpoint_span_observed_usd",
+    "Payout in an armed endpoint's rolling span, by endpoint and span (minutes)",
+    ["endpoint", "span"],
+)
+ANOMALY_ENDPOINT_SPAN_EXPECTED = Gauge(
+    "postbacks_anomaly_endpoint_span_expected_usd",
+    "Seasonal expectation of an armed endpoint's rolling span, by endpoint and span",
+    ["endpoint", "span"],
+)
+ANOMALY_ENDPOINT_SPAN_SCORE = Gauge(
+    "postbacks_anomaly_endpoint_span_score",
+    "Normalized excess of an armed endpoint's rolling span, (observed - expected) / sigma,"
+    " by endpoint, span and channel (value, count); the span trips above its k",
+    ["endpoint", "span", "channel"],
 )
 ANOMALY_TRIPS = Counter("postbacks_anomaly_trips_total", "Halts tripped (closed -> tripped)",
                         ["scope", "detector"])

@@ -125,8 +125,9 @@ def _check_actor(actor: str) -> None:
 
 
 def validate_params(detector: str, params: Mapping[str, Any]) -> dict[str, Any]:
-    """Checked, normalised params: ``multiple`` (float > 0) and ``floor_micros`` (int >= 0)
-    for value_rate, ``window_ms`` (int > 0) for retrodating; anything else is a ValueError."""
+    """Checked, normalised params: ``multiple`` (float >= 1), ``floor_micros`` (int >= 0),
+    ``k`` and ``h`` (float > 0) for value_rate, ``window_ms`` (int > 0) for retrodating;
+    anything else is a ValueError."""
     out: dict[str, Any] = {}
     for key, value in params.items():
         owner = _PARAM_DETECTOR.get(key)
@@ -137,7 +138,12 @@ def validate_params(detector: str, params: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"param {key!r} configures {owner.value}, not {detector}")
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"param {key!r} must be a number, not {value!r}")
-        if key in ("multiple", "k", "h"):
+        if key == "multiple":
+            if not math.isfinite(value) or value < 1:
+                raise ValueError(f"multiple must be a finite number >= 1 (a span over that "
+                                 f"multiple of its expectation), not {value!r}")
+            out[key] = float(value)
+        elif key in ("k", "h"):
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{key} must be a finite number > 0, not {value!r}")
             out[key] = float(value)

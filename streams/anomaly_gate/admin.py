@@ -231,15 +231,18 @@ def add_parser(subparsers: Any) -> None:
                     "own row, off included, overrides it")
     sp.add_argument("--mode", required=True, choices=[m.value for m in Mode])
     sp.add_argument("--multiple", type=float,
-                    help="value_rate: trip above this multiple of the baseline")
+                    help="value_rate: a span trips only above this multiple of its "
+                    "expectation (default 1.1 global, 2 endpoint)")
     sp.add_argument("--floor-usd", type=float,
-                    help="value_rate: and above this absolute window total (USD)")
+                    help="value_rate: and only with an excess over the expectation above "
+                    "this (USD; default 50 global, 200 endpoint)")
     sp.add_argument("--k", type=float,
-                    help="value_rate, global scope: the rolling detector's score threshold "
-                    "(sigmas; `postbacks anomaly calibrate` recommends one)")
+                    help="value_rate: the rolling detector's score threshold (sigmas; "
+                    "default 4.5 global, 5 endpoint; `postbacks anomaly calibrate` "
+                    "recommends one)")
     sp.add_argument("--h", type=float,
-                    help="value_rate, global scope: the CUSUM arms' threshold (log-likelihood"
-                    " ratio; `postbacks anomaly calibrate` recommends one)")
+                    help="value_rate: the CUSUM arms' threshold (log-likelihood ratio; "
+                    "default 12.5; `postbacks anomaly calibrate` recommends one)")
     sp.add_argument("--window-days", type=float,
                     help="retrodating: hold when created - completed exceeds this")
     sp.add_argument("--note", help="why (recorded in the audit log)")

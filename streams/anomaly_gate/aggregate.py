@@ -33,6 +33,7 @@ from postbacks.core.anomaly.rolling import (
     RollingWithin,
     advance,
     arm_scores,
+    describe,
     empty,
     evaluate,
     reset_arms,
@@ -54,7 +55,7 @@ from streams.anomaly_gate.config import GateConfig, HaltBook
 from topics import TOPICS
 
 __all__ = ["GLOBAL_ROLL", "PARTIAL_WINDOW_MS", "SCORED_OPEN_MINUTES",
-           "GlobalAggregator", "describe", "owns"]
+           "GlobalAggregator", "owns"]
 
 log = logging.getLogger(__name__)
 GLOBAL_ROLL = "g:roll"
@@ -97,19 +98,6 @@ def owns(assigned: Any, partials_topic: str, was: bool | None) -> bool:
         log.info("global aggregator: %s", "this instance runs the global roll-up" if now
                  else "the global roll-up runs in another instance")
     return now
-
-
-def describe(r: RollingOver) -> str:
-    """Which span tripped, on what score: the trip's reason."""
-    sc = r.over
-    if sc.arm:  # a CUSUM arm: its run is the window, its statistic the score
-        return (f"{sc.span}-min span (CUSUM {sc.arm} arm, log-likelihood ratio "
-                f"{sc.score:.1f}): payout {sc.observed_micros / 1e6:.2f} USD vs "
-                f"{sc.expected_micros / 1e6:.2f} expected, count {sc.observed_count} vs "
-                f"{sc.expected_count:.1f}")
-    return (f"{sc.span}-min span ({sc.seen} min seen): payout {sc.observed_micros / 1e6:.2f}"
-            f" USD vs {sc.expected_micros / 1e6:.2f} expected, score {sc.score:.1f}, count "
-            f"{sc.observed_count} vs {sc.expected_count:.1f}, score {sc.count_score:.1f}")
 
 
 class GlobalAggregator:

@@ -23,20 +23,17 @@ from typing import Any
 
 from postbacks.core.anomaly import (
     ALL_ENDPOINTS,
-    ENDPOINT_THRESHOLDS,
     GLOBAL_SCOPE,
-    GLOBAL_THRESHOLDS,
     RETRODATING_WINDOW_MS,
     Detector,
     GateModes,
     HaltState,
     Mode,
-    RateThresholds,
     Scope,
     Trip,
     resolve_modes,
 )
-from postbacks.core.anomaly.rolling import GLOBAL_ROLLING, RollingThresholds
+from postbacks.core.anomaly.rolling import ENDPOINT_ROLLING, GLOBAL_ROLLING, RollingThresholds
 
 __all__ = ["GateConfig", "HaltBook", "StateChange", "build_config"]
 
@@ -52,8 +49,9 @@ class StateChange:
 
 
 def _rolling(params: Mapping[str, Any], default: RollingThresholds) -> RollingThresholds:
-    """The global row's ``multiple`` and ``floor_micros`` (and, in a hand-made row, ``k``
-    and ``skew``; ``h``: the CUSUM arms' threshold) over the rolling detector's defaults."""
+    """A value-rate row's ``multiple``, ``floor_micros``, ``k`` (and, in a hand-made row,
+    ``skew``; ``h``: the CUSUM arms' threshold) over the rolling detector's defaults for
+    its scope; unusable params read as the defaults."""
     try:
         over: dict[str, Any] = {k: type(getattr(default, k))(params[k])
                                 for k in ("multiple", "floor_micros", "k", "skew")
@@ -65,22 +63,12 @@ def _rolling(params: Mapping[str, Any], default: RollingThresholds) -> RollingTh
         return default
 
 
-def _thresholds(params: Mapping[str, Any], default: RateThresholds) -> RateThresholds:
-    multiple = params.get("multiple", default.multiple)
-    floor = params.get("floor_micros", default.floor_micros)
-    try:
-        return RateThresholds(float(multiple), int(floor))
-    except (TypeError, ValueError):
-        return default
-
-
 @dataclass(frozen=True, slots=True)
 class GateConfig:
     """Modes and thresholds, resolved per endpoint on demand (cached)."""
 
     rows: dict[tuple[Scope, Detector], Mode] = field(default_factory=dict)
-    endpoint_thresholds: dict[str, RateThresholds] = field(default_factory=dict)
-    global_thresholds: RateThresholds = GLOBAL_THRESHOLDS
+    endpoint_thresholds: dict[str, RollingThresholds] = field(default_factory=dict)
     global_rolling: RollingThresholds = GLOBAL_ROLLING  # what the global scope runs
     retrodating_window_ms: dict[str, int] = field(default_factory=dict)  # per endpoint
     global_retrodating_window_ms: int = RETRODATING_WINDOW_MS
@@ -92,11 +80,13 @@ class GateConfig:
             m = self._cache[endpoint_id] = resolve_modes(self.rows, endpoint_id)
         return m
 
-    def thresholds(self, endpoint_id: str) -> RateThresholds:
+    def thresholds(self, endpoint_id: str) -> RollingThresholds:
+        """The endpoint's rolling thresholds: its own row's, else the ``*`` row's, else
+        the defaults."""
         own = self.endpoint_thresholds.get(endpoint_id)
         if own is not None:
             return own
-        return self.endpoint_thresholds.get(ALL_ENDPOINTS, ENDPOINT_THRESHOLDS)
+        return self.endpoint_thresholds.get(ALL_ENDPOINTS, ENDPOINT_ROLLING)
 
     def window_ms(self, endpoint_id: str) -> int:
         own = self.retrodating_window_ms.get(endpoint_id)
@@ -124,9 +114,8 @@ def build_config(rows: Iterable[Any], global_key: str) -> tuple[GateConfig, list
     as off): the CLI validates what it writes, so these can only be hand-made rows.
     """
     modes: dict[tuple[Scope, Detector], Mode] = {}
-    ep_th: dict[str, RateThresholds] = {}
+    ep_th: dict[str, RollingThresholds] = {}
     windows: dict[str, int] = {}
-    g_th = GLOBAL_THRESHOLDS
     g_roll = GLOBAL_ROLLING
     g_window = RETRODATING_WINDOW_MS
     states: list[StateChange] = []
@@ -142,10 +131,9 @@ def build_config(rows: Iterable[Any], global_key: str) -> tuple[GateConfig, list
         params = r.params or {}
         if det is Detector.VALUE_RATE:
             if scope == GLOBAL_SCOPE:
-                g_th = _thresholds(params, GLOBAL_THRESHOLDS)
                 g_roll = _rolling(params, GLOBAL_ROLLING)
             else:
-                ep_th[scope[1]] = _thresholds(params, ENDPOINT_THRESHOLDS)
+                ep_th[scope[1]] = _rolling(params, ENDPOINT_ROLLING)
         elif isinstance(params.get("window_ms"), int) and params["window_ms"] > 0:
             if scope == GLOBAL_SCOPE:
                 g_window = params["window_ms"]
@@ -154,7 +142,7 @@ def build_config(rows: Iterable[Any], global_key: str) -> tuple[GateConfig, list
         if scope[1] != ALL_ENDPOINTS or scope == GLOBAL_SCOPE:  # a default never halts
             states.append(StateChange(scope, det.value, HaltState(r.state),
                                       r.state_changed_at_ms or 0))
-    return GateConfig(modes, ep_th, g_th, g_roll, windows, g_window), states
+    return GateConfig(modes, ep_th, g_roll, windows, g_window), states
 
 
 class HaltBook:

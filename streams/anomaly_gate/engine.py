@@ -3,13 +3,14 @@
 For each delivery of a batch, in offset order per partition:
 
 1. decode (undecodable -> a dead letter, the partition keeps flowing);
-2. count its payout in the endpoint's seasonal baseline and the partition's partial --
+2. count its payout in the endpoint's rolling state and the partition's partial --
    unless its offset is at or below the one persisted with that state (a re-processed
    delivery after a crash is decided again, never counted twice: see
-   :mod:`postbacks.core.anomaly.persist`);
-3. ``decide`` under the current modes and halts; a trip under enforce halts the scope
-   here at once (every later delivery in the batch sees it) and is returned for the
-   runner to persist and broadcast;
+   :mod:`postbacks.core.anomaly.endpoint_state`);
+3. score the endpoint's rolling spans at the delivery's event time (only where its value
+   rate is armed) and ``decide`` under the current modes and halts; a trip under enforce
+   halts the scope here at once (every later delivery in the batch sees it) and is
+   returned for the runner to persist and broadcast;
 4. dispatch (``dispatch.v1``) or hold (``held.v1`` plus a ``held`` outcome).
 
 The batch returns its outputs and the partials for the global aggregator; the table writes
@@ -37,40 +38,62 @@ from postbacks.core.anomaly import (
     Trip,
     accumulate,
     decide,
-    observe,
     payout_input,
     retrodated,
-    value_rate,
 )
-from postbacks.core.anomaly.detectors import MISSING_PAYOUT
+from postbacks.core.anomaly.detectors import NO_BASELINE
+from postbacks.core.anomaly.endpoint_state import EndpointState, dump, restore
 from postbacks.core.anomaly.modes import HoldReason
 from postbacks.core.anomaly.persist import (
     NOTHING,
-    Tracked,
     Value,
     dump_partial,
-    dump_scope,
     restore_partial,
-    restore_scope,
 )
+from postbacks.core.anomaly.rolling import (
+    RollingOver,
+    RollingResult,
+    as_rate_result,
+    describe,
+    evaluate,
+    reset_arms,
+)
+from postbacks.core.anomaly.rolling import add as rolling_add
 from postbacks.core.outcomes import make_dead_letter, make_outcome
 from postbacks.errors import DeadLetterError
-from postbacks.metrics import ANOMALY_SIGNALS, GATE_DECISIONS, MISSING_INPUTS, RETRODATED, child
+from postbacks.metrics import (
+    ANOMALY_ENDPOINT_SPAN_EXPECTED,
+    ANOMALY_ENDPOINT_SPAN_OBSERVED,
+    ANOMALY_ENDPOINT_SPAN_SCORE,
+    ANOMALY_SIGNALS,
+    GATE_DECISIONS,
+    MISSING_INPUTS,
+    RETRODATED,
+    child,
+)
 from postbacks.records import DeadLetterRecord, DeliveryRecord
 from streams.anomaly_gate.config import GateConfig, HaltBook
 from topics import TOPICS
 
-__all__ = ["BatchOut", "GateEngine", "In", "hist_key", "open_key", "partial_key"]
+__all__ = ["BatchOut", "GateEngine", "In", "open_key", "partial_key", "profile_key",
+           "ring_key"]
 
 log = logging.getLogger(__name__)
+SCOPE = "endpoint"
+
+
+# An endpoint's rolling state (postbacks.core.anomaly.endpoint_state). The keys ``e:`` and
+# ``h:`` held the hourly detector's state, which the gate no longer reads.
+def profile_key(endpoint_id: str) -> str:
+    return f"rp:{endpoint_id}"
+
+
+def ring_key(endpoint_id: str) -> str:
+    return f"rr:{endpoint_id}"
 
 
 def open_key(endpoint_id: str) -> str:
-    return f"e:{endpoint_id}"
-
-
-def hist_key(endpoint_id: str) -> str:
-    return f"h:{endpoint_id}"
+    return f"ro:{endpoint_id}"
 
 
 def partial_key(partition: int) -> str:
@@ -131,7 +154,9 @@ class GateEngine:
         self.halts = halts
         self.window_ms = window_ms
         self.partials_interval_ms = partials_interval_ms
-        self.scopes: dict[str, Tracked] = {}
+        self.scopes: dict[str, EndpointState] = {}
+        self.scores: dict[str, RollingResult] = {}  # armed endpoints' latest, for gauges
+        self._gauged: set[str] = set()  # endpoints with gauge series
         self.partials: dict[int, tuple[PartitionPartial, int]] = {}
         self._dirty_eps: dict[str, int] = {}  # endpoint -> partition, changed since written
         self._dirty_parts: set[int] = set()
@@ -149,16 +174,31 @@ class GateEngine:
         self.partials.clear()
         self._unsent_parts.clear()
         self._done.clear()
+        self.scores.clear()
+        self.gauges()
 
-    def _scope(self, ep: str, get: Callable[[str], Any]) -> Tracked:
+    def _scope(self, ep: str, get: Callable[[str], Any]) -> EndpointState:
         t = self.scopes.get(ep)
         if t is None:
             try:
-                t = restore_scope(get(hist_key(ep)), get(open_key(ep)))
+                t = restore(get(profile_key(ep)), get(ring_key(ep)), get(open_key(ep)))
             except ValueError as exc:
                 log.error("endpoint %s: unreadable gate state (%s): starting it afresh", ep, exc)
-                t = restore_scope(None, None)
+                t = restore(None, None, None)
             self.scopes[ep] = t
+        return t
+
+    def _rearm(self, ep: str, t: EndpointState, halted: bool) -> EndpointState:
+        """The endpoint's halt was tripped or closed since its last delivery. A close: its
+        spans judge from the minute after the newest known (that minute's money came before
+        the close), its CUSUM arms from zero."""
+        t = dataclasses.replace(t, halted=halted)
+        if not halted and t.state.minute is not None:
+            since = t.state.minute + 1
+            t = dataclasses.replace(t, state=reset_arms(t.state, since), since=since)
+            log.warning("endpoint %s: halt closed: its rolling spans judge from event time "
+                        "%d (epoch ms) on", ep, since * 60_000)
+        self.scopes[ep] = t
         return t
 
     def _partial(self, p: int, get: Callable[[str], Any]) -> tuple[PartitionPartial, int]:
@@ -199,35 +239,52 @@ class GateEngine:
             t = self._scope(ep, get)
             pay = conv["payout_usd_micros"]
             micros = pay if type(pay) is int and pay >= 0 else payout_input(pay)
-            ep_rate: RateResult | MissingInputs
-            if rec.offset > t.offset:  # not counted yet
-                st, ep_rate = observe(t.state, conv["occurred_at"], pay, cfg.thresholds(ep))
+            at = conv["occurred_at"]
+            if rec.offset > t.offset:  # not counted in the endpoint's state yet
+                st = t.state if type(micros) is not int else rolling_add(t.state, at, micros)
                 self.scopes[ep] = t = dataclasses.replace(t, state=st, offset=rec.offset)
                 touched[ep] = rec.partition
-                part, p_off = self._partial(rec.partition, get)
-                if rec.offset > p_off:
-                    if type(micros) is int:
-                        moved = accumulate(part, conv["occurred_at"], micros, self.window_ms)
-                        if part.window_start not in (None, moved.window_start):
-                            # the partition's window closed mid-batch: its final partial
-                            out.partials.append((rec.partition, part, p_off))
-                        part = moved
-                    self.partials[rec.partition] = (part, rec.offset)
-                    parts.add(rec.partition)
-            else:
-                ep_rate = (MISSING_PAYOUT if isinstance(micros, MissingInputs)
-                           else value_rate(t.state, cfg.thresholds(ep)))
+            # The partition's partial has an offset of its own: a kill -9 can land the
+            # endpoint's state write and not the partial's (or the other way round), and
+            # each must then count what it is missing.
+            part, p_off = self._partial(rec.partition, get)
+            if rec.offset > p_off:
+                if type(micros) is int:
+                    moved = accumulate(part, at, micros, self.window_ms)
+                    if part.window_start not in (None, moved.window_start):
+                        # the partition's window closed mid-batch: its final partial
+                        out.partials.append((rec.partition, part, p_off))
+                    part = moved
+                self.partials[rec.partition] = (part, rec.offset)
+                parts.add(rec.partition)
+            modes = cfg.modes(ep)
+            ep_rate: RateResult | MissingInputs = NO_BASELINE
+            scored: RollingResult | None = None
+            if isinstance(micros, MissingInputs):
+                ep_rate = micros
+            elif modes.endpoint_rate is not Mode.OFF:
+                if ((SCOPE, ep) in halts) is not t.halted:
+                    t = self._rearm(ep, t, not t.halted)
+                    touched[ep] = rec.partition
+                scored = self.scores[ep] = evaluate(t.state, cfg.thresholds(ep), now_ms=at,
+                                                    since_minute=t.since)
+                ep_rate = as_rate_result(scored)
             retro = retrodated(conv["source_created_at"], conv["source_completed_at"],
                                cfg.window_ms(ep))
-            decision = decide(ep, cfg.modes(ep), retro, ep_rate, None, halts)
+            decision = decide(ep, modes, retro, ep_rate, None, halts)
             if decision.metrics:
                 _count(decision.metrics)
             d["enqueued_at"] = now_ms
             if isinstance(decision, Hold):
                 if decision.trips:
                     for trip in decision.trips:
+                        if trip.scope == SCOPE:  # halted from here on: a close re-arms it
+                            if isinstance(scored, RollingOver):
+                                trip = dataclasses.replace(trip, detail=describe(scored))
+                            self.scopes[ep] = t = dataclasses.replace(t, halted=True)
+                            touched[ep] = rec.partition
                         self.halts.trip_now(trip, now_ms)
-                    out.trips.extend(decision.trips)
+                        out.trips.append(trip)
                     halts = self.halts.halts
                 d["hold_reason"] = decision.reason.value
                 out.records.append((TOPICS.held.base, rec.key, self._delivery.encode(d)))
@@ -281,10 +338,12 @@ class GateEngine:
             t = self.scopes.get(ep)
             if t is None:
                 continue
-            hist, open_, t = dump_scope(t)
+            profile, ring, open_, t = dump(t)
             self.scopes[ep] = t
-            if hist is not None:
-                writes.append((p, hist_key(ep), hist))
+            if profile is not None:  # in this order: see endpoint_state
+                writes.append((p, profile_key(ep), profile))
+            if ring is not None:
+                writes.append((p, ring_key(ep), ring))
             writes.append((p, open_key(ep), open_))
         for p in self._dirty_parts:
             got = self.partials.get(p)
@@ -294,7 +353,24 @@ class GateEngine:
         self._dirty_parts.clear()
         return writes
 
-    def armed(self) -> list[tuple[str, Tracked]]:
-        """Cached endpoints whose value-rate detector is not off (for the gauges)."""
-        return [(ep, t) for ep, t in self.scopes.items()
-                if self.config.modes(ep).endpoint_rate is not Mode.OFF]
+    def gauges(self) -> None:
+        """Export the spans of every armed endpoint scored since the last call, and drop
+        the series of endpoints no longer armed or no longer this instance's: bounded by
+        the armed endpoints this instance decides for. The runner calls it per commit."""
+        for ep, r in self.scores.items():
+            if self.config.modes(ep).endpoint_rate is Mode.OFF:
+                continue
+            for sc in getattr(r, "scores", ()):
+                span = str(sc.span)
+                ANOMALY_ENDPOINT_SPAN_OBSERVED.labels(ep, span).set(sc.observed_micros / 1e6)
+                ANOMALY_ENDPOINT_SPAN_EXPECTED.labels(ep, span).set(sc.expected_micros / 1e6)
+                ANOMALY_ENDPOINT_SPAN_SCORE.labels(ep, span, "value").set(sc.score)
+                ANOMALY_ENDPOINT_SPAN_SCORE.labels(ep, span, "count").set(sc.count_score)
+            self._gauged.add(ep)
+        self.scores.clear()
+        for ep in [e for e in self._gauged if e not in self.scopes
+                   or self.config.modes(e).endpoint_rate is Mode.OFF]:
+            self._gauged.discard(ep)
+            for g in (ANOMALY_ENDPOINT_SPAN_OBSERVED, ANOMALY_ENDPOINT_SPAN_EXPECTED,
+                      ANOMALY_ENDPOINT_SPAN_SCORE):
+                g.remove_by_labels({"endpoint": ep})

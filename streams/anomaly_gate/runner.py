@@ -245,6 +245,7 @@ class GateProcess:
     def _hold_states(self) -> int:
         """Changed states -> tables (once a commit); their changelog records are held."""
         ep_table, g_table = self._tables
+        self.engine.gauges()
         writes = [Write(ep_table, p, k, v) for p, k, v in self.engine.take_writes()]
         writes += [Write(g_table, 0, k, v) for k, v in self.aggregator.take_writes()]
         for w in writes:

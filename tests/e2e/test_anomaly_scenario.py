@@ -29,8 +29,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from postbacks.codec import codec_for
-from postbacks.core.anomaly import ENDPOINT_THRESHOLDS
-from postbacks.core.anomaly.rolling import GLOBAL_ROLLING
+from postbacks.core.anomaly.rolling import ENDPOINT_ROLLING, GLOBAL_ROLLING
 from postbacks.db.anomaly import set_mode
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
@@ -103,8 +102,8 @@ def test_broad_but_shallow_cohort_through_the_real_gate(
         for ep in endpoints:
             set_mode(conn, scope="endpoint", scope_key=ep, detector="value_rate",
                      mode="enforce", actor="test",
-                     params={"multiple": ENDPOINT_THRESHOLDS.multiple,
-                             "floor_micros": ENDPOINT_THRESHOLDS.floor_micros})
+                     params={"multiple": ENDPOINT_ROLLING.multiple,
+                             "floor_micros": ENDPOINT_ROLLING.floor_micros})
         conn.commit()
 
     codec = codec_for("Delivery")

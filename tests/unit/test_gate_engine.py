@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -10,21 +11,28 @@ from prometheus_client import REGISTRY
 
 from postbacks.codec import codec_for
 from postbacks.core.anomaly import (
-    ENDPOINT_THRESHOLDS,
     GLOBAL_SCOPE,
     RETRODATING_WINDOW_MS,
     Detector,
     GateModes,
     HaltState,
     Mode,
-    RateThresholds,
     Trip,
 )
-from postbacks.core.anomaly.persist import restore_scope
+from postbacks.core.anomaly.endpoint_state import restore
+from postbacks.core.anomaly.rolling import ENDPOINT_ROLLING, GLOBAL_ROLLING
+from postbacks.core.anomaly.rolling_codec import to_dict
 from postbacks.core.anomaly.windows import DAY_MS, HOUR_MS
 from postbacks.db.anomaly import AnomalyRow
 from streams.anomaly_gate.config import HaltBook, StateChange, build_config, core_scope
-from streams.anomaly_gate.engine import BatchOut, GateEngine, In, hist_key, open_key
+from streams.anomaly_gate.engine import (
+    BatchOut,
+    GateEngine,
+    In,
+    open_key,
+    profile_key,
+    ring_key,
+)
 from tests.unit.factories import make_conversion, make_delivery
 
 GKEY = "unit-global"
@@ -89,10 +97,10 @@ def test_build_config_resolves_modes_thresholds_and_windows() -> None:
     assert cfg.modes("ep_1") == GateModes(OFF, ENF, DET)
     assert cfg.modes("ep_2") == GateModes(DET, OFF, DET)
     assert cfg.modes("ep_9") == GateModes(OFF, OFF, DET)
-    assert cfg.thresholds("ep_1") == RateThresholds(3.0, USD)
-    assert cfg.thresholds("ep_3") == ENDPOINT_THRESHOLDS  # unparseable params: defaults
-    assert cfg.thresholds("ep_9") == ENDPOINT_THRESHOLDS
-    assert cfg.global_thresholds == RateThresholds(2.0, 5)
+    assert cfg.thresholds("ep_1") == replace(ENDPOINT_ROLLING, multiple=3.0, floor_micros=USD)
+    assert cfg.thresholds("ep_3") == ENDPOINT_ROLLING  # unparseable params: defaults
+    assert cfg.thresholds("ep_9") == ENDPOINT_ROLLING
+    assert cfg.global_rolling == replace(GLOBAL_ROLLING, multiple=2.0, floor_micros=5)
     assert cfg.global_mode is DET
     assert cfg.window_ms("ep_2") == 1000
     assert cfg.window_ms("ep_1") == RETRODATING_WINDOW_MS
@@ -111,13 +119,13 @@ def test_one_row_arms_every_endpoint_and_an_endpoint_row_overrides_it() -> None:
     cfg, states = build_config(rows, GKEY)
     # any endpoint, never configured (a new one): the defaults
     assert cfg.modes("ep_new") == GateModes(ENF, ENF, OFF)
-    assert cfg.thresholds("ep_new") == RateThresholds(4.0, 7)
+    assert cfg.thresholds("ep_new") == replace(ENDPOINT_ROLLING, multiple=4.0, floor_micros=7)
     assert cfg.window_ms("ep_new") == 2000
     # an endpoint's own rows win, detector by detector, off included
     assert cfg.modes("ep_quiet") == GateModes(DET, OFF, OFF)
     assert cfg.window_ms("ep_quiet") == 9000
     assert cfg.modes("ep_own") == GateModes(ENF, DET, OFF)
-    assert cfg.thresholds("ep_own") == RateThresholds(2.0, ENDPOINT_THRESHOLDS.floor_micros)
+    assert cfg.thresholds("ep_own") == replace(ENDPOINT_ROLLING, multiple=2.0)
     # the default row is a setting, never a halt scope
     assert ("endpoint", "*") not in [s.scope for s in states]
 
@@ -244,14 +252,15 @@ def test_restart_counts_each_payout_once(crashed_after: int) -> None:
     new = rec(8, at=T0 + HOUR_MS + 9000, payout_usd_micros=100 * USD)
     out = run(restarted, store, [*_batch(), new])
     run(clean, clean_store, [new])
-    for ep in ("ep_1", "ep_2"):
-        assert restarted.scopes[ep].state == clean.scopes[ep].state
+    for ep in ("ep_1", "ep_2"):  # compared in their stored form (NaN != NaN)
+        assert to_dict(restarted.scopes[ep].state) == to_dict(clean.scopes[ep].state)
         assert restarted.scopes[ep].offset == clean.scopes[ep].offset
-        back = restore_scope(store[hist_key(ep)], store[open_key(ep)])
-        assert back.state == clean.scopes[ep].state
+        back = restore(store[profile_key(ep)], store[ring_key(ep)], store[open_key(ep)])
+        assert to_dict(back.state) == to_dict(clean.scopes[ep].state)
     # hour H+1: ep_2 got offsets 5 and 7 (6 + 8 USD); ep_1 offsets 6 and 8 (7 + 100 USD)
-    assert restarted.scopes["ep_2"].state.open_total == 14 * USD
-    assert restarted.scopes["ep_1"].state.open_total == 107 * USD
+    assert (restarted.scopes["ep_2"].state.cur, restarted.scopes["ep_2"].state.h_total) == (
+        14 * USD, 14 * USD)
+    assert restarted.scopes["ep_1"].state.cur == 107 * USD
     part, off = restarted.partials[0]
     assert (part, off) == clean.partials[0]
     assert (part.window_start, part.total, off) == (T0 + HOUR_MS, 121 * USD, 8)
@@ -261,10 +270,27 @@ def test_restart_counts_each_payout_once(crashed_after: int) -> None:
         f"dlv_{('ep_1', 'ep_2')[o % 2]}_{o}" for o in range(9)]
 
 
+def test_a_partial_behind_its_endpoints_state_counts_what_it_misses() -> None:
+    """kill -9 between the two writes of a flush: the endpoints' state landed, the
+    partition's partial did not. The restarted gate counts the missing deliveries in the
+    partial (not in the endpoints): the global roll-up gets every payout once."""
+    clean, clean_store, store = gate(), dict[str, Any](), dict[str, Any]()
+    run(clean, clean_store, _batch())
+    run(gate(), store, _batch()[:3])
+    behind = store["p:0"]
+    run(gate(), store, _batch()[3:])
+    store["p:0"] = behind  # its last write was lost
+    restarted = gate()
+    run(restarted, store, _batch())
+    assert restarted.partials[0] == clean.partials[0]
+    for ep in ("ep_1", "ep_2"):  # counted once, not again
+        assert to_dict(restarted.scopes[ep].state) == to_dict(clean.scopes[ep].state)
+
+
 def test_unreadable_endpoint_state_starts_afresh_but_the_partial_counts_once() -> None:
     store: dict[str, Any] = {}
     run(gate(), store, _batch())
-    store[hist_key("ep_1")] = {"v": 1, "history": "garbage"}
+    store[ring_key("ep_1")] = {"v": 1, "obs": "garbage", "o": 7}
     restarted = gate()
     out = run(restarted, store, _batch())
     assert out.dispatched == 8
@@ -273,36 +299,55 @@ def test_unreadable_endpoint_state_starts_afresh_but_the_partial_counts_once() -
 
 
 def test_endpoint_trip_holds_that_endpoint_only() -> None:
+    """Three weeks of one $100 delivery an hour, then eight in the first seconds of the
+    next hour. The 5-minute span expects 0.11 conversions: its count's noise is taken as
+    one conversion's (variance 1), so the sixth scores (6 - 0.11) / 1.0 = 5.9 > k 5 +
+    2 / sqrt(5) = 5.89 with the value's score over 2, over 3 x expected and over the $1
+    floor: it trips. ep_2 has no history, so no expectation: never a trip."""
     engine = gate(row("endpoint", "ep_1", "value_rate", "enforce",
                       {"multiple": 3.0, "floor_micros": USD}))
     store: dict[str, Any] = {}
-    two_weeks = [rec(h, at=T0 + h * HOUR_MS + 60_000, payout_usd_micros=100 * USD)
-                 for h in range(336)]
-    out = run(engine, store, two_weeks)
-    assert (out.dispatched, out.trips) == (336, [])
-    burst_at = T0 + 336 * HOUR_MS
+    weeks = [rec(h, at=T0 + h * HOUR_MS + 60_000, payout_usd_micros=100 * USD)
+             for h in range(504)]
+    out = run(engine, store, weeks)
+    assert (out.dispatched, out.trips) == (504, [])
+    burst_at = T0 + 504 * HOUR_MS
     burst: list[In] = []
-    for i in range(5):
-        burst.append(rec(336 + i, at=burst_at + i * 1000, payout_usd_micros=100 * USD))
+    for i in range(8):
+        burst.append(rec(504 + i, at=burst_at + i * 1000, payout_usd_micros=100 * USD))
         burst.append(rec(i, ep="ep_2", at=burst_at + i * 1000, partition=1,
                          payout_usd_micros=1000 * USD))
     out = run(engine, store, burst)
-    assert out.trips == [Trip("endpoint", "ep_1", Detector.VALUE_RATE, 400 * USD,
-                              100.0 * USD, burst_at)]
-    assert [d["delivery_id"] for d in on(out, "held.v1")] == ["dlv_ep_1_339", "dlv_ep_1_340"]
+    [trip] = out.trips
+    assert (trip.scope, trip.key, trip.detector, trip.observed) == (
+        "endpoint", "ep_1", Detector.VALUE_RATE, 600 * USD)
+    assert trip.window_start_ms == burst_at - 4 * 60_000  # the 5-min span, open minute last
+    assert trip.baseline == pytest.approx(6.80 * USD, rel=1e-3)
+    assert trip.detail is not None and trip.detail.startswith("5-min span (5 min seen)")
+    assert "count 6 vs 0.1, score 5.9" in trip.detail
+    assert [d["delivery_id"] for d in on(out, "held.v1")] == [
+        "dlv_ep_1_509", "dlv_ep_1_510", "dlv_ep_1_511"]
     assert [d["hold_reason"] for d in on(out, "held.v1")] == [
-        "payout_rate_endpoint", "halted_endpoint"]
+        "payout_rate_endpoint"] + ["halted_endpoint"] * 2
     assert [o["reason"] for o in on(out, "outcomes.v1", OUTCOME)] == [
-        "payout_rate_endpoint", "halted_endpoint"]
+        "payout_rate_endpoint"] + ["halted_endpoint"] * 2
     sent = on(out, "dispatch.v1")
-    assert [d["endpoint_id"] for d in sent].count("ep_2") == 5
+    assert [d["endpoint_id"] for d in sent].count("ep_2") == 8
     assert [d["delivery_id"] for d in sent if d["endpoint_id"] == "ep_1"] == [
-        "dlv_ep_1_336", "dlv_ep_1_337", "dlv_ep_1_338"]
+        f"dlv_ep_1_{o}" for o in range(504, 509)]
     assert engine.halts.halts == {EP_SCOPE: HaltState.TRIPPED}
+    engine.gauges()  # armed ep_1 exports its spans; ep_2 is not armed
+    assert sample("postbacks_anomaly_endpoint_span_observed_usd", endpoint="ep_1",
+                  span="5") == 800.0
+    assert sample("postbacks_anomaly_endpoint_span_score", endpoint="ep_1", span="5",
+                  channel="count") > 7.9
+    assert REGISTRY.get_sample_value("postbacks_anomaly_endpoint_span_score",
+                                     {"endpoint": "ep_2", "span": "5",
+                                      "channel": "value"}) is None
 
-    later = T0 + 338 * HOUR_MS
-    out = run(engine, store, [rec(341, at=later, payout_usd_micros=USD),
-                              rec(5, ep="ep_2", at=later, partition=1)])
+    later = T0 + 506 * HOUR_MS
+    out = run(engine, store, [rec(512, at=later, payout_usd_micros=USD),
+                              rec(8, ep="ep_2", at=later, partition=1)])
     assert [(d["endpoint_id"], d["hold_reason"]) for d in on(out, "held.v1")] == [
         ("ep_1", "halted_endpoint")]
     assert [d["endpoint_id"] for d in on(out, "dispatch.v1")] == ["ep_2"]
@@ -311,8 +356,50 @@ def test_endpoint_trip_holds_that_endpoint_only() -> None:
     tripped_at = engine.halts.latest(EP_SCOPE, "value_rate")
     assert tripped_at is not None and tripped_at.state is HaltState.TRIPPED
     engine.halts.apply(StateChange(EP_SCOPE, "value_rate", HaltState.CLOSED, NOW + 1))
-    out = run(engine, store, [rec(342, at=later + 1, payout_usd_micros=USD)])
-    assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == ["dlv_ep_1_342"]
+    out = run(engine, store, [rec(513, at=later + 1, payout_usd_micros=USD)])
+    assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == ["dlv_ep_1_513"]
+    # disarmed: its series go at the next export
+    engine.config = build_config([], GKEY)[0]
+    engine.gauges()
+    assert REGISTRY.get_sample_value("postbacks_anomaly_endpoint_span_score",
+                                     {"endpoint": "ep_1", "span": "5",
+                                      "channel": "value"}) is None
+
+
+def test_a_closed_endpoint_judges_from_the_minute_after_and_a_restart_keeps_that() -> None:
+    """Closed right after its trip, ep_1 does not trip again on the burst still inside its
+    spans: deliveries in the same minute are dispatched. From the next minute on its spans
+    are partial windows starting there (1 minute seen: k 5 + 2 / sqrt(1) = 7 for the
+    count), and a restarted gate keeps that: one delivery does not trip, eight do."""
+    engine = gate(row("endpoint", "ep_1", "value_rate", "enforce",
+                      {"multiple": 3.0, "floor_micros": USD}))
+    store: dict[str, Any] = {}
+    run(engine, store, [rec(h, at=T0 + h * HOUR_MS + 60_000, payout_usd_micros=100 * USD)
+                        for h in range(504)])
+    burst_at = T0 + 504 * HOUR_MS
+    out = run(engine, store, [rec(504 + i, at=burst_at + i * 1000, payout_usd_micros=100 * USD)
+                              for i in range(6)])
+    assert len(out.trips) == 1
+    engine.halts.apply(StateChange(EP_SCOPE, "value_rate", HaltState.CLOSED, NOW + 1))
+    out = run(engine, store, [rec(510 + i, at=burst_at + 10_000 + i * 1000,
+                                  payout_usd_micros=100 * USD) for i in range(3)])
+    assert (out.dispatched, out.held, out.trips) == (3, 0, [])
+    assert engine.scopes["ep_1"].since == burst_at // 60_000 + 1
+
+    restarted = gate(row("endpoint", "ep_1", "value_rate", "enforce",
+                         {"multiple": 3.0, "floor_micros": USD}))
+    restarted.halts.apply(StateChange(EP_SCOPE, "value_rate", HaltState.CLOSED, NOW + 1))
+    nxt = burst_at + 60_000
+    out = run(restarted, store, [rec(513, at=nxt + 1000, payout_usd_micros=100 * USD)])
+    assert (out.dispatched, out.trips) == (1, [])
+    assert restarted.scopes["ep_1"].since == burst_at // 60_000 + 1
+    out = run(restarted, store, [rec(514 + i, at=nxt + 2000 + i * 1000,
+                                     payout_usd_micros=100 * USD) for i in range(8)],
+              now=NOW + 10)  # after the close
+    [trip] = out.trips
+    assert (out.dispatched, out.held) == (6, 2)  # the 8th in the minute trips
+    assert trip.window_start_ms == nxt and trip.detail is not None
+    assert trip.detail.startswith("5-min span (1 min seen)")
 
 
 def test_undecodable_records_go_to_the_dlq_and_the_batch_goes_on() -> None:

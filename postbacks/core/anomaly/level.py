@@ -49,19 +49,21 @@ NO_LEVEL = Level()
 
 
 def age_out(lv: Level, observed: float, expected: float, variance: float) -> Level:
-    """A minute leaves the rolling windows: it now informs the level."""
+    """A minute leaves the rolling windows: it now informs the level. (Built field by
+    field here and in :func:`in_hour`: ``dataclasses.replace`` cost a fifth of an endpoint's
+    CPU in a backlog.)"""
     if math.isnan(expected):
         return lv
-    return replace(lv, a=lv.a * _D + observed, b=lv.b * _D + expected,
-                   v=lv.v * _D * _D + variance)
+    return Level(lv.a * _D + observed, lv.b * _D + expected, lv.v * _D * _D + variance,
+                 lv.r_num, lv.r_den, lv.h_obs, lv.h_exp, lv.h_var, lv.h_level)
 
 
 def in_hour(lv: Level, observed: float, expected: float, variance: float) -> Level:
     """A minute of the open hour closes (for that hour's error)."""
     if math.isnan(expected):
         return lv
-    return replace(lv, h_obs=lv.h_obs + observed, h_exp=lv.h_exp + expected,
-                   h_var=lv.h_var + variance)
+    return Level(lv.a, lv.b, lv.v, lv.r_num, lv.r_den, lv.h_obs + observed,
+                 lv.h_exp + expected, lv.h_var + variance, lv.h_level)
 
 
 def learned(lv: Level) -> bool:

@@ -6,8 +6,8 @@ aggregator sums from its partials). Each minute is added whole to one
 :class:`~.rolling.RollingState` and every span is scored as at the end of that minute --
 what the gate sees once the minute's partials are in. Per minute and span the score a
 threshold must stay above for that span not to trip is its *needed k*: the value score
-less ``skew / sqrt(span)``, and, where the value score is above ``support_k``, the count
-score less ``count_skew / sqrt(span)``; only where the span is also over ``multiple`` x
+less ``skew / sqrt(seen)``, and, where the value score is above ``support_k``, the count
+score less ``count_skew / sqrt(seen)``; only where the span is also over ``multiple`` x
 expected and over the floor (otherwise no k trips it). The recommendation is the highest
 needed k over the history outside the labelled incident, plus ``margin``, and never below
 ``min_k``.
@@ -88,7 +88,7 @@ def needed_k(sc: SpanScore, th: RollingThresholds) -> tuple[float, str] | None:
     if not (sc.observed_micros > th.multiple * sc.expected_micros
             and sc.observed_micros - sc.expected_micros > th.floor_micros):
         return None
-    span_term = sc.span ** 0.5
+    span_term = sc.seen ** 0.5  # as evaluate: the minutes the span covers
     best = (sc.score - th.skew / span_term, "value")
     if sc.score > th.support_k:
         by_count = sc.count_score - th.count_skew / span_term

@@ -29,11 +29,19 @@ conversions (``zc``, uncapped: a count has no large payouts, so it is far steadi
 value and sees a broad surge of ordinary conversions sooner). A span trips when **all**
 hold:
 
-- ``z > k_for(span)``, or ``zc > count_k_for(span)`` with ``z > support_k`` (the scope's
+- ``z > k_for(seen)``, or ``zc > count_k_for(seen)`` with ``z > support_k`` (the scope's
   own noise: a steady global total trips on a small excess, a noisy small endpoint needs
-  a large one; a count surge trips only when the money moved with it);
+  a large one; a count surge trips only when the money moved with it). ``seen`` is the
+  minutes the span covers: its length, fewer for a partial window, whose sum of fewer
+  minutes is more skewed;
 - ``O > multiple * E`` (the configured multiple: a floor on the relative excess);
 - ``O - E > floor_micros`` (an absolute minimum, for small endpoints only).
+
+**A span's noise is at least one conversion's.** Where a span expects less than one
+conversion (a sparse endpoint's short spans, the first minute after a close), the count's
+variance is taken as at least 1 and the value's as at least one conversion at the slot's
+mean payout squared: one conversion more than a fraction expected is no evidence, and a
+Gaussian score on a fraction of a conversion would call it one. A burst still trips.
 
 **CUSUM arms** (:mod:`.cusum`, one per ``policy.shifts``: +50% by default) run on the count,
 against its expectation times ``1 + allowance x`` the remaining level deviation, from the
@@ -56,7 +64,7 @@ from dataclasses import replace
 
 from postbacks.core.anomaly.cusum import NO_ARM, Arm, MinuteFigures, step
 from postbacks.core.anomaly.detectors import NO_BASELINE, WITHIN, Over, RateResult
-from postbacks.core.anomaly.level import NO_LEVEL, age_out, current, in_hour, learned
+from postbacks.core.anomaly.level import NO_LEVEL, Level, age_out, current, in_hour, learned
 from postbacks.core.anomaly.level import close_hour as close_level_hour
 from postbacks.core.anomaly.profile import (
     COUNT,
@@ -103,6 +111,7 @@ __all__ = [
     "arm_scores",
     "arm_trips",
     "as_rate_result",
+    "describe",
     "empty",
     "evaluate",
     "push_minute",
@@ -120,50 +129,86 @@ def empty(policy: RollingPolicy | None = None) -> RollingState:
                         stats(profile, p.min_weeks), count_stats(profile, p.min_weeks))
 
 
+class _Ring:
+    """A state's closed minutes, levels and arms as lists to append to: :func:`advance`
+    closes minute after minute into one, then builds one state (a state per closed minute
+    cost most of an endpoint's CPU in a backlog)."""
+
+    __slots__ = ("arms", "capped", "cexp", "cobs", "cvar", "exp", "lc", "lv", "obs", "var")
+
+    def __init__(self, s: RollingState) -> None:
+        self.obs, self.capped = list(s.obs), list(s.capped)
+        self.exp, self.var = list(s.exp), list(s.var)
+        self.cobs, self.cexp, self.cvar = list(s.cobs), list(s.cexp), list(s.cvar)
+        self.lv, self.lc, self.arms = s.lv, s.lc, s.arms
+
+    def push(self, s: RollingState, minute: int, observed: int, count: int) -> None:
+        """Close ``minute`` (its expectations fixed now from ``s``'s profile statistics);
+        keeps the ring's size."""
+        p = s.policy
+        got = expect_minute(s.st, minute)
+        e, v = got if got is not None else (_NAN, 0.0)
+        cgot = expect_minute(s.cst, minute)
+        ce, cv = cgot if cgot is not None else (_NAN, 0.0)
+        cap = float(observed) if got is None else min(float(observed),
+                                                      p.cap(e, v, count, ce))
+        n = p.ring
+        lv, lc = in_hour(self.lv, cap, e, v), in_hour(self.lc, float(count), ce, cv)
+        if len(self.obs) >= n:  # the oldest minute leaves the windows: it informs the level
+            lv = age_out(lv, self.capped[0], self.exp[0], self.var[0])
+            lc = age_out(lc, float(self.cobs[0]), self.cexp[0], self.cvar[0])
+            for ring in (self.obs, self.capped, self.exp, self.var, self.cobs, self.cexp,
+                         self.cvar):
+                del ring[0]
+        if minute >= s.arms_from:
+            fig = _figures(p, s.st.cv2, s.cst.cv2, self.lv, self.lc,
+                           (float(observed), e, v), (float(count), ce, cv))
+            self.arms = _step_arms(p.shifts, self.arms, fig, minute)
+        self.lv, self.lc = lv, lc
+        self.obs.append(observed)
+        self.capped.append(cap)
+        self.exp.append(e)
+        self.var.append(v)
+        self.cobs.append(count)
+        self.cexp.append(ce)
+        self.cvar.append(cv)
+
+    def into(self, s: RollingState) -> RollingState:
+        return replace(s, lv=self.lv, lc=self.lc, arms=self.arms, obs=tuple(self.obs),
+                       capped=tuple(self.capped), exp=tuple(self.exp), var=tuple(self.var),
+                       cobs=tuple(self.cobs), cexp=tuple(self.cexp), cvar=tuple(self.cvar))
+
+
 def push_minute(s: RollingState, minute: int, observed: int, count: int) -> RollingState:
     """Close ``minute`` into the ring (its expectations fixed now); keeps the ring's size."""
-    got = expect_minute(s.st, minute)
-    e, v = got if got is not None else (_NAN, 0.0)
-    cap = float(observed) if got is None else min(float(observed), s.policy.cap(e, v))
-    cgot = expect_minute(s.cst, minute)
-    ce, cv = cgot if cgot is not None else (_NAN, 0.0)
-    n = s.policy.ring
-    lv, lc = in_hour(s.lv, cap, e, v), in_hour(s.lc, float(count), ce, cv)
-    if len(s.obs) >= n:  # the oldest minute leaves the windows: it informs the level
-        lv = age_out(lv, s.capped[0], s.exp[0], s.var[0])
-        lc = age_out(lc, float(s.cobs[0]), s.cexp[0], s.cvar[0])
-    arms = s.arms
-    if minute >= s.arms_from:
-        arms = _step_arms(s, _figures(s, (float(observed), e, v), (float(count), ce, cv)),
-                          minute)
-    return replace(s, lv=lv, lc=lc, arms=arms, obs=(*s.obs, observed)[-n:],
-                   capped=(*s.capped, cap)[-n:],
-                   exp=(*s.exp, e)[-n:], var=(*s.var, v)[-n:],
-                   cobs=(*s.cobs, count)[-n:], cexp=(*s.cexp, ce)[-n:],
-                   cvar=(*s.cvar, cv)[-n:])
+    ring = _Ring(s)
+    ring.push(s, minute, observed, count)
+    return ring.into(s)
 
 
 _ARM_CV2 = 0.02 ** 2  # the level deviation arms allow for is at least 2%
 
 
-def _figures(s: RollingState, value: tuple[float, float, float],
+def _figures(p: RollingPolicy, cv2: float, ccv2_profile: float, lv: Level, lc: Level,
+             value: tuple[float, float, float],
              count: tuple[float, float, float]) -> MinuteFigures:
     """A minute for the arms: they test the count, and sum the value for the run. ``value``:
-    (observed, expected, variance) before today's level; ``count`` likewise."""
+    (observed, expected, variance) before today's level; ``count`` likewise; ``cv2`` and
+    ``ccv2_profile``: the profile's level variation of value and count."""
     o, e, v = value
     c, ce, cv = count
-    lvl = current(s.lv, max(s.st.cv2, _ARM_CV2))[0]
-    clvl, ccv2 = current(s.lc, max(s.cst.cv2, _ARM_CV2))
+    lvl = current(lv, max(cv2, _ARM_CV2))[0]
+    clvl, ccv2 = current(lc, max(ccv2_profile, _ARM_CV2))
     # Before today's level is learned the expectation carries the whole day's level error,
     # which a CUSUM would accumulate: the arms wait for it (about two days of hours).
-    ce, cv = (ce * clvl, cv * clvl) if learned(s.lc) else (_NAN, 0.0)
-    allow = 1 + s.policy.allowance * math.sqrt(max(ccv2, _ARM_CV2))
+    ce, cv = (ce * clvl, cv * clvl) if learned(lc) else (_NAN, 0.0)
+    allow = 1 + p.allowance * math.sqrt(max(ccv2, _ARM_CV2))
     return MinuteFigures(c, ce * allow, cv, o, e * lvl, v * lvl, c, ce)
 
 
-def _step_arms(s: RollingState, fig: MinuteFigures, minute: int) -> tuple[Arm, ...]:
-    shifts = s.policy.shifts
-    arms = s.arms or (NO_ARM,) * len(shifts)
+def _step_arms(shifts: tuple[float, ...], arms: tuple[Arm, ...], fig: MinuteFigures,
+               minute: int) -> tuple[Arm, ...]:
+    arms = arms or (NO_ARM,) * len(shifts)
     return tuple(step(arm, x, fig, minute) for arm, x in zip(arms, shifts, strict=True))
 
 
@@ -201,7 +246,8 @@ def advance(s: RollingState, minute: int) -> RollingState:
     if old is None or minute <= old:
         return s
     cur, ccur = s.cur, s.ccur
-    s = push_minute(s, old, cur, ccur)
+    ring = _Ring(s)
+    ring.push(s, old, cur, ccur)
     s = replace(s, h_sq=s.h_sq + float(cur) * cur, h_csq=s.h_csq + ccur * ccur, cur=0, ccur=0)
     hour = old // 60
     keep_from = minute - s.policy.ring
@@ -209,14 +255,15 @@ def advance(s: RollingState, minute: int) -> RollingState:
     if m < keep_from:  # a gap longer than the ring: its early minutes are only hours
         m = keep_from
         if m // 60 > hour:
-            s = _close_hours(s, hour, m // 60)
-            hour = m // 60
+            s = _close_hours(ring.into(s), hour, m // 60)
+            ring, hour = _Ring(s), m // 60
     while m < minute:
-        if m // 60 > hour:
-            s = _close_hours(s, hour, m // 60)
-            hour = m // 60
-        s = push_minute(s, m, 0, 0)
+        if m // 60 > hour:  # the profile and the levels move: through a state
+            s = _close_hours(ring.into(s), hour, m // 60)
+            ring, hour = _Ring(s), m // 60
+        ring.push(s, m, 0, 0)
         m += 1
+    s = ring.into(s)
     if minute // 60 > hour:
         s = _close_hours(s, hour, minute // 60)
     return replace(s, minute=minute)
@@ -253,13 +300,17 @@ def _score(s: RollingState, span: int, frac: float, opens: tuple[float, float, f
     v = (math.fsum(s.var[-n:]) if n else 0.0) + v_open * frac
     o = (sum(s.obs[-n:]) if n else 0) + s.cur
     oc = (math.fsum(s.capped[-n:]) if n else 0.0) + min(
-        float(s.cur), s.policy.cap(e_open * frac, v_open))
+        float(s.cur), s.policy.cap(e_open * frac, v_open, s.ccur, ce_open * frac))
     e *= lv
     v = (v * lv + cv2 * e * e) * inflate
     co = (sum(s.cobs[-n:]) if n else 0) + s.ccur
     ce = ((math.fsum(s.cexp[-n:]) if n else 0.0) + ce_open * frac) * lc
     cvv = ((math.fsum(s.cvar[-n:]) if n else 0.0) + cv_open * frac) * lc
     cvv = (cvv + ccv2 * ce * ce) * inflate
+    if 0 <= ce < 1:  # less than one conversion expected: at least one conversion's noise
+        cvv = max(cvv, 1.0)
+        if ce > 0:
+            v = max(v, (e / ce) ** 2)
     cz = 0.0 if math.isnan(ce) else _z(co, ce, cvv)
     return SpanScore(span, n + 1, o, e, math.sqrt(v), _z(oc, e, v), co, ce, cz)
 
@@ -303,8 +354,9 @@ def evaluate(s: RollingState, th: RollingThresholds, now_ms: int | None = None,
             continue
         scores.append(sc)
         if (over is None
-                and (sc.score > th.k_for(span)
-                     or (sc.count_score > th.count_k_for(span) and sc.score > th.support_k))
+                and (sc.score > th.k_for(sc.seen)
+                     or (sc.count_score > th.count_k_for(sc.seen)
+                         and sc.score > th.support_k))
                 and sc.observed_micros > th.multiple * sc.expected_micros
                 and sc.observed_micros - sc.expected_micros > th.floor_micros):
             over = sc
@@ -324,9 +376,11 @@ def _arms_at(s: RollingState, minute: int, frac: float,
              opens: tuple[float, float, float, float]) -> tuple[SpanScore, ...]:
     """Every arm with the open minute counted (``frac`` of it), as a :class:`SpanScore`."""
     e, v, ce, cv = (x * frac for x in opens)
-    fig = _figures(s, (float(s.cur), e, v), (float(s.ccur), ce, cv))
+    fig = _figures(s.policy, s.st.cv2, s.cst.cv2, s.lv, s.lc, (float(s.cur), e, v),
+                   (float(s.ccur), ce, cv))
     out = []
-    for x, a in zip(s.policy.shifts, _step_arms(s, fig, minute), strict=True):
+    for x, a in zip(s.policy.shifts, _step_arms(s.policy.shifts, s.arms, fig, minute),
+                    strict=True):
         n = minute - a.start + 1 if a.s > 0 else 0
         out.append(SpanScore(n, n, int(a.obs), a.exp, math.sqrt(a.var), a.s, int(a.cobs),
                              a.cexp, a.s, f"count +{x * 100:g}%"))
@@ -364,3 +418,16 @@ def as_rate_result(r: RollingResult) -> RateResult:
         case RollingWithin():
             return WITHIN
     return NO_BASELINE
+
+
+def describe(r: RollingOver) -> str:
+    """Which span tripped, on what score: the trip's reason."""
+    sc = r.over
+    if sc.arm:  # a CUSUM arm: its run is the window, its statistic the score
+        return (f"{sc.span}-min span (CUSUM {sc.arm} arm, log-likelihood ratio "
+                f"{sc.score:.1f}): payout {sc.observed_micros / 1e6:.2f} USD vs "
+                f"{sc.expected_micros / 1e6:.2f} expected, count {sc.observed_count} vs "
+                f"{sc.expected_count:.1f}")
+    return (f"{sc.span}-min span ({sc.seen} min seen): payout {sc.observed_micros / 1e6:.2f}"
+            f" USD vs {sc.expected_micros / 1e6:.2f} expected, score {sc.score:.1f}, count "
+            f"{sc.observed_count} vs {sc.expected_count:.1f}, score {sc.count_score:.1f}")

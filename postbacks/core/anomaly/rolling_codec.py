@@ -1,6 +1,7 @@
 """A rolling detector's state as a table-changelog value (``to_dict``) and back.
 
-Ints, floats and strings only, about 34 KB per scope with a full four-week profile: the
+Ints, floats and strings only, about 34 KB per scope with a full four-week profile (the
+profile may be kept apart: ``to_dict(s, profile=False)``, ``from_dict(d, profile=text)``): the
 minute rings as comma-joined numbers, the profile as :func:`format_profile` writes it, the
 CUSUM arms as ``;``-joined groups (a state written before the arms existed restores them at
 zero, with the default shifts and allowance). The
@@ -28,8 +29,9 @@ def _join(values: tuple[float, ...] | tuple[int, ...]) -> str:
     return ",".join(map(repr, values))
 
 
-def to_dict(s: RollingState) -> Stored:
-    """Compact form for a table changelog."""
+def to_dict(s: RollingState, *, profile: bool = True) -> Stored:
+    """Compact form for a table changelog; ``profile=False`` leaves out the profile (the
+    bulk of it, which changes once an hour: see :mod:`.endpoint_state`)."""
     p = s.policy
     out: Stored = {
         "v": _FORMAT, "spans": ",".join(map(str, p.spans)), "weeks": p.weeks,
@@ -38,11 +40,14 @@ def to_dict(s: RollingState) -> Stored:
         "cobs": _join(s.cobs), "cexp": _join(s.cexp), "cvar": _join(s.cvar),
         "h_total": s.h_total, "h_count": s.h_count, "h_sq": s.h_sq, "h_csq": s.h_csq,
         "lv": format_level(s.lv), "lc": format_level(s.lc),
-        "profile": format_profile(s.profile),
         "shifts": _join(p.shifts), "allowance": p.allowance, "arms_from": s.arms_from,
         "arms": ";".join(_join((a.s, a.start, a.obs, a.exp, a.var, a.cobs, a.cexp))
                          for a in s.arms),
     }
+    if p.conversion_cap:
+        out["ccap"] = p.conversion_cap
+    if profile:
+        out["profile"] = format_profile(s.profile)
     if s.minute is not None:
         out["minute"] = s.minute
     return out
@@ -94,8 +99,9 @@ def _arms(raw: str, n: int) -> tuple[Arm, ...]:
     return tuple(arms)
 
 
-def from_dict(data: Stored) -> RollingState:
-    """Inverse of :func:`to_dict`; raises ValueError on anything malformed."""
+def from_dict(data: Stored, profile: str | None = None) -> RollingState:
+    """Inverse of :func:`to_dict`; raises ValueError on anything malformed. ``profile``:
+    the profile's text for a ``data`` written without it."""
     if data.get("v") != _FORMAT:
         raise ValueError(f"rolling state: unknown format {data.get('v')!r}")
     try:
@@ -106,12 +112,13 @@ def from_dict(data: Stored) -> RollingState:
                      else RollingPolicy().allowance)
         p = RollingPolicy(tuple(int(x) for x in _str(data, "spans").split(",")),
                           _int(data, "weeks"), _int(data, "min_weeks"), _float(data, "clip"),
-                          shifts, allowance)
+                          shifts, allowance,
+                          _float(data, "ccap") if "ccap" in data else 0.0)
         arms = _arms(_str(data, "arms"), len(shifts)) if "arms" in data else ()
         arms_from = _int(data, "arms_from") if "arms_from" in data else 0
         rings = (_ints(data, "obs"), _floats(data, "exp"), _floats(data, "var"),
                  _ints(data, "cobs"), _floats(data, "cexp"), _floats(data, "cvar"))
-        profile = parse_profile(_str(data, "profile"), p.weeks)
+        prof = parse_profile(_str(data, "profile") if profile is None else profile, p.weeks)
         lv, lc = parse_level(_str(data, "lv")), parse_level(_str(data, "lc"))
     except ValueError as e:
         msg = str(e)
@@ -123,10 +130,10 @@ def from_dict(data: Stored) -> RollingState:
     minute = data.get("minute")
     if minute is not None and type(minute) is not int:
         raise ValueError("rolling state: 'minute' must be an int")
-    capped = tuple(float(o) if math.isnan(e) else min(float(o), p.cap(e, v))
-                   for o, e, v in zip(obs, exp, var, strict=True))
+    capped = tuple(float(o) if math.isnan(e) else min(float(o), p.cap(e, v, c, ce))
+                   for o, e, v, c, ce in zip(obs, exp, var, cobs, cexp, strict=True))
     return RollingState(p, minute, _int(data, "cur"), _int(data, "ccur"), obs, capped, exp,
                         var, cobs, cexp, cvar, _int(data, "h_total"), _int(data, "h_count"),
-                        _float(data, "h_sq"), _int(data, "h_csq"), profile,
-                        stats(profile, p.min_weeks), count_stats(profile, p.min_weeks), lv, lc,
+                        _float(data, "h_sq"), _int(data, "h_csq"), prof,
+                        stats(prof, p.min_weeks), count_stats(prof, p.min_weeks), lv, lc,
                         arms, arms_from)

@@ -26,6 +26,7 @@ class RollingPolicy:
     clip_sigmas: float = 4.0
     shifts: tuple[float, ...] = (0.5,)  # the count's CUSUM arms (:mod:`.cusum`)
     allowance: float = 2.0  # arms test expected x (1 + allowance x level deviation)
+    conversion_cap: float = 0.0  # 0: off; else see :meth:`cap`
 
     def __post_init__(self) -> None:
         if not self.spans or any(not 1 <= s <= 24 * 60 for s in self.spans):
@@ -36,12 +37,24 @@ class RollingPolicy:
             raise ValueError(f"clip_sigmas must be > 0: {self.clip_sigmas}")
         if any(not 0 < x <= 10 for x in self.shifts) or not self.allowance >= 0:
             raise ValueError(f"shifts must be in (0, 10], allowance >= 0: {self}")
+        if not 0 <= self.conversion_cap <= 100:
+            raise ValueError(f"conversion_cap must be in [0, 100]: {self.conversion_cap}")
 
-    def cap(self, expected: float, variance: float) -> float:
+    def cap(self, expected: float, variance: float, count: int = 0,
+            expected_count: float = 0.0) -> float:
         """The most a minute counts in a score: expected + the larger of ``clip_sigmas``
         deviations and the expectation itself (so a large scope's surge is not capped
-        below +100% a minute, while one large payout in a small minute is)."""
-        return expected + max(self.clip_sigmas * math.sqrt(variance), expected)
+        below +100% a minute, while one large payout in a small minute is).
+
+        With ``conversion_cap`` c > 0, a minute of ``count`` conversions also counts up to
+        c times the slot's mean payout for each of them (``expected / expected_count``):
+        one large payout stays capped, but a burst of ordinary ones counts in full. A
+        sparse scope (an endpoint paid a few times an hour) needs this: its minute
+        variance is so small that the sigma cap would hide ten conversions in a minute."""
+        top = expected + max(self.clip_sigmas * math.sqrt(variance), expected)
+        if self.conversion_cap and count and expected_count > 0:
+            top = max(top, self.conversion_cap * count * expected / expected_count)
+        return top
 
     @property
     def ring(self) -> int:
