@@ -260,16 +260,17 @@ def add_parser(subparsers: Any) -> None:
     from streams.anomaly_gate import calibrate_global, rehearse
 
     sp = actions.add_parser(
-        "calibrate", help="replay your history through the global rolling detector and "
-        "recommend its threshold",
+        "calibrate", help="replay your history through the rolling detector (global, or "
+        "every endpoint's) and recommend its thresholds",
         description="Sum a history -- PostgreSQL's deliveries (default), deliveries.v1 by "
-        "time range (--topic) or a JSON-lines file of conversions (--file) -- per event-time "
-        "minute, run it through the global rolling detector with the thresholds configured "
-        "now, and print per day the payout, trips and would-have-held payout, the highest "
-        "score a threshold must stay above, the recommended k (that plus --margin) and the "
-        "history re-run with it; for a labelled incident, when it would have tripped. "
-        "--apply writes the k to the global value_rate row (audited). Exit 1 when the "
-        "range holds no payouts.")
+        "time range (--topic) or a JSON-lines file (--file) -- per event-time minute, run it "
+        "through the global rolling detector (or, with --scope endpoint, every endpoint's "
+        "own) with the thresholds configured now, and print per day the payout, trips and "
+        "would-have-held payout, the highest score a threshold must stay above, the "
+        "recommended k and h (those plus the margins) and the history re-run with them; for "
+        "a labelled incident, when it would have tripped. --apply writes them to the global "
+        "value_rate row, or the endpoints' default row (audited). Exit 1 when the range "
+        "holds no payouts.")
     calibrate_global.add_arguments(sp)
     sp.set_defaults(func=calibrate_global.run)
 

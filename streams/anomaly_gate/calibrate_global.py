@@ -22,62 +22,18 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
-from datetime import UTC, datetime
-from typing import Any
 
 from postbacks.cli_output import fail, print_json, print_table
 from postbacks.core.anomaly.recommend import MIN_H, Calibration, calibrate, recommend
 from postbacks.core.anomaly.rolling import RollingThresholds
-from postbacks.core.instants import InstantError, parse_instant
 from postbacks.settings import Settings
+from streams.anomaly_gate.calibrate_endpoints import run_endpoints
+from streams.anomaly_gate.calibrate_sources import iso, minute_of, parse_ms, read_range
 
 __all__ = ["add_arguments", "run"]
 
 _DAY_MS = 86_400_000
 Minutes = dict[int, list[int]]  # minute -> [payout micros, count]
-
-
-def _ms(text: str | None, what: str) -> int | None:
-    if text is None:
-        return None
-    try:
-        return parse_instant(text, what)
-    except InstantError as exc:
-        raise ValueError(str(exc)) from None
-
-
-def _iso(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def minute_of(occurred_at: object, payout: object) -> tuple[int, int] | None:
-    """(event-time minute, payout micros) of one record; None when either is unusable
-    (the gate holds those under enforce as missing inputs; they carry no rate)."""
-    if type(payout) is not int or payout < 0:
-        return None
-    try:
-        return parse_instant(occurred_at, "occurred_at") // 60_000, payout
-    except InstantError:
-        return None
-
-
-def read_range(settings: Settings, since: int, until: int) -> Iterator[dict[str, Any]]:
-    """Deliveries produced to ``deliveries.v1`` in [since, until) (record timestamps); an
-    undecodable record is skipped (the gate would not count it either)."""
-    from postbacks.codec import codec_for
-    from postbacks.errors import DeadLetterError
-    from postbacks.kafka.time_range import read_time_range
-    from topics import TOPICS
-
-    codec = codec_for("Delivery")
-    for m in read_time_range(settings, settings.topic(TOPICS.deliveries.base), since, until,
-                             group_id="postbacks-calibrate"):
-        try:
-            yield dict(codec.decode(m.value() or b""))
-        except DeadLetterError:
-            continue
 
 
 def _from_db(settings: Settings, since: int, until: int) -> Minutes:
@@ -161,17 +117,17 @@ def _report(cal: Calibration, title: str) -> None:
           d.held_count, f"{d.held_micros / 1e6:,.2f}",
           "-" if d.closest is None else f"{d.closest:.2f}",
           "-" if d.closest_h is None else f"{d.closest_h:.2f}"] for d in cal.days.values()])
-    print(f"first trip: {_iso(cal.first_trip_ms)}")
+    print(f"first trip: {iso(cal.first_trip_ms)}")
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
     now = int(time.time() * 1000)
     try:
-        to, frm = _ms(args.until, "--to"), _ms(args.since, "--from")
+        to, frm = parse_ms(args.until, "--to"), parse_ms(args.since, "--from")
         until = now if to is None else to
         since = until - int(args.days * _DAY_MS) if frm is None else frm
-        inc_start = _ms(args.incident_start, "--incident-start")
-        inc_end = _ms(args.incident_end, "--incident-end")
+        inc_start = parse_ms(args.incident_start, "--incident-start")
+        inc_end = parse_ms(args.incident_end, "--incident-end")
     except ValueError as exc:
         return fail(args, str(exc), 2)
     if since >= until:
@@ -182,6 +138,12 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         return fail(args, "--margin and --h-margin must be >= 0", 2)
     if args.apply and not (args.actor and args.actor.strip()):
         return fail(args, "--apply needs --actor (who is making this change)", 2)
+    if args.top < 1:
+        return fail(args, "--top must be >= 1", 2)
+    if args.scope == "endpoint":
+        return run_endpoints(settings, args, since, until,
+                             None if inc_start is None or inc_end is None
+                             else (inc_start, inc_end))
     t0 = time.perf_counter()
 
     def progress(n: int) -> None:
@@ -199,7 +161,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         minutes = _from_db(settings, since, until)
         source = "PostgreSQL deliveries"
     if not minutes:
-        return fail(args, f"no payouts in {source} between {_iso(since)} and {_iso(until)}",
+        return fail(args, f"no payouts in {source} between {iso(since)} and {iso(until)}",
                     1)
     current, mode = _current(settings, offline=bool(args.file) and not args.apply)
     incident = None if inc_start is None or inc_end is None else (inc_start, inc_end)
@@ -207,27 +169,27 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     def scan(th: RollingThresholds, what: str) -> Calibration:
         def tick(n: int, at: int) -> None:
             if not args.quiet:
-                print(f"[calibrate] {what}: {n:,} minutes (event time {_iso(at)}), "
+                print(f"[calibrate] {what}: {n:,} minutes (event time {iso(at)}), "
                       f"{time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
         return calibrate(_series(minutes), th, incident=incident, progress=tick)
 
     cal = scan(current, "current thresholds")
     rec = recommend(cal, args.margin, h_margin=args.h_margin)
     again = scan(rec, "recommended k")
-    print(f"history: {source}, {_iso(min(minutes) * 60_000)} .. "
-          f"{_iso((max(minutes) + 1) * 60_000)}, {cal.minutes:,} minutes with payouts"
-          + (f", incident {_iso(inc_start)} .. {_iso(inc_end)}" if incident else ""))
+    print(f"history: {source}, {iso(min(minutes) * 60_000)} .. "
+          f"{iso((max(minutes) + 1) * 60_000)}, {cal.minutes:,} minutes with payouts"
+          + (f", incident {iso(inc_start)} .. {iso(inc_end)}" if incident else ""))
     _report(cal, "with the global row's thresholds now")
     need = cal.needed
     print("\nhighest score outside the incident: "
           + ("none over the multiple and floor" if need is None else
              f"k {need.k:.2f} ({need.span}-min span, {need.channel}, minute ending "
-             f"{_iso(need.at_ms)})"))
+             f"{iso(need.at_ms)})"))
     need_h = cal.needed_h
     print("highest CUSUM statistic outside the incident: "
           + ("none over the multiple and floor" if need_h is None else
              f"h {need_h.k:.2f} ({need_h.channel} arm, {need_h.span}-min run, minute ending "
-             f"{_iso(need_h.at_ms)})"))
+             f"{iso(need_h.at_ms)})"))
     print(f"recommended: k {rec.k:g} (that + margin {args.margin:g}, at least 3), h "
           f"{rec.cusum_h:g} (that + margin {args.h_margin:g}, at least {MIN_H:g}); current "
           f"k {current.k:g}, h {current.cusum_h:g}")
@@ -237,7 +199,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         for label, c in (("now", cal), ("recommended", again)):
             at = c.incident_trip_ms
             print(f"incident, {label}: " + ("never tripped" if at is None else
-                  f"tripped at {_iso(at)}, {(at - incident[0]) / 60_000:.0f} min after its "
+                  f"tripped at {iso(at)}, {(at - incident[0]) / 60_000:.0f} min after its "
                   "start"))
     if args.json:
         print_json({"current": asdict(cal.thresholds), "recommended": asdict(rec),
@@ -271,12 +233,19 @@ def _apply(settings: Settings, args: argparse.Namespace, rec: RollingThresholds,
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--scope", choices=("global", "endpoint"), default="global",
+                    help="global: the global total (default); endpoint: every endpoint's own "
+                    "detector, and k and h for the endpoints' default row ('*')")
+    ap.add_argument("--top", type=int, default=10,
+                    help="--scope endpoint: how many of the endpoints closest to tripping to "
+                    "list (default 10)")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--from-db", action="store_true",
                      help="the deliveries in PostgreSQL (the default)")
     src.add_argument("--topic", action="store_true",
                      help="deliveries.v1, records produced in the time range")
-    src.add_argument("--file", help="a JSON-lines file of conversions (one per line)")
+    src.add_argument("--file", help="a JSON-lines file of conversions (one per line; with "
+                     "--scope endpoint, deliveries or conversions with an endpoint_id)")
     ap.add_argument("--from", dest="since",
                     help="start (epoch ms or ISO-8601 with an offset; default --days before --to)")
     ap.add_argument("--to", dest="until", help="end (default now)")
@@ -291,7 +260,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="added to the highest CUSUM statistic (default 2: e^2, about 7 times"
                     " the time between false trips)")
     ap.add_argument("--apply", action="store_true",
-                    help="write the recommended k and h to the global value_rate row (audited)")
+                    help="write the recommended k and h to the global value_rate row, or with "
+                    "--scope endpoint the endpoints' default row (audited)")
     ap.add_argument("--actor", help="who you are (with --apply)")
     ap.add_argument("--note", help="why (with --apply; recorded in the audit log)")
     ap.add_argument("--json", action="store_true", help="also print the report as JSON")
