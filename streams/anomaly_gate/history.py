@@ -30,7 +30,6 @@ from typing import cast
 
 import orjson
 
-from postbacks.core.anomaly.replay import first_endpoint as endpoint_for_app
 from postbacks.core.anomaly.windows import DAY_MS, HOUR_MS, day_of_week, hour_of_day
 from postbacks.records import ConversionEvent
 from postbacks.tools.seed import app_id_for
@@ -53,6 +52,11 @@ __all__ = [
     "seasonality",
     "write_jsonl",
 ]
+
+
+def endpoint_for_app(app_id: str) -> str:
+    """``app_<ns>_NNNN`` -> ``ep_<ns>_NNNN_1``: an app's first endpoint, as seeding names it."""
+    return f"ep_{app_id.removeprefix('app_')}_1"
 
 DEFAULT_RATE_PER_S = 0.62  # ~1.5 M events in four weeks
 START_MS = 1_772_409_600_000  # 2026-03-02T00:00:00Z, a Monday

@@ -6,8 +6,8 @@ How a gate instance uses it, per delivery (``conv = delivery["conversion"]``)::
 
     modes = resolve_modes(settings_rows, endpoint_id)              # missing row = off
     retro = retrodated(conv["source_created_at"], conv["source_completed_at"], window_ms)
-    ep_state, ep_rate = observe(ep_state, conv["occurred_at"], conv["payout_usd_micros"],
-                                endpoint_thresholds)               # table keyed by endpoint
+    state = rolling.add(state, conv["occurred_at"], payout)       # the endpoint's state
+    ep_rate = rolling.as_rate_result(rolling.evaluate(state, thresholds, now_ms=at))
     part = accumulate(part, conv["occurred_at"], payout)          # partial for the roll-up
     match decide(endpoint_id, modes, retro, ep_rate, None, halts):
         case Deliver(metrics=m): ...                               # -> dispatch.v1
@@ -16,34 +16,21 @@ How a gate instance uses it, per delivery (``conv = delivery["conversion"]``)::
 The single aggregator (``streams/anomaly_gate/aggregate.py``) sums the partitions'
 per-minute partials, feeds closed minutes to the global rolling state
 (:mod:`.rolling`) and scores its spans once per batch; under enforce a global trip
-becomes a halt every gate honours. State goes to a table changelog through :mod:`.persist`.
-:mod:`.replay` runs a whole history through the same rules in one process (calibration).
+becomes a halt every gate honours. An endpoint's state goes to a table changelog through
+:mod:`.endpoint_state`, a partition's partial through :mod:`.persist`, the global state
+through :mod:`.rolling_codec`. :mod:`.recommend` runs a history through the same detector
+(calibration).
 """
 
-from postbacks.core.anomaly.baseline import (
-    BaselinePolicy,
-    SeasonalBaseline,
-    add,
-    baseline,
-    close_until,
-    empty,
-    from_dict,
-    to_dict,
-)
 from postbacks.core.anomaly.detectors import (
-    ENDPOINT_THRESHOLDS,
-    GLOBAL_THRESHOLDS,
     RETRODATING_WINDOW_MS,
     MissingInputs,
     NoBaseline,
     Over,
     RateResult,
-    RateThresholds,
     Within,
-    observe,
     payout_input,
     retrodated,
-    value_rate,
 )
 from postbacks.core.anomaly.modes import (
     ALL_ENDPOINTS,
@@ -78,11 +65,8 @@ __all__ = [
     "ALL_ENDPOINTS",
     "DEFAULT_ENDPOINT_SCOPE",
     "DEFAULT_WINDOW_MS",
-    "ENDPOINT_THRESHOLDS",
     "GLOBAL_SCOPE",
-    "GLOBAL_THRESHOLDS",
     "RETRODATING_WINDOW_MS",
-    "BaselinePolicy",
     "Decision",
     "Deliver",
     "Detector",
@@ -96,29 +80,19 @@ __all__ = [
     "Over",
     "PartitionPartial",
     "RateResult",
-    "RateThresholds",
     "Scope",
-    "SeasonalBaseline",
     "Signal",
     "Trip",
     "Within",
     "accumulate",
-    "add",
     "apply_trips",
-    "baseline",
-    "close_until",
     "day_of_week",
     "decide",
-    "empty",
     "endpoint_scope",
-    "from_dict",
     "hour_of_day",
-    "observe",
     "payout_input",
     "resolve_modes",
     "retrodated",
-    "to_dict",
-    "value_rate",
     "week_slot",
     "window_start",
 ]

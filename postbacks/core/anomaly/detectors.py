@@ -8,17 +8,11 @@ retrodated. A timestamp is epoch milliseconds or ISO-8601 with an offset
 outside 1970..9999), is :class:`MissingInputs` naming the field — never a pass: the
 caller's mode decides (detect: metric and deliver; enforce: hold).
 
-**Payout value rate** (per scope): the open window's running total is compared as it
-accumulates — so a sharp anomaly trips mid-window, not at close — against the scope's
-seasonal baseline. It trips only when the total is above ``multiple x baseline`` **and**
-above an absolute ``floor`` (so a low-volume endpoint never trips on noise, nor a quiet
-hour whose baseline is ~0). No baseline (too little history) never trips.
-
-Why the global multiple is lower than the per-endpoint one: a sum over thousands of
-deliveries an hour is far steadier than one endpoint's total, so a small relative excess
-is already far outside its normal variation. That is what lets broad-but-shallow excesses
-(each endpoint well below its own multiple) trip the global scope. Both are calibration
-values (``streams.anomaly_gate.calibrate``), stored per scope in ``payout_anomaly_settings``.
+**Payout value rate** (per scope): the rolling detector (:mod:`.rolling`) returns
+:class:`RollingOver` or :class:`RollingWithin`; :func:`.rolling.as_rate_result` turns them
+into the :data:`RateResult` that :func:`.modes.decide` takes: :class:`Over` (the scope is
+over its thresholds), :class:`Within`, or :class:`NoBaseline` (no expectation yet: it
+cannot trip).
 """
 
 from __future__ import annotations
@@ -26,13 +20,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from postbacks.core.anomaly.baseline import SeasonalBaseline, add
 from postbacks.core.anomaly.windows import DAY_MS
 from postbacks.core.instants import MAX_MS, InstantError, parse_instant
 
 __all__ = [
-    "ENDPOINT_THRESHOLDS",
-    "GLOBAL_THRESHOLDS",
     "MISSING_PAYOUT",
     "NO_BASELINE",
     "RETRODATING_WINDOW_MS",
@@ -41,15 +32,11 @@ __all__ = [
     "NoBaseline",
     "Over",
     "RateResult",
-    "RateThresholds",
     "Within",
     "as_ms",
     "instant_input",
-    "observe",
     "payout_input",
     "retrodated",
-    "trips",
-    "value_rate",
 ]
 
 RETRODATING_WINDOW_MS = 7 * DAY_MS
@@ -137,22 +124,6 @@ def payout_input(value: object) -> int | MissingInputs:
 
 
 @dataclass(frozen=True, slots=True)
-class RateThresholds:
-    """Trip when the window total > ``multiple`` x baseline and > ``floor_micros``."""
-
-    multiple: float = 3.0
-    floor_micros: int = 500_000_000
-
-    def __post_init__(self) -> None:
-        if not self.multiple > 0 or self.floor_micros < 0:
-            raise ValueError(f"bad thresholds: {self.multiple}, {self.floor_micros}")
-
-
-ENDPOINT_THRESHOLDS = RateThresholds(multiple=3.0, floor_micros=500_000_000)  # $500
-GLOBAL_THRESHOLDS = RateThresholds(multiple=1.25, floor_micros=5_000_000_000)  # $5,000
-
-
-@dataclass(frozen=True, slots=True)
 class Over:
     """The scope's open window is over its thresholds."""
 
@@ -174,30 +145,3 @@ class NoBaseline:
 WITHIN = Within()
 NO_BASELINE = NoBaseline()
 RateResult = Over | Within | NoBaseline
-
-
-def trips(observed_micros: int, baseline_micros: float | None, th: RateThresholds) -> bool:
-    """The rule: a baseline exists, and the total is over both the multiple and the floor."""
-    return (baseline_micros is not None and observed_micros > th.floor_micros
-            and observed_micros > th.multiple * baseline_micros)
-
-
-def value_rate(state: SeasonalBaseline, th: RateThresholds) -> RateResult:
-    """Evaluate the scope's open window as it stands (call after every ``add``)."""
-    b = state.open_baseline
-    if b is None or state.open_start is None:
-        return NO_BASELINE
-    total = state.open_total
-    if total > th.floor_micros and total > th.multiple * b:
-        return Over(state.open_start, total, b)
-    return WITHIN
-
-
-def observe(state: SeasonalBaseline, occurred_at_ms: int, payout: object,
-            th: RateThresholds) -> tuple[SeasonalBaseline, RateResult | MissingInputs]:
-    """Add one delivery's payout to a scope and evaluate it (state unchanged if missing)."""
-    micros = payout_input(payout)
-    if isinstance(micros, MissingInputs):
-        return state, micros
-    state = add(state, occurred_at_ms, micros)
-    return state, value_rate(state, th)

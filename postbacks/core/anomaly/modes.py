@@ -188,10 +188,10 @@ def decide(endpoint_id: str, modes: GateModes, retro: bool | MissingInputs,
            halts: Mapping[Scope, HaltState] = _NO_HALTS) -> Decision:
     """Deliver or hold one delivery.
 
-    ``retro`` is :func:`~.detectors.retrodated`'s result, the rates are
-    :func:`~.detectors.value_rate` (or :func:`~.detectors.observe`) results for the
-    endpoint and, where this process evaluates it, the global scope (``None`` when the
-    aggregator does: a global trip then reaches the gate as a halt). ``halts`` maps a
+    ``retro`` is :func:`~.detectors.retrodated`'s result, the rates are the rolling
+    detector's results (:func:`~.rolling.as_rate_result`) for the endpoint and, where this
+    process evaluates it, the global scope (``None`` when the aggregator does: a global
+    trip then reaches the gate as a halt), or the endpoint's missing payout. ``halts`` maps a
     scope to its state; a missing scope is closed.
     """
     ep_halted = g_halted = False

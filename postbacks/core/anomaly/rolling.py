@@ -411,7 +411,7 @@ def arm_trips(sc: SpanScore, th: RollingThresholds) -> bool:
 
 
 def as_rate_result(r: RollingResult) -> RateResult:
-    """The hourly detector's result type, so :func:`.modes.decide` takes either detector."""
+    """The result type :func:`.modes.decide` takes (:data:`.detectors.RateResult`)."""
     match r:
         case RollingOver(window_start_ms=start, over=sc):
             return Over(start, sc.observed_micros, sc.expected_micros)
