@@ -99,6 +99,9 @@ class TxnProducer:
             except BaseException as exc:  # handed to the waiting thread
                 done.set_exception(exc)
 
+        # A daemon thread of its own per call: a hung one must not hold up the process's
+        # exit (an executor's threads are joined at exit), and starting one costs far less
+        # than the transaction it belongs to.
         threading.Thread(target=call, name=f"{self.stage}-send-offsets", daemon=True).start()
         try:
             done.result(timeout=self.offsets_timeout_s)

@@ -34,7 +34,7 @@ from postbacks.core.anomaly.recommend import (
 )
 from postbacks.core.anomaly.rolling import ENDPOINT_ROLLING, RollingThresholds
 from postbacks.settings import Settings
-from streams.anomaly_gate.calibrate_sources import iso, minute_of, read_range
+from streams.anomaly_gate.calibrate_common import apply, iso, minute_of, print_days, read_range
 
 __all__ = ["Endpoints", "endpoint_minutes_from_db", "run_endpoints"]
 
@@ -217,13 +217,7 @@ def run_endpoints(settings: Settings, args: argparse.Namespace, since: int, unti
           f"h={default_now.cusum_h:g}, multiple={default_now.multiple:g}, "
           f"floor={default_now.floor_micros / 1e6:g} USD)")
     days = _days([r.cal for r in now])
-    print_table(
-        ["DAY", "ENDPOINT_MINUTES", "PAYOUT_USD", "CONVERSIONS", "TRIPS", "HELD", "HELD_USD",
-         "CLOSEST_K", "CLOSEST_H"],
-        [[d.day, d.minutes, f"{d.payout_micros / 1e6:,.2f}", d.count, d.trips,
-          d.held_count, f"{d.held_micros / 1e6:,.2f}",
-          "-" if d.closest is None else f"{d.closest:.2f}",
-          "-" if d.closest_h is None else f"{d.closest_h:.2f}"] for d in days])
+    print_days(days, "ENDPOINT_MINUTES")
     closest = sorted((r for r in now if r.cal.needed is not None),
                      key=lambda r: -r.cal.needed.k)[:args.top]  # type: ignore[union-attr]
     print(f"\nthe {len(closest)} endpoints closest to tripping (outside the incident):")
@@ -257,26 +251,7 @@ def run_endpoints(settings: Settings, args: argparse.Namespace, since: int, unti
                                    "incident_trip_ms": r.cal.incident_trip_ms}
                                   for r in now]})
     if args.apply:
-        return _apply(settings, args, rec, mode)
+        return apply(settings, args, "endpoint", "*", rec, mode,
+                     "every endpoint without a value-rate row of its own follows it")
     print("\n(not applied: --apply --actor YOU writes it to the default row, audited)")
-    return 0
-
-
-def _apply(settings: Settings, args: argparse.Namespace, rec: RollingThresholds,
-           mode: str | None) -> int:
-    from postbacks.db.anomaly import set_mode
-    from postbacks.db.connect import connect
-
-    with connect(settings.database_url) as conn:
-        try:
-            row = set_mode(conn, scope="endpoint", scope_key="*", detector="value_rate",
-                           mode=mode or "detect", params={"k": rec.k, "h": rec.cusum_h},
-                           actor=args.actor,
-                           note=args.note or "postbacks anomaly calibrate --scope endpoint"
-                           " --apply")
-        except ValueError as exc:
-            return fail(args, str(exc), 2)
-    print(f"\napplied: {row.target_id} mode {row.mode}, params {row.params} (audited; every "
-          "endpoint without a value-rate row of its own follows it at the gates' next "
-          "config refresh)")
     return 0

@@ -23,12 +23,19 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 
-from postbacks.cli_output import fail, print_json, print_table
+from postbacks.cli_output import fail, print_json
 from postbacks.core.anomaly.recommend import MIN_H, Calibration, calibrate, recommend
 from postbacks.core.anomaly.rolling import RollingThresholds
 from postbacks.settings import Settings
+from streams.anomaly_gate.calibrate_common import (
+    apply,
+    iso,
+    minute_of,
+    parse_ms,
+    print_days,
+    read_range,
+)
 from streams.anomaly_gate.calibrate_endpoints import run_endpoints
-from streams.anomaly_gate.calibrate_sources import iso, minute_of, parse_ms, read_range
 
 __all__ = ["add_arguments", "run"]
 
@@ -110,13 +117,7 @@ def _report(cal: Calibration, title: str) -> None:
     print(f"\n{title} (k={cal.thresholds.k:g}, h={cal.thresholds.cusum_h:g}, "
           f"multiple={cal.thresholds.multiple:g}, "
           f"floor={cal.thresholds.floor_micros / 1e6:g} USD)")
-    print_table(
-        ["DAY", "MINUTES", "PAYOUT_USD", "CONVERSIONS", "TRIPS", "HELD", "HELD_USD",
-         "CLOSEST_K", "CLOSEST_H"],
-        [[d.day, d.minutes, f"{d.payout_micros / 1e6:,.2f}", d.count, d.trips,
-          d.held_count, f"{d.held_micros / 1e6:,.2f}",
-          "-" if d.closest is None else f"{d.closest:.2f}",
-          "-" if d.closest_h is None else f"{d.closest_h:.2f}"] for d in cal.days.values()])
+    print_days(cal.days.values())
     print(f"first trip: {iso(cal.first_trip_ms)}")
 
 
@@ -209,26 +210,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
                     "incident_trip_ms": {"current": cal.incident_trip_ms,
                                          "recommended": again.incident_trip_ms}})
     if args.apply:
-        return _apply(settings, args, rec, mode)
+        return apply(settings, args, "global", settings.anomaly_global_key, rec, mode,
+                     "the global scope follows it")
     print("\n(not applied: --apply --actor YOU writes it, audited)")
-    return 0
-
-
-def _apply(settings: Settings, args: argparse.Namespace, rec: RollingThresholds,
-           mode: str | None) -> int:
-    from postbacks.db.anomaly import set_mode
-    from postbacks.db.connect import connect
-
-    with connect(settings.database_url) as conn:
-        try:
-            row = set_mode(conn, scope="global", scope_key=settings.anomaly_global_key,
-                           detector="value_rate", mode=mode or "detect",
-                           params={"k": rec.k, "h": rec.cusum_h}, actor=args.actor,
-                           note=args.note or "postbacks anomaly calibrate --apply")
-        except ValueError as exc:
-            return fail(args, str(exc), 2)
-    print(f"\napplied: {row.target_id} mode {row.mode}, params {row.params} (audited; the "
-          "gates pick it up at their next config refresh)")
     return 0
 
 

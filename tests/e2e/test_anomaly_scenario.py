@@ -20,6 +20,7 @@ Run with ``-s`` for the figures.
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 import uuid
@@ -203,13 +204,19 @@ def test_broad_but_shallow_cohort_through_the_real_gate(
     assert 0.25 < cohort_retro / cohort_n < 0.33
     assert cohort_retro_held == cohort_retro
     # An endpoint's own detector may catch a cohort member whose share stands out from its
-    # own noise; no other endpoint trips, and none before the cohort (no false hold).
+    # own noise (its trip holds as payout_rate_endpoint, or, once the global scope is
+    # halted, as halted_global); no other endpoint trips, and none before the cohort.
     assert all(ep in cohort_eps and at >= cohort_start for ep, at in endpoint_trips)
     with connect(settings.database_url) as conn:
-        tripped = [r[0] for r in conn.execute(
-            "SELECT scope_key FROM payout_anomaly_settings WHERE scope = 'endpoint' AND"
-            " scope_key = ANY(%s) AND state = 'tripped'", (endpoints,))]
-    assert sorted(tripped) == sorted(ep for ep, _ in endpoint_trips)
+        tripped = {r[0]: r[1] for r in conn.execute(
+            "SELECT scope_key, state_reason FROM payout_anomaly_settings WHERE scope ="
+            " 'endpoint' AND scope_key = ANY(%s) AND state = 'tripped'", (endpoints,))}
+    print(f"endpoints in the tripped state: {len(tripped)}; their trips: {tripped}")
+    for ep, reason in tripped.items():
+        window = re.search(r" in window (\d+)", reason or "")
+        assert ep in cohort_eps and window is not None, (ep, reason)
+        assert int(window.group(1)) >= cohort_start - 3_600_000, (ep, reason)  # its spans
+    assert {ep for ep, _ in endpoint_trips} <= set(tripped)
     assert len(tripped) < len(cohort_eps) // 4  # broad but shallow: the global scope's job
     assert first_global is not None, "the global scope never held anything"
     assert delay is not None and 0 <= delay < 4 * 3600

@@ -1,0 +1,93 @@
+"""What ``postbacks anomaly calibrate`` does the same for either scope: read a record's
+event-time minute and payout, ``deliveries.v1`` by time range, print the days, and write a
+recommendation (audited)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from postbacks.cli_output import fail, print_table
+from postbacks.core.anomaly.recommend import DayRow
+from postbacks.core.anomaly.rolling import RollingThresholds
+from postbacks.core.instants import InstantError, parse_instant
+from postbacks.settings import Settings
+
+__all__ = ["apply", "iso", "minute_of", "parse_ms", "print_days", "read_range"]
+
+
+def parse_ms(text: str | None, what: str) -> int | None:
+    if text is None:
+        return None
+    try:
+        return parse_instant(text, what)
+    except InstantError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def iso(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def minute_of(occurred_at: object, payout: object) -> tuple[int, int] | None:
+    """(event-time minute, payout micros) of one record; None when either is unusable
+    (the gate holds those under enforce as missing inputs; they carry no rate)."""
+    if type(payout) is not int or payout < 0:
+        return None
+    try:
+        return parse_instant(occurred_at, "occurred_at") // 60_000, payout
+    except InstantError:
+        return None
+
+
+def read_range(settings: Settings, since: int, until: int) -> Iterator[dict[str, Any]]:
+    """Deliveries produced to ``deliveries.v1`` in [since, until) (record timestamps); an
+    undecodable record is skipped (the gate would not count it either)."""
+    from postbacks.codec import codec_for
+    from postbacks.errors import DeadLetterError
+    from postbacks.kafka.time_range import read_time_range
+    from topics import TOPICS
+
+    codec = codec_for("Delivery")
+    for m in read_time_range(settings, settings.topic(TOPICS.deliveries.base), since, until,
+                             group_id="postbacks-calibrate"):
+        try:
+            yield dict(codec.decode(m.value() or b""))
+        except DeadLetterError:
+            continue
+
+
+def print_days(days: Iterable[DayRow], minutes: str = "MINUTES") -> None:
+    """Per day: the minutes, payout, conversions, trips, would-have-held and the closest
+    a threshold came (k and h)."""
+    print_table(
+        ["DAY", minutes, "PAYOUT_USD", "CONVERSIONS", "TRIPS", "HELD", "HELD_USD",
+         "CLOSEST_K", "CLOSEST_H"],
+        [[d.day, d.minutes, f"{d.payout_micros / 1e6:,.2f}", d.count, d.trips,
+          d.held_count, f"{d.held_micros / 1e6:,.2f}",
+          "-" if d.closest is None else f"{d.closest:.2f}",
+          "-" if d.closest_h is None else f"{d.closest_h:.2f}"] for d in days])
+
+
+def apply(settings: Settings, args: argparse.Namespace, scope: str, scope_key: str,
+          rec: RollingThresholds, mode: str | None, who_follows: str) -> int:
+    """Write the recommended ``k`` and ``h`` to a value-rate row, audited; its mode kept,
+    a missing row created in ``detect`` (nothing enforces without an explicit decision)."""
+    from postbacks.db.anomaly import set_mode
+    from postbacks.db.connect import connect
+
+    with connect(settings.database_url) as conn:
+        try:
+            row = set_mode(conn, scope=scope, scope_key=scope_key, detector="value_rate",
+                           mode=mode or "detect", params={"k": rec.k, "h": rec.cusum_h},
+                           actor=args.actor, note=args.note or (
+                               f"postbacks anomaly calibrate --scope {scope} --apply"))
+        except ValueError as exc:
+            return fail(args, str(exc), 2)
+    print(f"\napplied: {row.target_id} mode {row.mode}, params {row.params} (audited; "
+          f"{who_follows} at the gates' next config refresh)")
+    return 0
