@@ -300,6 +300,7 @@ def run_seed(seed: int, args: argparse.Namespace,
             "control_tripped_minutes": c_min, "shapes": results,
             "endpoint_normal_false_trips": eps.normal_trips if eps else None,
             "endpoint_control_false_trips": eps.control_trips if eps else None,
+            "endpoint_false_trips": eps.false_trips if eps else [],
             "normal_peak_score": {k: round(v, 2) for k, v in sorted(peak.items())},
             "generate_s": round(t_gen, 1), "total_s": round(time.perf_counter() - t0, 1)}
 
@@ -366,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  endpoint scopes: false trips normal weeks "
                   f"{r['endpoint_normal_false_trips']}, control "
                   f"{r['endpoint_control_false_trips']}", flush=True)
+            for line in r["endpoint_false_trips"]:  # type: ignore[attr-defined]
+                print(f"    {line}", flush=True)
     print(f"\nglobal rolling detector: spans={args.spans} clip={args.clip} k={th.k} "
           f"skew={th.skew} count_skew={th.count_skew} "
           f"multiple={th.multiple} cusum_h={th.cusum_h} "

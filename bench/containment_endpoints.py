@@ -20,6 +20,7 @@ from postbacks.core.anomaly.rolling import (
     RollingState,
     RollingThresholds,
     add,
+    describe,
     empty,
     evaluate,
 )
@@ -40,6 +41,7 @@ class Endpoints:
     tripped: dict[int, bool] = field(default_factory=dict)
     normal_trips: int = 0
     control_trips: int = 0
+    false_trips: list[str] = field(default_factory=list)  # what tripped, for the report
     snaps: dict[int, dict[int, RollingState]] = field(default_factory=dict)
     tail: list[Minute] = field(default_factory=list)
 
@@ -54,12 +56,15 @@ class Endpoints:
             self.states[ep] = st
             if m < self.normal_from:
                 continue
-            over = isinstance(evaluate(st, self.th), RollingOver)
+            r = evaluate(st, self.th)
+            over = isinstance(r, RollingOver)
             if over and not self.tripped.get(ep, False):
                 if m >= self.tail_from:
                     self.control_trips += 1
                 else:
                     self.normal_trips += 1
+                assert isinstance(r, RollingOver)
+                self.false_trips.append(f"endpoint {ep}, minute {m}: {describe(r)}")
             self.tripped[ep] = over
 
     def cohort(self, first: int, extra: list[Minute]) -> tuple[int, int | None]:
