@@ -301,6 +301,7 @@ def run_seed(seed: int, args: argparse.Namespace,
             "endpoint_normal_false_trips": eps.normal_trips if eps else None,
             "endpoint_control_false_trips": eps.control_trips if eps else None,
             "endpoint_false_trips": eps.false_trips if eps else [],
+            "endpoint_needed_k": eps.needed if eps else (0.0, "none"),
             "normal_peak_score": {k: round(v, 2) for k, v in sorted(peak.items())},
             "generate_s": round(t_gen, 1), "total_s": round(time.perf_counter() - t0, 1)}
 
@@ -369,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['endpoint_control_false_trips']}", flush=True)
             for line in r["endpoint_false_trips"]:  # type: ignore[attr-defined]
                 print(f"    {line}", flush=True)
+            k, where = r["endpoint_needed_k"]  # type: ignore[misc]
+            print(f"  endpoint scopes: highest needed k in the normal weeks {k:.2f} ({where})",
+                  flush=True)
     print(f"\nglobal rolling detector: spans={args.spans} clip={args.clip} k={th.k} "
           f"skew={th.skew} count_skew={th.count_skew} "
           f"multiple={th.multiple} cusum_h={th.cusum_h} "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from postbacks.core.anomaly.recommend import needed_k
 from postbacks.core.anomaly.rolling import (
     RollingOver,
     RollingPolicy,
@@ -42,6 +43,9 @@ class Endpoints:
     normal_trips: int = 0
     control_trips: int = 0
     false_trips: list[str] = field(default_factory=list)  # what tripped, for the report
+    # the highest k at or below which a span would have tripped in the normal weeks (what
+    # ``postbacks anomaly calibrate --scope endpoint`` recommends from, less the margin)
+    needed: tuple[float, str] = (0.0, "none")
     snaps: dict[int, dict[int, RollingState]] = field(default_factory=dict)
     tail: list[Minute] = field(default_factory=list)
 
@@ -57,6 +61,11 @@ class Endpoints:
             if m < self.normal_from:
                 continue
             r = evaluate(st, self.th)
+            for sc in getattr(r, "scores", ()):
+                got = needed_k(sc, self.th)
+                if got is not None and got[0] > self.needed[0]:
+                    self.needed = (got[0], f"endpoint {ep}, minute {m}, {sc.span}-min span, "
+                                           f"{got[1]}")
             over = isinstance(r, RollingOver)
             if over and not self.tripped.get(ep, False):
                 if m >= self.tail_from:
