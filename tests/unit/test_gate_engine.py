@@ -85,7 +85,8 @@ RETRO: dict[str, Any] = {"source_completed_at": T0 - 8 * DAY_MS, "source_created
 
 def test_build_config_resolves_modes_thresholds_and_windows() -> None:
     rows = [
-        row("endpoint", "ep_1", "value_rate", "enforce", {"multiple": 3.0, "floor_micros": USD}),
+        row("endpoint", "ep_1", "value_rate", "enforce",
+            {"multiple": 3.0, "floor_micros": USD, "k": 5.0}),
         row("endpoint", "ep_2", "retrodating", "detect", {"window_ms": 1000}),
         row("endpoint", "ep_3", "value_rate", "detect", {"multiple": "lots"}),
         row("global", GKEY, "value_rate", "detect", {"multiple": 2.0, "floor_micros": 5}),
@@ -97,7 +98,8 @@ def test_build_config_resolves_modes_thresholds_and_windows() -> None:
     assert cfg.modes("ep_1") == GateModes(OFF, ENF, DET)
     assert cfg.modes("ep_2") == GateModes(DET, OFF, DET)
     assert cfg.modes("ep_9") == GateModes(OFF, OFF, DET)
-    assert cfg.thresholds("ep_1") == replace(ENDPOINT_ROLLING, multiple=3.0, floor_micros=USD)
+    assert cfg.thresholds("ep_1") == replace(ENDPOINT_ROLLING, multiple=3.0, floor_micros=USD,
+                                             k=5.0)
     assert cfg.thresholds("ep_3") == ENDPOINT_ROLLING  # unparseable params: defaults
     assert cfg.thresholds("ep_9") == ENDPOINT_ROLLING
     assert cfg.global_rolling == replace(GLOBAL_ROLLING, multiple=2.0, floor_micros=5)
@@ -305,7 +307,7 @@ def test_endpoint_trip_holds_that_endpoint_only() -> None:
     2 / sqrt(5) = 5.89 with the value's score over 2, over 3 x expected and over the $1
     floor: it trips. ep_2 has no history, so no expectation: never a trip."""
     engine = gate(row("endpoint", "ep_1", "value_rate", "enforce",
-                      {"multiple": 3.0, "floor_micros": USD}))
+                      {"multiple": 3.0, "floor_micros": USD, "k": 5.0}))
     store: dict[str, Any] = {}
     weeks = [rec(h, at=T0 + h * HOUR_MS + 60_000, payout_usd_micros=100 * USD)
              for h in range(504)]
@@ -372,7 +374,7 @@ def test_a_closed_endpoint_judges_from_the_minute_after_and_a_restart_keeps_that
     are partial windows starting there (1 minute seen: k 5 + 2 / sqrt(1) = 7 for the
     count), and a restarted gate keeps that: one delivery does not trip, eight do."""
     engine = gate(row("endpoint", "ep_1", "value_rate", "enforce",
-                      {"multiple": 3.0, "floor_micros": USD}))
+                      {"multiple": 3.0, "floor_micros": USD, "k": 5.0}))
     store: dict[str, Any] = {}
     run(engine, store, [rec(h, at=T0 + h * HOUR_MS + 60_000, payout_usd_micros=100 * USD)
                         for h in range(504)])
@@ -387,7 +389,7 @@ def test_a_closed_endpoint_judges_from_the_minute_after_and_a_restart_keeps_that
     assert engine.scopes["ep_1"].since == burst_at // 60_000 + 1
 
     restarted = gate(row("endpoint", "ep_1", "value_rate", "enforce",
-                         {"multiple": 3.0, "floor_micros": USD}))
+                         {"multiple": 3.0, "floor_micros": USD, "k": 5.0}))
     restarted.halts.apply(StateChange(EP_SCOPE, "value_rate", HaltState.CLOSED, NOW + 1))
     nxt = burst_at + 60_000
     out = run(restarted, store, [rec(513, at=nxt + 1000, payout_usd_micros=100 * USD)])
