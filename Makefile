@@ -12,7 +12,7 @@ export POSTBACKS_KAFKA_REPLICATION ?= dev
 export POSTBACKS_DATABASE_URL ?= postgresql://postbacks@127.0.0.1:$(or $(POSTBACKS_PG_PORT),15432)/postbacks
 PYTEST_ARGS ?=
 
-.PHONY: help install check lint typecheck rules prometheus test test-unit test-integration demo services-up \
+.PHONY: help install check lint typecheck rules prometheus test test-unit test-cluster test-integration demo services-up \
         services-down services-status browser bench bench-copy bench-avro bench-avro-choice \
         bench-framing bench-services bench-migrations bench-http-choice bench-rows clean
 
@@ -20,6 +20,7 @@ help:
 	@echo "make demo            run the whole pipeline on local services (the main job)"
 	@echo "make test            start services and run every test tier"
 	@echo "make test-unit       unit + contract tiers only (no services)"
+	@echo "make test-cluster    the three-broker kill test (not in make test: see docs/scaling.md)"
 	@echo "make check           ruff + mypy (strict) + the alert rules (promtool check and test)"
 	@echo "make services-up     start Kafka and PostgreSQL (deploy/local/services.sh)"
 	@echo "make services-down   stop them"
@@ -83,7 +84,10 @@ browser:
 	$(SERVICES) browser
 
 test: install services-up browser prometheus
-	$(BIN)/pytest tests/unit tests/contract tests/integration tests/e2e $(PYTEST_ARGS)
+	$(BIN)/pytest tests/unit tests/contract tests/integration tests/e2e -m "not cluster" $(PYTEST_ARGS)
+
+test-cluster: install services-up  # the three-broker kill test (its own cluster)
+	$(BIN)/pytest tests/e2e -m cluster -s $(PYTEST_ARGS)
 
 demo: install
 	$(BIN)/postbacks demo

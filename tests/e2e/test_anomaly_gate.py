@@ -118,8 +118,10 @@ def test_trips_hold_their_scope_survive_restart_and_rebalance_and_close_only_by_
     # watchdog restarts it in place. Its default wait (120 s) is longer than this test's
     # waits, so the gates here use 20 s: a stall heals within them instead of failing.
     watchdog = {"POSTBACKS_STALL_RESTART_S": "20"}
+    # k 5 (the default is 5.75): the burst below trips at its 6th delivery, whose 5-min
+    # span counts 6 conversions against 0.1 expected (noise of at least one conversion).
     mode(settings, "endpoint", x, "value_rate", "enforce", multiple=3.0,
-         floor_micros=50_000_000)
+         floor_micros=50_000_000, k=5.0)
     feed = GateFeed(settings)
     t0 = feed.hour_ago(weeks=3)
     # Three weeks of history, one $10 delivery an hour on x and on y.
@@ -131,7 +133,8 @@ def test_trips_hold_their_scope_survive_restart_and_rebalance_and_close_only_by_
     feed.wait_outputs(2 * 3 * 168, timeout=120)
     assert feed.held() == []
 
-    # A burst on x: over 3 x $10 and over the $50 floor -> x trips; y flows.
+    # A burst of ten on x within a second: the 6th trips x (over 3 x expected and the $50
+    # floor); y flows.
     for i in range(10):
         feed.send(x, burst + i, 10_000_000)
     for i in range(3):
@@ -209,13 +212,19 @@ def test_window_state_exact_after_kill9_of_the_gate(settings: Settings, stack: S
         pay = 1_000_000 + (i % 13) * 10_000
         total += pay
         feed.send(f"ep_k{i % 40}", start + i, pay)
-    stack.start("gate", "gate")
+    # Under load the restarted gate now and then stops being handed a partition's records
+    # after its first batch (the Faust stall of the test above; seen here 2 times in 14
+    # runs beside three CPU burners): the progress watchdog restarts it, and the partition
+    # goes on from its committed offset, counted once. 20 s instead of 120 lets that heal
+    # within this test's waits.
+    watchdog = {"POSTBACKS_STALL_RESTART_S": "20"}
+    stack.start("gate", "gate", extra_env=watchdog)
     wait_for(lambda: feed.dispatched_count() >= 3000, 60, what="gate under way")
     stack.procs["gate"].kill9()
-    stack.start("gate", "gate")
+    stack.start("gate", "gate", extra_env=watchdog)
     feed.wait_outputs(n, timeout=120)
     # Each partition's latest partial for the window: their sum is every payout, once.
-    wait_for(lambda: feed.partial_sum(start) == total, 60,
+    wait_for(lambda: feed.partial_sum(start) == total, 240,
              what=f"partials summing to {total} (now {feed.partial_sum(start)})")
 
 
