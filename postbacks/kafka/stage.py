@@ -28,7 +28,7 @@ from postbacks.codec import codec_for
 from postbacks.core.outcomes import make_dead_letter
 from postbacks.errors import DeadLetterError
 from postbacks.kafka.clients import consume_ready, records
-from postbacks.kafka.txn import TxnProducer
+from postbacks.kafka.txn import TxnProducer, retrying
 from postbacks.kafka.watchdog import guard, subscribe_watched
 from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS
 from postbacks.records import DeadLetterRecord
@@ -64,29 +64,12 @@ def dead_letter_for(
     )
 
 
-def _retrying(what: str, call: Callable[[], object], deadline: float) -> None:
-    """Call a transactional API, repeating it while Kafka says the error is retriable (a
-    broker restart, a coordinator moving) until ``deadline``; other errors propagate."""
-    while True:
-        try:
-            call()
-            return
-        except KafkaException as exc:
-            kerr = exc.args[0] if exc.args else None
-            if (isinstance(kerr, KafkaError) and kerr.retriable()
-                    and not kerr.txn_requires_abort() and time.monotonic() < deadline):
-                log.warning("%s: retriable error, retrying: %s", what, kerr)
-                time.sleep(0.5)
-                continue
-            raise
-
-
 def _rewind(consumer: Consumer, deadline: float) -> None:
     assignment = consumer.assignment()
     if not assignment:
         return
     committed: list[TopicPartition] = []
-    _retrying("committed offsets",
+    retrying("committed offsets",
               lambda: committed.extend(consumer.committed(assignment, timeout=30)), deadline)
     for tp in committed:
         try:
@@ -167,7 +150,7 @@ def _commit_batch(
     out: Output, offsets: Mapping[tuple[str, int], int | tuple[int, str]], deadline: float,
 ) -> bool:
     producer = txn.producer
-    _retrying(f"{stage}: begin", producer.begin_transaction, deadline)
+    retrying(f"{stage}: begin", producer.begin_transaction, deadline)
     try:
         for topic_base, key, value in out.items:
             while True:
@@ -187,14 +170,14 @@ def _commit_batch(
         if not txn.send_offsets(positions, consumer.consumer_group_metadata()):
             _rewind(consumer, deadline)
             return False
-        _retrying(f"{stage}: commit", lambda: producer.commit_transaction(60), deadline)
+        retrying(f"{stage}: commit", lambda: producer.commit_transaction(60), deadline)
         return True
     except KafkaException as exc:
         kerr = exc.args[0] if exc.args else None
         if isinstance(kerr, KafkaError) and (kerr.txn_requires_abort() or (
                 kerr.retriable() and not kerr.fatal())):
             log.warning("%s: aborting transaction: %s", stage, kerr)
-            _retrying(f"{stage}: abort", lambda: producer.abort_transaction(30), deadline)
+            retrying(f"{stage}: abort", lambda: producer.abort_transaction(30), deadline)
             _rewind(consumer, deadline)
             return False
         raise

@@ -36,7 +36,7 @@ from postbacks.kafka.watchdog import restart_in_place
 from postbacks.metrics import PRODUCERS_REPLACED
 from postbacks.settings import Settings
 
-__all__ = ["OFFSETS_TIMEOUT_S", "TxnProducer"]
+__all__ = ["OFFSETS_TIMEOUT_S", "TxnProducer", "retrying"]
 
 log = logging.getLogger(__name__)
 
@@ -69,20 +69,10 @@ class TxnProducer:
                    lambda: Producer(transactional_config(settings, stage)), stage, **kw)
 
     def _init(self, deadline: float) -> Producer:
-        while True:
-            producer = self._make()
-            try:
-                producer.init_transactions(max(1.0, min(30.0, deadline - time.monotonic())))
-                return producer
-            except KafkaException as exc:
-                kerr = exc.args[0] if exc.args else None
-                if (isinstance(kerr, KafkaError) and kerr.retriable()
-                        and time.monotonic() < deadline):
-                    log.warning("%s: init_transactions: retriable error, retrying: %s",
-                                self.stage, kerr)
-                    time.sleep(0.5)
-                    continue
-                raise
+        producer = self._make()
+        retrying(f"{self.stage}: init_transactions", lambda: producer.init_transactions(
+            max(1.0, min(30.0, deadline - time.monotonic()))), deadline)
+        return producer
 
     def send_offsets(self, positions: list[TopicPartition], group_metadata: object) -> bool:
         """``send_offsets_to_transaction``, bounded. True: sent (errors raise as from the
@@ -120,3 +110,20 @@ class TxnProducer:
         log.warning("%s: %s: a new transactional producer replaces it (its transaction is "
                     "aborted; the batch is read again)", self.stage, why)
         self.producer = self._init(time.monotonic() + _INIT_S)
+
+
+def retrying(what: str, call: Callable[[], object], deadline: float) -> None:
+    """Call a transactional API, repeating it while Kafka says the error is retriable (a
+    broker restart, a coordinator moving) until ``deadline``; other errors propagate."""
+    while True:
+        try:
+            call()
+            return
+        except KafkaException as exc:
+            kerr = exc.args[0] if exc.args else None
+            if (isinstance(kerr, KafkaError) and kerr.retriable()
+                    and not kerr.txn_requires_abort() and time.monotonic() < deadline):
+                log.warning("%s: retriable error, retrying: %s", what, kerr)
+                time.sleep(0.5)
+                continue
+            raise
