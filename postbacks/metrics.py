@@ -185,6 +185,10 @@ GATE_BATCH_SECONDS = Histogram(
     "postbacks_gate_batch_seconds", "Gate batch time: decide, produce, acknowledged",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
 )
+GATE_REFETCHES = Counter(
+    "postbacks_gate_refetches_total",
+    "Times the gate sought its partitions to their committed offsets again because a seek"
+    " overtook a fetch (the batch is dropped and read again) or a hand-over", ["reason"])
 GC_PAUSE = Histogram(
     "postbacks_gc_pause_seconds", "Python garbage-collection pauses, by generation",
     ["generation"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),

@@ -93,6 +93,9 @@ def settings(migrated: dict[str, str], namespace: str) -> Iterator[Settings]:
     )
     create_topics(s)
     yield s
+    if os.environ.get("POSTBACKS_TEST_KEEP_TOPICS"):  # to read them after a failure
+        print(f"(kept {s.topic_prefix}* topics)")
+        return
     try:
         delete_prefixed_topics(s, s.topic_prefix)
     except Exception as exc:  # the broker may be down at the end of a failure test

@@ -75,6 +75,8 @@ from postbacks.records import DeadLetterRecord, DeliveryRecord
 from streams.anomaly_gate.config import GateConfig, HaltBook
 from topics import TOPICS
 
+_NO_RUN = (0, -1)  # an empty run of decided offsets
+
 __all__ = ["BatchOut", "GateEngine", "In", "open_key", "partial_key", "profile_key",
            "ring_key"]
 
@@ -161,7 +163,8 @@ class GateEngine:
         self._dirty_eps: dict[str, int] = {}  # endpoint -> partition, changed since written
         self._dirty_parts: set[int] = set()
         self._unsent_parts: set[int] = set()  # partitions whose partial moved since sent
-        self._done: dict[int, int] = {}  # partition -> highest offset decided since assigned
+        # partition -> (lowest, highest) offset of the run decided since assigned
+        self._done: dict[int, tuple[int, int]] = {}
         self._partials_sent_ms = 0
         self._delivery = codec_for("Delivery")
         self._outcome = codec_for("Outcome")
@@ -223,11 +226,15 @@ class GateEngine:
             # (its drain loop accepts offset >= the last read; seen under load: 4 of 60,000
             # in `make demo`, no restart or rebalance). Its outputs are already produced --
             # a failed produce restarts the process -- so deciding it again would only
-            # send a duplicate. A rebalance clears this (forget); a restart starts empty.
-            if rec.offset <= done.get(rec.partition, -1):
+            # send a duplicate. Only offsets inside the run decided since the assignment
+            # are skipped: a record below it (the partition sought back) starts a new run
+            # and is decided -- a duplicate at worst, never a record skipped unseen. A
+            # rebalance clears the runs (forget); a restart starts empty.
+            lo, hi = done.get(rec.partition, _NO_RUN)
+            if lo <= rec.offset <= hi:
                 out.redelivered += 1
                 continue
-            done[rec.partition] = rec.offset
+            done[rec.partition] = (lo if lo <= hi < rec.offset else rec.offset, rec.offset)
             try:
                 d: DeliveryRecord = self._delivery.decode(rec.value)  # type: ignore[assignment]
             except DeadLetterError as exc:

@@ -5,6 +5,35 @@
 - :func:`patch_faust_read_committed`: the stream consumer reads committed records only.
 - :func:`patch_faust_eager_deliver`: the fetch loop hands each record to the streams
   without four tasks per record when nothing is in the way.
+- :func:`patch_faust_seek_fence`: no record fetched before a seek is handed over after it,
+  and a partition never committed restarts from its beginning.
+
+**The seek fence.** After a rebalance Faust seeks every partition to its committed offset
+and sets its read offset there; its fetch loop then accepts a record at or past the read
+offset and, when the record is further on, records the offsets in between as a *gap* (for
+transaction markers) that a commit passes as done. Two things broke that, both measured
+with two gate instances and a backlog (test_anomaly_rolling's aggregator failover, 2 of 8
+runs):
+
+- *A batch fetched before the seek, handed over after it.* The fetch runs on the consumer
+  thread; a rebalance (revoke, assign, seek) can complete while it waits, and Faust checks
+  the consumer generation only after the batch has arrived. Its first record was 469
+  offsets past the committed one: those became a gap, were committed, and their deliveries
+  -- dropped from the stream's queue in the rebalance -- never reached dispatch or held.
+  The fence counts seeks; a batch whose fetch overlapped one is dropped (except changelog
+  records, whose positions no seek here moves) and every partition is sought to its
+  committed offset again.
+- *A read offset set after the seek.* A record whose hand-over was waiting when the flow
+  was suspended has its read offset set once the wait ends -- after the seek -- so the
+  fetch loop drops the records from the committed offset up to it, and the partition's
+  commits stop there (a stall the progress watch restarts the process for). A seek that
+  lands while a batch is being handed over marks it; before the next fetch, every partition
+  is sought to its committed offset again, which sets the read offsets right.
+
+A partition never committed is not moved by aiokafka's seek to committed, while Faust
+forgets its read offset: records dropped from the queue in the rebalance would be skipped.
+Such a partition (other than a changelog) is sought to its beginning, where a fresh
+assignment would start (``auto.offset.reset`` earliest).
 
 **Eager delivery.** Faust's fetch loop awaits, for every record,
 ``wait_first(callback(record), suspend_flow.wait())``: the callback puts the record on its
@@ -24,11 +53,20 @@ suspended, or a timeout, or any other arguments, the original runs unchanged.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine, Generator
 from typing import Any
 
-__all__ = ["continue_coroutine", "patch_faust_eager_deliver", "patch_faust_gaps",
-           "patch_faust_read_committed"]
+__all__ = [
+    "continue_coroutine",
+    "fence",
+    "patch_faust_eager_deliver",
+    "patch_faust_gaps",
+    "patch_faust_read_committed",
+    "patch_faust_seek_fence",
+]
+
+log = logging.getLogger(__name__)
 
 
 def patch_faust_gaps() -> None:
@@ -133,3 +171,81 @@ def patch_faust_eager_deliver() -> None:
 
     wait_first.postbacks_patched = True  # type: ignore[attr-defined]
     FaustConsumer.wait_first = wait_first  # type: ignore[method-assign]
+
+
+def _moved(consumer: Any) -> None:
+    """A seek starts or ends: batches fetched across it are stale."""
+    consumer.postbacks_seeks = getattr(consumer, "postbacks_seeks", 0) + 1
+    if getattr(consumer, "postbacks_handing_over", False):
+        consumer.postbacks_straddled = True
+
+
+def patch_faust_seek_fence() -> None:
+    """No record fetched before a seek handed over after it (see the module docstring)."""
+    from faust.transport.consumer import Consumer as FaustConsumer
+    from faust.transport.consumer import ThreadDelegateConsumer
+
+    fence(FaustConsumer, ThreadDelegateConsumer)
+
+
+def fence(base: Any, delegate: Any) -> None:
+    """Patch the consumer class ``base`` (fetch and seeks) and its subclass ``delegate``
+    (seek to committed, through the consumer thread) with the seek fence."""
+    from postbacks.metrics import GATE_REFETCHES
+
+    wait_next = base._wait_next_records
+    if getattr(wait_next, "postbacks_patched", False):
+        return
+    perform_seek, seek = base.perform_seek, base.seek
+    to_committed = delegate.seek_to_committed
+
+    async def fenced_perform_seek(self: Any) -> None:
+        _moved(self)
+        try:
+            await perform_seek(self)
+        finally:
+            _moved(self)
+
+    async def fenced_seek(self: Any, partition: Any, offset: int) -> None:
+        _moved(self)
+        try:
+            await seek(self, partition, offset)
+        finally:
+            _moved(self)
+
+    async def seek_to_committed(self: Any) -> Any:
+        committed = await to_committed(self)
+        changelogs = self.app.tables.changelog_topics
+        never = [tp for tp, off in committed.items()
+                 if (off is None or off <= 0) and tp.topic not in changelogs]
+        if never:
+            await self._thread.seek_to_beginning(*never)
+        return committed
+
+    async def fenced_wait_next(self: Any, timeout: float) -> Any:  # noqa: ASYNC109 (Faust's signature)
+        if getattr(self, "postbacks_straddled", False):
+            self.postbacks_straddled = self.postbacks_handing_over = False
+            GATE_REFETCHES.labels("seek_during_hand_over").inc()
+            await self.perform_seek()
+        self.postbacks_handing_over = False
+        before = getattr(self, "postbacks_seeks", 0)
+        records, active = await wait_next(self, timeout)
+        if records and getattr(self, "postbacks_seeks", 0) != before:
+            changelogs = self.app.tables.changelog_topics
+            kept = {tp: recs for tp, recs in records.items() if tp.topic in changelogs}
+            log.info("dropped a fetched batch that a seek overtook (%d records); every "
+                     "partition is sought to its committed offset again",
+                     sum(len(r) for tp, r in records.items() if tp not in kept))
+            GATE_REFETCHES.labels("seek_during_fetch").inc()
+            await self.perform_seek()
+            records = kept
+        self.postbacks_handing_over = bool(records)
+        return records, active
+
+    fns: tuple[Any, ...] = (fenced_wait_next, fenced_perform_seek, fenced_seek, seek_to_committed)
+    for fn in fns:
+        fn.postbacks_patched = True
+    base._wait_next_records = fenced_wait_next
+    base.perform_seek = fenced_perform_seek
+    base.seek = fenced_seek
+    delegate.seek_to_committed = seek_to_committed

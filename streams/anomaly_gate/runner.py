@@ -28,7 +28,9 @@ collection only walks what the gate allocated since.
 Transactional input is read committed (``faust_patches.patch_faust_read_committed``:
 Faust reads uncommitted records unless it runs its own exactly_once). Faust's fetch loop
 hands records to the streams without four tasks per record
-(``faust_patches.patch_faust_eager_deliver``).
+(``faust_patches.patch_faust_eager_deliver``), and never hands over a record fetched
+before a rebalance's seek after it (``faust_patches.patch_faust_seek_fence``: such a
+batch's first record made the offsets before it a gap that was committed unprocessed).
 
 Offset commits over transactional input (faust-streaming 0.15 bug, patched in
 ``faust_patches``): a
@@ -72,6 +74,7 @@ from streams.anomaly_gate.faust_patches import (
     patch_faust_eager_deliver,
     patch_faust_gaps,
     patch_faust_read_committed,
+    patch_faust_seek_fence,
 )
 from streams.anomaly_gate.refresh import Refresher
 from streams.anomaly_gate.stall import ProgressWatch
@@ -92,6 +95,7 @@ EP_TABLE, G_TABLE = "gate-endpoints", "gate-global"
 patch_faust_gaps()
 patch_faust_read_committed()
 patch_faust_eager_deliver()
+patch_faust_seek_fence()
 # The tables' changelog serializer (Faust's "json" codec for keys and values): records
 # produced with it are read back by Faust's table recovery exactly like its own.
 _CHANGELOG_CODEC = faust_codecs.get_codec("json")

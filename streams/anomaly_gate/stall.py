@@ -3,9 +3,10 @@ has not moved for ``stall_restart_s`` means the gate has stopped processing it (
 in roughly twenty test runs: after a kill -9 and restart, a gate that had its partitions
 assigned and logged "gate running" processed nothing for 85 s, with no error logged; and a
 gate given, in a rebalance, a partition the instance before it had read but never
-committed, which it then did not read). A partition never committed counts from its oldest
-record. A
-stalled partition is never acceptable, so the process restarts in place (nothing is lost:
+committed, which it then did not read). Two causes of such stalls in Faust's fetch loop
+after a rebalance are fenced off (``faust_patches.patch_faust_seek_fence``); the watch
+stays as the backstop for any other. A partition never committed counts from its oldest
+record. A stalled partition is never acceptable, so the process restarts in place (nothing is lost:
 offsets are committed only after the state and outputs they cover are acknowledged).
 
 The check reads, from outside Faust, the gate group's committed offsets and the

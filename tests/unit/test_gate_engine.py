@@ -458,3 +458,18 @@ def test_a_record_handed_over_again_is_not_decided_twice_until_a_rebalance() -> 
     engine.forget()  # a rebalance: the committed offsets decide what is read again
     after = run(engine, store, batch[2:4])
     assert after.redelivered == 0 and len(on(after, "dispatch.v1")) == 2
+
+
+def test_a_partition_sought_back_below_its_decided_run_is_decided_again() -> None:
+    """A record handed over out of order (fetched before a seek, say) must not make the
+    engine skip the records below it that it never saw."""
+    engine, store = gate(), dict[str, Any]()
+    batch = _batch()
+    ahead = run(engine, store, batch[5:6])  # offset 5 first
+    assert len(on(ahead, "dispatch.v1")) == 1
+    back = run(engine, store, batch[:6])  # then from offset 0: a new run
+    assert back.redelivered == 0  # 0-4 never seen; 5 decided again (a duplicate at worst)
+    assert [d["delivery_id"] for d in on(back, "dispatch.v1")] == [
+        d["delivery_id"] for d in on(run(gate(), {}, batch[:6]), "dispatch.v1")]
+    again = run(engine, store, batch[2:4])  # inside the run now: skipped
+    assert again.redelivered == 2
