@@ -222,11 +222,23 @@ def fence(base: Any, delegate: Any) -> None:
             await self._thread.seek_to_beginning(*never)
         return committed
 
+    async def reseek(self: Any, reason: str) -> bool:
+        GATE_REFETCHES.labels(reason).inc()
+        try:
+            await self.perform_seek()
+            return True
+        except Exception as exc:  # guarded as Faust guards its own seek in getmany
+            log.warning("seek to committed offsets failed (%r): tried again before the next"
+                        " fetch", exc)
+            self.postbacks_straddled = True
+            return False
+
     async def fenced_wait_next(self: Any, timeout: float) -> Any:  # noqa: ASYNC109 (Faust's signature)
         if getattr(self, "postbacks_straddled", False):
             self.postbacks_straddled = self.postbacks_handing_over = False
-            GATE_REFETCHES.labels("seek_during_hand_over").inc()
-            await self.perform_seek()
+            if not await reseek(self, "seek_during_hand_over"):
+                await asyncio.sleep(0.5)
+                return {}, None
         self.postbacks_handing_over = False
         before = getattr(self, "postbacks_seeks", 0)
         records, active = await wait_next(self, timeout)
@@ -236,8 +248,7 @@ def fence(base: Any, delegate: Any) -> None:
             log.info("dropped a fetched batch that a seek overtook (%d records); every "
                      "partition is sought to its committed offset again",
                      sum(len(r) for tp, r in records.items() if tp not in kept))
-            GATE_REFETCHES.labels("seek_during_fetch").inc()
-            await self.perform_seek()
+            await reseek(self, "seek_during_fetch")
             records = kept
         self.postbacks_handing_over = bool(records)
         return records, active

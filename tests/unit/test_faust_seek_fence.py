@@ -41,6 +41,7 @@ def make_consumer(committed: dict[TP, int | None]) -> Any:
             self.seeks = 0
             self.during_fetch: Callable[[], Any] | None = None
             self.next_records: dict[TP, list[int]] = {}
+            self.fail_seeks = 0
 
         async def _wait_next_records(self, timeout: float) -> Any:  # noqa: ASYNC109
             if self.during_fetch is not None:  # the rebalance lands while the fetch waits
@@ -50,6 +51,9 @@ def make_consumer(committed: dict[TP, int | None]) -> Any:
 
         async def perform_seek(self) -> None:
             self.seeks += 1
+            if self.fail_seeks:
+                self.fail_seeks -= 1
+                raise AssertionError("No partitions are currently assigned")  # aiokafka's
             await self.seek_to_committed()
 
         async def seek(self, partition: TP, offset: int) -> None:
@@ -112,3 +116,20 @@ def test_a_partition_never_committed_is_sought_to_its_beginning() -> None:
     c = make_consumer({SRC: None, other: 0, TP("deliveries.v1", 1): 7, LOG: None})
     asyncio.run(c.perform_seek())
     assert c._thread.to_beginning == [SRC, other]  # not the changelog, not the committed
+
+
+def test_a_failed_seek_is_tried_again_before_anything_is_fetched() -> None:
+    c = make_consumer({SRC: 10})
+    c.next_records = {SRC: [500]}
+
+    async def rebalance() -> None:
+        await c.perform_seek()
+        c.fail_seeks = 1  # the fence's own seek fails (the assignment is empty for a moment)
+
+    c.during_fetch = rebalance
+    assert fetch(c) == {}
+    assert c.seeks == 2  # the rebalance's and the failed one
+    c.next_records = {SRC: [10]}
+    assert fetch(c) == {SRC: [10]}  # sought again first, then fetched from there
+    assert c.seeks == 3
+    assert fetch(c) == {SRC: [10]} and c.seeks == 3
