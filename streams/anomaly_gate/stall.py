@@ -95,8 +95,12 @@ class ProgressWatch:
                              "waiting (high water %d)", tp.topic, tp.partition, offset,
                              still, high)
         except KafkaException as exc:  # the broker is away: not the gate's stall
-            log.warning("progress check skipped: %s", exc)
+            # A new client next time: after a broker's loss this one kept asking the dead
+            # leader for watermarks (timed out every check for minutes, the three-broker kill
+            # test), blind to a gate stalled meanwhile; a new one reads the leaders afresh.
+            log.warning("progress check skipped (a new client for the next): %s", exc)
             self._since.clear()
+            self.close()
         return None
 
     def _record_at(self, topic: str, partition: int, offset: int) -> bool:
@@ -121,5 +125,8 @@ class ProgressWatch:
 
     def close(self) -> None:
         if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+            consumer, self._consumer = self._consumer, None
+            try:
+                consumer.close()
+            except (KafkaException, RuntimeError) as exc:  # closing is best effort
+                log.warning("progress check client close: %s", exc)

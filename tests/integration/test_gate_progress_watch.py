@@ -155,3 +155,34 @@ def test_an_event_loop_that_stops_turning_restarts_the_gate_from_the_watch_threa
     with pytest.raises(_Restarted):
         runner.GateProcess._watch_progress(gate, bounded)
     assert len(calls) == 1 and "event loop has not turned" in calls[0][0] and calls[0][1]
+
+
+def test_a_check_that_fails_is_made_again_with_a_new_client(settings: Settings) -> None:
+    """After a broker's loss the watch's client kept timing out on the dead leader: a failed
+    check drops the client, and the next one reads the leaders afresh."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    group = f"{settings.topic_prefix}postbacks-gate-{uuid.uuid4().hex[:6]}"
+    watch = ProgressWatch(settings, group, stall_s=10.0)
+    try:
+        _leaders_known(watch, settings)
+        real = watch._client()
+
+        class TimingOut:
+            closed = False
+
+            def committed(self, *_a: object, **_k: object) -> None:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Local: Timed out"))
+
+            def close(self) -> None:
+                self.closed = True
+                real.close()
+
+        stale = TimingOut()
+        watch._consumer = stale  # type: ignore[assignment]
+        assert watch.stalled(now=100.0) is None  # skipped, not a stall
+        assert stale.closed and watch._consumer is None
+        assert watch.stalled(now=101.0) is None  # a new client, reading the broker
+        assert watch._consumer is not None and watch._consumer is not real
+    finally:
+        watch.close()
