@@ -32,7 +32,10 @@ def http_json(url: str, payload: Any = None, timeout: float = 10.0) -> Any:
         return orjson.loads(resp.read())
 
 
-def wait_for(predicate: Any, timeout: float, interval: float = 0.2, what: str = "condition") -> Any:
+def wait_for(predicate: Any, timeout: float, interval: float = 0.2, what: str = "condition",
+             progress: Any = None) -> Any:
+    """``predicate()`` once truthy (its value), polled every ``interval``; TimeoutError after
+    ``timeout`` naming ``what`` and, given ``progress``, what it returns at that moment."""
     deadline = time.monotonic() + timeout
     last_exc: Exception | None = None
     while time.monotonic() < deadline:
@@ -43,8 +46,14 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.2, what: str = 
         except Exception as exc:  # the thing waited for may not be up yet
             last_exc = exc
         time.sleep(interval)
+    now = ""
+    if progress is not None:
+        try:
+            now = f"; now {progress()}"
+        except Exception as exc:  # the thing measured may be gone too
+            now = f"; now unknown ({exc!r})"
     raise TimeoutError(
-        f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_exc})"
+        f"timed out after {timeout:.0f}s waiting for {what}{now} (last error: {last_exc})"
     )
 
 

@@ -115,10 +115,8 @@ class GateFeed:
         return len(self.dispatched) + len(self._held)
 
     def wait_outputs(self, n: int, timeout: float = 60) -> None:
-        try:
-            wait_for(lambda: self.outputs() >= n, timeout, what=f"{n} distinct gate outputs")
-        except TimeoutError as exc:
-            raise TimeoutError(f"{exc}; {self.outputs()} when it gave up") from None
+        wait_for(lambda: self.outputs() >= n, timeout, what=f"{n} distinct gate outputs",
+                 progress=self.outputs)
 
     def wait_held(self, n: int, timeout: float = 60) -> None:
         wait_for(lambda: len(self.held()) >= n, timeout, what=f"{n} held")

@@ -114,8 +114,8 @@ class Harness:
 
     def wait_status(self, endpoint_id: str, status: str, n: int, timeout: float = 90) -> None:
         wait_for(lambda: self.status_counts(endpoint_id).get(status, 0) >= n, timeout,
-                 what=f"{n} {status} deliveries of {endpoint_id} "
-                      f"(now {self.status_counts(endpoint_id)})")
+                 what=f"{n} {status} deliveries of {endpoint_id}",
+                 progress=lambda: self.status_counts(endpoint_id))
 
     def scalar(self, sql: str, params: Any = None) -> Any:
         return scalar(self.settings, sql, params)

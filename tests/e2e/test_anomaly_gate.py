@@ -225,7 +225,7 @@ def test_window_state_exact_after_kill9_of_the_gate(settings: Settings, stack: S
     feed.wait_outputs(n, timeout=120)
     # Each partition's latest partial for the window: their sum is every payout, once.
     wait_for(lambda: feed.partial_sum(start) == total, 240,
-             what=f"partials summing to {total} (now {feed.partial_sum(start)})")
+             what=f"partials summing to {total}", progress=lambda: feed.partial_sum(start))
 
 
 def test_garbage_on_deliveries_is_dead_lettered_by_the_gate_and_the_partition_flows(
