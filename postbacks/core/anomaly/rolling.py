@@ -62,9 +62,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from postbacks.core.anomaly.cusum import NO_ARM, Arm, MinuteFigures, step
 from postbacks.core.anomaly.detectors import NO_BASELINE, WITHIN, Over, RateResult
-from postbacks.core.anomaly.level import NO_LEVEL, Level, age_out, current, in_hour, learned
+from postbacks.core.anomaly.level import NO_LEVEL, age_out, current, in_hour
 from postbacks.core.anomaly.level import close_hour as close_level_hour
 from postbacks.core.anomaly.profile import (
     COUNT,
@@ -77,6 +76,15 @@ from postbacks.core.anomaly.profile import (
     slot_of_hour,
     stats,
     with_slot,
+)
+from postbacks.core.anomaly.rolling_arms import (
+    arm_scores,
+    arm_trips,
+    arms_at,
+    figures,
+    open_fraction,
+    step_arms,
+    z,
 )
 from postbacks.core.anomaly.rolling_types import (
     DEFAULT_SPANS,
@@ -161,9 +169,9 @@ class _Ring:
                          self.cvar):
                 del ring[0]
         if minute >= s.arms_from:
-            fig = _figures(p, s.st.cv2, s.cst.cv2, self.lv, self.lc,
-                           (float(observed), e, v), (float(count), ce, cv))
-            self.arms = _step_arms(p.shifts, self.arms, fig, minute)
+            fig = figures(p, s.st.cv2, s.cst.cv2, self.lv, self.lc,
+                          (float(observed), e, v), (float(count), ce, cv))
+            self.arms = step_arms(p.shifts, self.arms, fig, minute)
         self.lv, self.lc = lv, lc
         self.obs.append(observed)
         self.capped.append(cap)
@@ -184,32 +192,6 @@ def push_minute(s: RollingState, minute: int, observed: int, count: int) -> Roll
     ring = _Ring(s)
     ring.push(s, minute, observed, count)
     return ring.into(s)
-
-
-_ARM_CV2 = 0.02 ** 2  # the level deviation arms allow for is at least 2%
-
-
-def _figures(p: RollingPolicy, cv2: float, ccv2_profile: float, lv: Level, lc: Level,
-             value: tuple[float, float, float],
-             count: tuple[float, float, float]) -> MinuteFigures:
-    """A minute for the arms: they test the count, and sum the value for the run. ``value``:
-    (observed, expected, variance) before today's level; ``count`` likewise; ``cv2`` and
-    ``ccv2_profile``: the profile's level variation of value and count."""
-    o, e, v = value
-    c, ce, cv = count
-    lvl = current(lv, max(cv2, _ARM_CV2))[0]
-    clvl, ccv2 = current(lc, max(ccv2_profile, _ARM_CV2))
-    # Before today's level is learned the expectation carries the whole day's level error,
-    # which a CUSUM would accumulate: the arms wait for it (about two days of hours).
-    ce, cv = (ce * clvl, cv * clvl) if learned(lc) else (_NAN, 0.0)
-    allow = 1 + p.allowance * math.sqrt(max(ccv2, _ARM_CV2))
-    return MinuteFigures(c, ce * allow, cv, o, e * lvl, v * lvl, c, ce)
-
-
-def _step_arms(shifts: tuple[float, ...], arms: tuple[Arm, ...], fig: MinuteFigures,
-               minute: int) -> tuple[Arm, ...]:
-    arms = arms or (NO_ARM,) * len(shifts)
-    return tuple(step(arm, x, fig, minute) for arm, x in zip(arms, shifts, strict=True))
 
 
 def reset_arms(s: RollingState, from_minute: int) -> RollingState:
@@ -284,11 +266,6 @@ def add(s: RollingState, occurred_at_ms: int, micros: int, count: int = 1) -> Ro
                         s.lc, s.arms, s.arms_from)
 
 
-def _z(o: float, e: float, v: float) -> float:
-    sigma = math.sqrt(v)
-    return (o - e) / sigma if sigma > 0 else (math.inf if o > e else 0.0)
-
-
 def _score(s: RollingState, span: int, frac: float, opens: tuple[float, float, float, float],
            levels: tuple[float, float, float, float], inflate: float,
            usable: int) -> SpanScore | None:
@@ -314,15 +291,8 @@ def _score(s: RollingState, span: int, frac: float, opens: tuple[float, float, f
         cvv = max(cvv, 1.0)
         if ce > 0:
             v = max(v, (e / ce) ** 2)
-    cz = 0.0 if math.isnan(ce) else _z(co, ce, cvv)
-    return SpanScore(span, n + 1, o, e, math.sqrt(v), _z(oc, e, v), co, ce, cz)
-
-
-def _frac(minute: int, now_ms: int | None) -> float:
-    """How much of the open minute has elapsed at ``now_ms`` (None: all of it)."""
-    if now_ms is None:
-        return 1.0
-    return min(1.0, max(0.0, (now_ms - minute * MINUTE_MS) / MINUTE_MS))
+    cz = 0.0 if math.isnan(ce) else z(co, ce, cvv)
+    return SpanScore(span, n + 1, o, e, math.sqrt(v), z(oc, e, v), co, ce, cz)
 
 
 def evaluate(s: RollingState, th: RollingThresholds, now_ms: int | None = None,
@@ -338,7 +308,7 @@ def evaluate(s: RollingState, th: RollingThresholds, now_ms: int | None = None,
     if minute is None or (since_minute is not None and minute < since_minute):
         return NO_PROFILE
     usable = len(s.obs) if since_minute is None else minute - since_minute
-    frac = _frac(minute, now_ms)
+    frac = open_fraction(minute, now_ms)
     got = expect_minute(s.st, minute)
     cgot = expect_minute(s.cst, minute)
     opens = ((got if got is not None else (_NAN, 0.0))
@@ -366,51 +336,13 @@ def evaluate(s: RollingState, th: RollingThresholds, now_ms: int | None = None,
     if not scores:
         return NO_PROFILE
     if over is None and minute >= s.arms_from and got is not None and cgot is not None:
-        over = next((a for a in _arms_at(s, minute, frac, opens) if arm_trips(a, th)
+        over = next((a for a in arms_at(s, minute, frac, opens) if arm_trips(a, th)
                      and (since_minute is None or minute - a.seen + 1 >= since_minute)),
                     None)
     if over is not None:
         start = (minute - over.seen + 1) * MINUTE_MS
         return RollingOver(start, over, tuple(scores))
     return RollingWithin(tuple(scores))
-
-
-def _arms_at(s: RollingState, minute: int, frac: float,
-             opens: tuple[float, float, float, float]) -> tuple[SpanScore, ...]:
-    """Every arm with the open minute counted (``frac`` of it), as a :class:`SpanScore`."""
-    e, v, ce, cv = (x * frac for x in opens)
-    fig = _figures(s.policy, s.st.cv2, s.cst.cv2, s.lv, s.lc, (float(s.cur), e, v),
-                   (float(s.ccur), ce, cv))
-    out = []
-    for x, a in zip(s.policy.shifts, _step_arms(s.policy.shifts, s.arms, fig, minute),
-                    strict=True):
-        n = minute - a.start + 1 if a.s > 0 else 0
-        out.append(SpanScore(n, n, int(a.obs), a.exp, math.sqrt(a.var), a.s, int(a.cobs),
-                             a.cexp, a.s, f"count +{x * 100:g}%"))
-    return tuple(out)
-
-
-def arm_scores(s: RollingState, now_ms: int | None = None) -> tuple[SpanScore, ...]:
-    """Every CUSUM arm as of ``now_ms`` (as :func:`evaluate` counts the open minute):
-    ``span``/``seen`` its run in minutes (0: at zero), ``score`` its statistic, ``arm`` its
-    name. () when the open minute has no expectation or the arms do not step yet."""
-    minute = s.minute
-    if minute is None or minute < s.arms_from:
-        return ()
-    got, cgot = expect_minute(s.st, minute), expect_minute(s.cst, minute)
-    if got is None or cgot is None:
-        return ()
-    return _arms_at(s, minute, _frac(minute, now_ms), got + cgot)
-
-
-def arm_trips(sc: SpanScore, th: RollingThresholds) -> bool:
-    """An arm's statistic over ``cusum_h``, its run's payout over the multiple and the
-    floor, and the run's value score over ``support_k`` (the money moved with the count)."""
-    return (sc.score > th.cusum_h
-            and sc.observed_micros > th.multiple * sc.expected_micros
-            and sc.observed_micros - sc.expected_micros > th.floor_micros
-            and _z(sc.observed_micros, sc.expected_micros, sc.sigma_micros ** 2)
-            > th.support_k)
 
 
 def as_rate_result(r: RollingResult) -> RateResult:
