@@ -6,6 +6,7 @@ partition. Bounded in count and time; traffic to 127.0.0.1 only."""
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +34,48 @@ from postbacks.tools.seed import seed_endpoints
 from topics import TOPICS
 
 
+class HopWatch:
+    """When each delivery became visible to a read_committed reader of ``deliveries.v1``
+    (fan-out's commit) and of ``dispatch.v1`` (the gate's output), by idempotency key: the
+    latency split by hop. A thread per topic, polling; it adds two light consumers."""
+
+    def __init__(self, s: Settings) -> None:
+        self.seen: dict[str, dict[str, float]] = {"deliveries": {}, "dispatch": {}}
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(s, name, base), daemon=True)
+                         for name, base in (("deliveries", TOPICS.deliveries.base),
+                                            ("dispatch", TOPICS.dispatch.base))]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, s: Settings, name: str, base: str) -> None:
+        from confluent_kafka import Consumer
+
+        codec = codec_for("Delivery")
+        seen = self.seen[name]
+        c = Consumer({"bootstrap.servers": s.kafka_bootstrap_servers,
+                      "group.id": f"bench-hops-{name}-{time.time_ns()}",
+                      "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                      "fetch.wait.max.ms": 5, "enable.auto.commit": False})
+        c.subscribe([s.topic(base)])
+        try:
+            while not self._stop.is_set():
+                # one record's wait, then what is already fetched: consume(500, t) would
+                # wait out t below 500 records (postbacks.kafka.clients.consume_ready)
+                first = c.consume(1, 0.05)
+                for m in first + (c.consume(499, 0) if first else []):
+                    if m.error() is None and m.value():
+                        t = time.time()
+                        seen.setdefault(codec.decode(m.value())["idempotency_key"], t)
+        finally:
+            c.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(10)
+
+
 def run_pipeline_latency(base: Settings, rate: float, seconds: float, log_dir: Path,
                          seed: int) -> dict[str, float]:
     """Conversion -> postback latency through the whole pipeline at a steady ``rate``: for
@@ -56,6 +99,7 @@ def run_pipeline_latency(base: Settings, rate: float, seconds: float, log_dir: P
             producer.flush()
             wait_for(lambda: http_json(f"{url}/_stats")["count"] > 0, 90, interval=0.05,
                      what="the warm-up delivery")
+            hops = HopWatch(s)
             time.sleep(5.0)  # consumer groups settled (a late rebalance stalls ~1 s)
             sent: dict[str, float] = {}
             start = time.perf_counter()
@@ -72,14 +116,59 @@ def run_pipeline_latency(base: Settings, rate: float, seconds: float, log_dir: P
             wait_for(lambda: arrived(url, sent), 120,
                      what=f"{len(sent)} deliveries")
             times = http_json(f"{url}/_times")
+            hops.close()
+            txn = {name: _txn_means(stack.procs[name].metrics() or "")
+                   for name in ("fanout", "agent")}
         lat = [(times[k] - t) * 1000 for k, t in sent.items()]
+        split = _hops(sent, hops.seen, times)
         t0 = min(sent.values())
         slow = sorted(((times[k] - t) * 1000, t - t0) for k, t in sent.items())[-len(lat) // 100:]
         say(f"pipeline latency at {rate:.0f} conversions/s over {len(lat)} deliveries: "
             f"p50 {pct(lat, 50):.0f} ms, p99 {pct(lat, 99):.0f} ms, max {max(lat):.0f} ms; "
             "the slowest 1% sent at s " + ", ".join(sorted({f"{x:.1f}" for _, x in slow})))
+        say("by hop (p50 / p99 ms): " + "; ".join(
+            f"{name} {pct(v, 50):.0f} / {pct(v, 99):.0f}" for name, v in split.items() if v))
+        say("transactions (mean ms: offset send / commit; count): " + "; ".join(
+            f"{name} {m.get('offsets', (0.0, 0))[0]:.1f} / {m.get('commit', (0.0, 0))[0]:.1f}; "
+            f"{m.get('commit', (0.0, 0))[1]}" for name, m in txn.items()))
         return {"pipeline_latency_rate": rate, "pipeline_latency_p50_ms": pct(lat, 50),
-                "pipeline_latency_p99_ms": pct(lat, 99), "pipeline_latency_max_ms": max(lat)}
+                "pipeline_latency_p99_ms": pct(lat, 99), "pipeline_latency_max_ms": max(lat),
+                **{f"pipeline_latency_{name}_p50_ms": pct(v, 50)
+                   for name, v in split.items() if v},
+                **{f"pipeline_latency_{name}_p99_ms": pct(v, 99)
+                   for name, v in split.items() if v}}
+
+
+def _txn_means(page: str) -> dict[str, tuple[float, int]]:
+    """From a stage's /metrics page: per step of ``postbacks_transaction_seconds``, the mean
+    in ms and the count, since the process started (the warm-up's transactions included)."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for line in page.splitlines():
+        if not line.startswith("postbacks_transaction_seconds_"):
+            continue
+        name, _, value = line.rpartition(" ")
+        step = name.split('step="', 1)[1].split('"', 1)[0] if 'step="' in name else ""
+        if name.startswith("postbacks_transaction_seconds_sum"):
+            sums[step] = float(value)
+        elif name.startswith("postbacks_transaction_seconds_count"):
+            counts[step] = int(float(value))
+    return {k: (sums[k] / counts[k] * 1000, counts[k]) for k in sums if counts.get(k)}
+
+
+def _hops(sent: dict[str, float], seen: dict[str, dict[str, float]],
+          times: dict[str, float]) -> dict[str, list[float]]:
+    """Per delivery, ms spent in each hop: conversion sent -> visible on deliveries.v1
+    (fan-out), -> visible on dispatch.v1 (gate), -> received (agent)."""
+    out: dict[str, list[float]] = {"fanout": [], "gate": [], "agent": []}
+    for k, t in sent.items():
+        a, b, c = seen["deliveries"].get(k), seen["dispatch"].get(k), times.get(k)
+        if a is None or b is None or c is None:
+            continue
+        out["fanout"].append((a - t) * 1000)
+        out["gate"].append((b - a) * 1000)
+        out["agent"].append((c - b) * 1000)
+    return out
 
 
 def run_relay_lateness(base: Settings, n: int, log_dir: Path) -> dict[str, float]:

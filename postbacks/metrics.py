@@ -59,6 +59,7 @@ __all__ = [
     "SINK_ROWS",
     "SINK_WAITING",
     "STAGE_RECORDS",
+    "TXN_SECONDS",
     "UNFINISHED",
     "VALIDATION_FAILED",
     "child",
@@ -130,6 +131,15 @@ STAGE_RECORDS = Counter("postbacks_stage_records_total", "Records consumed by st
 PRODUCERS_REPLACED = Counter(
     "postbacks_transactional_producers_replaced_total",
     "Transactional producers abandoned and replaced after an offset send hung", ["stage"])
+# Per transaction of a consume-transform-produce stage: the offset send and the commit are
+# broker round trips that every batch waits on (and its outputs stay invisible to
+# read_committed readers until the commit's markers are written).
+TXN_SECONDS = Histogram(
+    "postbacks_transaction_seconds",
+    "Time in a stage transaction's broker calls, by stage and step (offsets | commit)",
+    ["stage", "step"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+)
 SINK_ROWS = Counter("postbacks_sink_rows_total", "Rows written to PostgreSQL", ["table"])
 SINK_WAITING = Gauge("postbacks_sink_waiting_rows",
                      "Delivery rows the sink holds back for their first outcome")

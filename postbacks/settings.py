@@ -91,6 +91,13 @@ class Settings:
     quarantine_delay_s: float = 30.0  # over-budget deliveries come back after this
     max_buffered: int = 5000  # per agent: consumption pauses above this many unfinished
     commit_interval_ms: int = 100
+    # retry.backoff.ms of every stage's transactional producer. A transaction begun right
+    # after the previous commit finds the coordinator still writing that commit's markers
+    # and is told CONCURRENT_TRANSACTIONS; librdkafka waits retry.backoff.ms (default 100)
+    # before asking again, so every transaction paid ~100 ms in send_offsets_to_transaction
+    # (measured, docs/performance.md). The Java client waits 20 ms there (KAFKA-5477).
+    # Other retries back off exponentially from it up to retry.backoff.max.ms (1 s).
+    txn_retry_backoff_ms: int = 10
     stall_restart_s: float = 120.0  # a Kafka call stuck this long restarts the process
     # The agent records an intent before every request (core/intents.py): every request
     # sent is in the attempt log, also when the agent dies before recording its result.
@@ -252,6 +259,8 @@ def _validate(s: Settings) -> None:
                  "console_bulk_confirm_above", "console_bulk_max"):
         if getattr(s, name) < 1:
             raise ConfigError(f"{env_name(name)} must be >= 1")
+    if not 1 <= s.txn_retry_backoff_ms <= 1000:
+        raise ConfigError("POSTBACKS_TXN_RETRY_BACKOFF_MS must be between 1 and 1000")
     if not 0 <= s.gate_linger_ms <= 1000:
         raise ConfigError("POSTBACKS_GATE_LINGER_MS must be between 0 and 1000")
     if not 100 <= s.gc_gen0_threshold <= 1_000_000:

@@ -78,7 +78,8 @@ def transactional_config(settings: Settings, stage: str) -> dict[str, Any]:
     """A stage's transactional producer: its ``transactional.id`` is the stage and the
     instance id (unique per process), so a restarted instance fences its predecessor."""
     txn_id = settings.topic(f"postbacks-{stage}-{settings.instance_id}")
-    return producer_config(settings, **{"transactional.id": txn_id, "linger.ms": 5})
+    return producer_config(settings, **{"transactional.id": txn_id, "linger.ms": 5,
+                                        "retry.backoff.ms": settings.txn_retry_backoff_ms})
 
 
 def make_transactional_producer(settings: Settings, stage: str) -> Producer:

@@ -30,7 +30,7 @@ from postbacks.errors import DeadLetterError
 from postbacks.kafka.clients import consume_ready, records
 from postbacks.kafka.txn import TxnProducer, retrying
 from postbacks.kafka.watchdog import guard, subscribe_watched
-from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS
+from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS, TXN_SECONDS
 from postbacks.records import DeadLetterRecord
 from postbacks.settings import Settings
 from topics import TOPICS
@@ -167,10 +167,14 @@ def _commit_batch(
         # Aborting and re-reading from the committed offsets is always safe. A send that
         # hangs in librdkafka (its coordinator gone: see postbacks.kafka.txn) is abandoned
         # with its producer, which a new one replaces: the same as an abort.
+        t0 = time.monotonic()
         if not txn.send_offsets(positions, consumer.consumer_group_metadata()):
             _rewind(consumer, deadline)
             return False
+        t1 = time.monotonic()
         retrying(f"{stage}: commit", lambda: producer.commit_transaction(60), deadline)
+        TXN_SECONDS.labels(stage=stage, step="offsets").observe(t1 - t0)
+        TXN_SECONDS.labels(stage=stage, step="commit").observe(time.monotonic() - t1)
         return True
     except KafkaException as exc:
         kerr = exc.args[0] if exc.args else None

@@ -68,6 +68,8 @@ def test_settings_from_env() -> None:
      ({"POSTBACKS_GATE_SWITCH_INTERVAL_S": "0"}, "POSTBACKS_GATE_SWITCH_INTERVAL_S"),
      ({"POSTBACKS_GATE_LINGER_MS": "-1"}, "POSTBACKS_GATE_LINGER_MS"),
      ({"POSTBACKS_GATE_LINGER_MS": "1001"}, "POSTBACKS_GATE_LINGER_MS"),
+     ({"POSTBACKS_TXN_RETRY_BACKOFF_MS": "0"}, "POSTBACKS_TXN_RETRY_BACKOFF_MS"),
+     ({"POSTBACKS_TXN_RETRY_BACKOFF_MS": "1001"}, "POSTBACKS_TXN_RETRY_BACKOFF_MS"),
      ({"POSTBACKS_GC_GEN0_THRESHOLD": "99"}, "POSTBACKS_GC_GEN0_THRESHOLD"),
      ({"POSTBACKS_GC_GEN0_THRESHOLD": "1000001"}, "POSTBACKS_GC_GEN0_THRESHOLD"),
      ({"POSTBACKS_GATE_SWITCH_INTERVAL_S": "5"}, "POSTBACKS_GATE_SWITCH_INTERVAL_S"),
@@ -77,3 +79,12 @@ def test_settings_from_env() -> None:
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_settings(env)
+
+
+def test_transactional_producers_back_off_the_setting_not_librdkafkas_100_ms() -> None:
+    from postbacks.kafka.clients import producer_config, transactional_config
+
+    s = load_settings({"POSTBACKS_TXN_RETRY_BACKOFF_MS": "7"})
+    assert transactional_config(s, "fanout")["retry.backoff.ms"] == 7
+    assert load_settings({}).txn_retry_backoff_ms == 10
+    assert "retry.backoff.ms" not in producer_config(s)  # plain producers keep the default
