@@ -89,6 +89,23 @@ def _coordinator_of(s: Settings, group: str) -> int:
     return int(desc.coordinator.id)
 
 
+def _behind(s: Settings) -> str:
+    """Which stage holds what is not delivered yet: every group's lag by topic (records
+    between its committed offset and the log's end; the sink's offsets live in PostgreSQL
+    and are left out: its progress is the rows counted)."""
+    from postbacks.core.backlog import lag_of
+    from postbacks.kafka.lag import ProgressReader
+    from topics.registry import GROUPS
+
+    lag: dict[str, int] = {}
+    for p in ProgressReader(s, GROUPS).read(None):
+        if lag_of(p):
+            cut = s.topic_prefix
+            key = f"{p.group.removeprefix(cut)} on {p.topic.removeprefix(cut)}"
+            lag[key] = lag.get(key, 0) + lag_of(p)
+    return ", ".join(f"{k}: {v}" for k, v in sorted(lag.items())) or "no group behind"
+
+
 def _delivered(h: Harness, eps: list[str]) -> int:
     return int(h.scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = ANY(%s)"
                         " AND status = 'delivered'", (eps,)))
@@ -165,7 +182,8 @@ def test_kill_9_of_a_broker_mid_load_loses_nothing_and_it_catches_up(
         assert producer.failed == [] and producer.acked == total, producer.failed[:3]
 
         wait_for(lambda: _delivered(h, eps) >= total, 120, interval=0.5,
-                 what=f"all {total} delivered", progress=lambda: _delivered(h, eps))
+                 what=f"all {total} delivered",
+                 progress=lambda: f"{_delivered(h, eps)} delivered; behind: {_behind(s)}")
         received = h.received()
         ids = {r["webhook_id"] for r in received if r["status"] == 200}
         assert len(ids) == total, f"{len(ids)} distinct deliveries received of {total}"
