@@ -145,6 +145,17 @@ def watch_membership(bootstrap: str, group: str, assigned: Callable[[], bool],
     threading.Thread(target=loop, name="group-watch", daemon=True).start()
 
 
+def _unpause(c: Consumer, partitions: list[TopicPartition]) -> None:
+    from confluent_kafka import KafkaException
+
+    if not partitions:
+        return
+    try:
+        c.resume(partitions)
+    except KafkaException as exc:  # a partition already gone: nothing of it is paused here
+        log.warning("resuming revoked partitions: %s", exc)
+
+
 def subscribe_watched(consumer: Consumer, topics: list[str], settings: Settings, group: str,
                       stop: threading.Event, *, on_assign: Rebalance | None = None,
                       on_revoke: Rebalance | None = None,
@@ -154,7 +165,11 @@ def subscribe_watched(consumer: Consumer, topics: list[str], settings: Settings,
     made by ``make_consumer(settings, group)`` (the same ``group``: the watch asks the
     broker about ``settings.topic(group)``, the group id that made). The rebalance
     callbacks (``on_assign``; ``on_revoke`` for a revocation or a loss; either may be None)
-    are wrapped to keep the flag the watch reads, which is returned (tests).
+    are wrapped to keep the flag the watch reads, which is returned (tests), and to resume
+    every revoked partition: librdkafka keeps a partition's pause across a revocation and a
+    later assignment, so a partition paused when it was lost came back paused, with nothing
+    left in the stage to resume it (the relay's deliveries waited forever after a broker
+    kill; tests/integration/test_relay_rebalance.py).
 
     For eager assignment, as every consumer here uses (the default ``range,roundrobin``,
     or the sink's ``range``): each assignment is the whole of it and each revocation takes
@@ -171,8 +186,11 @@ def subscribe_watched(consumer: Consumer, topics: list[str], settings: Settings,
 
     def revoked(c: Consumer, partitions: list[TopicPartition]) -> None:
         owned[0] = False
-        if on_revoke is not None:
-            on_revoke(c, partitions)
+        try:
+            if on_revoke is not None:
+                on_revoke(c, partitions)
+        finally:
+            _unpause(c, partitions)
 
     consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
     watch_membership(settings.kafka_bootstrap_servers, settings.topic(group),

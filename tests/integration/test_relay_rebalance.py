@@ -1,0 +1,77 @@
+"""The relay against the broker: a partition it paused (its head not yet due) and lost in a
+rebalance is read again when it comes back. librdkafka keeps a partition's pause across a
+revocation and a later assignment (confluent-kafka-go#193, librdkafka#1849), while the relay
+drops what it held for a revoked partition: without a resume at the revocation, the
+partition stayed paused with nothing held to resume it, and its deliveries waited forever.
+Seen after a broker kill (the relay's session timed out): 1,089 quarantined deliveries
+never came back."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from confluent_kafka import Consumer, Producer
+
+from postbacks.codec import codec_for
+from postbacks.kafka.clients import make_consumer
+from postbacks.settings import Settings
+from postbacks.tools.procs import wait_for
+from streams.relay import GROUP, run_relay
+from tests.unit.factories import make_delivery
+from topics import TOPICS
+
+
+def _dispatched(consumer: Consumer, seen: set[str]) -> set[str]:
+    codec = codec_for("Delivery")
+    for m in consumer.consume(100, 0.2):
+        if m.error() is None and m.value():
+            seen.add(str(codec.decode(m.value())["delivery_id"]))
+    return seen
+
+
+def test_a_paused_partition_lost_in_a_rebalance_is_read_again(settings: Settings) -> None:
+    codec = codec_for("Delivery")
+    due_in_s = 8.0
+    due_at = int((time.time() + due_in_s) * 1000)
+    p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    p.produce(settings.topic(TOPICS.quarantine.base),
+              codec.encode(make_delivery(delivery_id="dlv_paused", endpoint_id="ep_r",
+                                         due_at=due_at)), b"ep_r", partition=0)
+    assert p.flush(10) == 0
+
+    reader = make_consumer(settings, "test-dispatch-reader")
+    reader.subscribe([settings.topic(TOPICS.dispatch.base)])
+    stop = threading.Event()
+    relay = threading.Thread(target=run_relay, args=(settings, stop), daemon=True)
+    relay.start()
+    rival: Consumer | None = None
+    try:
+        # the relay reads the record, finds it not due and pauses partition 0; then a second
+        # member joins (every partition is revoked: eager assignment) and leaves again, and
+        # partition 0 comes back to the relay before the record is due
+        time.sleep(3.0)
+        rival = make_consumer(settings, GROUP)
+        rival.subscribe([settings.topic(TOPICS.quarantine.base)])
+
+        def joined(c: Consumer = rival) -> bool:
+            c.consume(1, 0.2)  # serves the group's callbacks; commits nothing
+            return bool(c.assignment())
+
+        wait_for(joined, 20, interval=0.0, what="a second relay member given partitions")
+        rival.close()
+        rival = None
+        assert time.time() * 1000 < due_at, "the rebalance took longer than the record's delay"
+
+        seen: set[str] = set()
+        wait_for(lambda: "dlv_paused" in _dispatched(reader, seen), 40, interval=0.0,
+                 what="the paused delivery republished after the rebalance",
+                 progress=lambda: f"republished {sorted(seen)}")
+        assert time.time() * 1000 >= due_at  # and not before it was due
+    finally:
+        stop.set()
+        relay.join(30)
+        if rival is not None:
+            rival.close()
+        reader.close()
+    assert not relay.is_alive()
