@@ -20,7 +20,7 @@ help:
 	@echo "make demo            run the whole pipeline on local services (the main job)"
 	@echo "make test            start services and run every test tier"
 	@echo "make test-unit       unit + contract tiers only (no services)"
-	@echo "make test-cluster    the three-broker kill test (not in make test: see docs/scaling.md)"
+	@echo "make test-cluster    the three-broker kill test alone (make test runs it too)"
 	@echo "make check           ruff + mypy (strict) + the alert rules (promtool check and test)"
 	@echo "make services-up     start Kafka and PostgreSQL (deploy/local/services.sh)"
 	@echo "make services-down   stop them"
@@ -84,9 +84,9 @@ browser:
 	$(SERVICES) browser
 
 test: install services-up browser prometheus
-	$(BIN)/pytest tests/unit tests/contract tests/integration tests/e2e -m "not cluster" $(PYTEST_ARGS)
+	$(BIN)/pytest tests/unit tests/contract tests/integration tests/e2e $(PYTEST_ARGS)
 
-test-cluster: install services-up  # the three-broker kill test (its own cluster)
+test-cluster: install services-up  # the three-broker kill test alone (its own cluster)
 	$(BIN)/pytest tests/e2e -m cluster -s $(PYTEST_ARGS)
 
 demo: install

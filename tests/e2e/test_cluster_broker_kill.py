@@ -111,7 +111,7 @@ def _delivered(h: Harness, eps: list[str]) -> int:
                         " AND status = 'delivered'", (eps,)))
 
 
-@pytest.mark.cluster  # make test-cluster: not in make test (docs/scaling.md says why)
+@pytest.mark.cluster  # in make test; make test-cluster runs it alone
 @pytest.mark.timeout(300)
 def test_kill_9_of_a_broker_mid_load_loses_nothing_and_it_catches_up(
     cluster: Cluster, migrated: dict[str, str], namespace: str,
