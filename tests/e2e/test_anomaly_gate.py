@@ -212,11 +212,11 @@ def test_window_state_exact_after_kill9_of_the_gate(settings: Settings, stack: S
         pay = 1_000_000 + (i % 13) * 10_000
         total += pay
         feed.send(f"ep_k{i % 40}", start + i, pay)
-    # Under load the restarted gate now and then stops being handed a partition's records
-    # after its first batch (the Faust stall of the test above; seen here 2 times in 14
-    # runs beside three CPU burners): the progress watchdog restarts it, and the partition
-    # goes on from its committed offset, counted once. 20 s instead of 120 lets that heal
-    # within this test's waits.
+    # A restarted gate could stop being handed a partition's records after its first batch
+    # under load (a seek during Faust's hand-over; the seek fence re-seeks: 0 stalls in 12
+    # runs beside two CPU burners, its "dropped a fetched batch" line in 9 of them). Should
+    # it happen, the progress watchdog restarts the gate and the partition goes on from its
+    # committed offset, counted once; 20 s instead of 120 lets that heal within the waits.
     watchdog = {"POSTBACKS_STALL_RESTART_S": "20"}
     stack.start("gate", "gate", extra_env=watchdog)
     wait_for(lambda: feed.dispatched_count() >= 3000, 60, what="gate under way")
