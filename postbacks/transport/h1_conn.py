@@ -16,6 +16,7 @@ from postbacks import __version__
 __all__ = [
     "BODY_LIMIT",
     "DISCARD_LIMIT",
+    "HEAD_LIMIT",
     "USER_AGENT",
     "ConnectError",
     "H1Response",
@@ -30,6 +31,11 @@ __all__ = [
 USER_AGENT = f"postbacks/{__version__}"
 BODY_LIMIT = 64 * 1024
 DISCARD_LIMIT = 1024 * 1024
+# The bytes a response may take before its final status line and headers are complete
+# (interim 1xx responses included). httptools gathers a header value split over reads by
+# concatenation: a receiver streaming one endless header would cost quadratic time on the
+# agent's one event loop, and memory, until the deadline. Servers send a few KiB.
+HEAD_LIMIT = 64 * 1024
 
 # Set by this client from its arguments; a caller's copy is dropped.
 _OWN_HEADERS = frozenset({
@@ -142,7 +148,8 @@ class PoolSide(Protocol):
 
 class _Conn(asyncio.Protocol):
     __slots__ = (
-        "_body", "_complete", "_extra", "_framed", "_fut", "_head", "_headers", "_interim",
+        "_body", "_complete", "_extra", "_framed", "_fut", "_head", "_head_bytes", "_headers",
+        "_interim",
         "_keep_alive", "_kept", "_parser", "_pool", "_received", "_size", "_status",
         "_truncated", "_until_eof", "closed", "idle_since", "slot", "transport", "uses",
     )
@@ -160,6 +167,7 @@ class _Conn(asyncio.Protocol):
 
     def _reset(self, head: bool) -> None:
         self._head = head
+        self._head_bytes = 0
         self._status = 0
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
@@ -239,12 +247,21 @@ class _Conn(asyncio.Protocol):
                 self.shut()
             return
         self._received = True
+        in_head = self._status == 0
+        if in_head:
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(ProtocolError("unexpected protocol upgrade"))
+            return
         except httptools.HttpParserError as exc:
             self._fail(ProtocolError(f"malformed HTTP response: {exc}"))
+            return
+        if in_head and self._status == 0 and self._head_bytes > HEAD_LIMIT:
+            # a read ending a head may carry any amount of body; one that does not, and
+            # takes the head past the limit, ends the exchange
+            self._fail(ProtocolError(f"response head over {HEAD_LIMIT // 1024} KiB"))
 
     # -- httptools callbacks ---------------------------------------------------------------
 

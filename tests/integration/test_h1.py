@@ -30,6 +30,7 @@ from postbacks.transport.h1 import (
     H1Response,
     InvalidRequest,
     PoolKey,
+    ProtocolError,
     ServerDisconnected,
 )
 from postbacks.transport.http import HttpTransport
@@ -413,6 +414,39 @@ def test_close_in_the_middle_of_a_body_is_an_error_not_a_response() -> None:
             with pytest.raises(ServerDisconnected) as err:
                 await get(pool, raw.key(), "/")
             assert err.value.received and raw.connections == 1
+
+    run(main)
+
+
+@pytest.mark.parametrize("opening, repeat", [
+    (b"HTTP/1.1 200 OK\r\nX-Flood: ", b"a" * 65536),  # one header value without end
+    (b"", b"HTTP/1.1 100 Continue\r\nX-Pad: " + b"b" * 4000 + b"\r\n\r\n"),  # 1xx forever
+])
+def test_a_response_head_without_end_is_cut_off(opening: bytes, repeat: bytes) -> None:
+    """A hostile receiver streaming a head that never ends: the parser gathers one header
+    value by concatenation (quadratic, and the agent's one event loop with it), so the
+    client gives up once the head passes ``HEAD_LIMIT``, long before any deadline."""
+    sent = [0]
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _r: Raw) -> None:
+        await read_request(reader)
+        writer.write(opening)
+        try:
+            while sent[0] < 64 * 1024 * 1024:  # bounded: 64 MiB at most
+                writer.write(repeat)
+                sent[0] += len(repeat)
+                await writer.drain()
+        except ConnectionError:
+            return  # the client hung up: what it should do
+
+    async def main() -> None:
+        async with raw_server(script) as raw, H1Pool() as pool:
+            with pytest.raises(ProtocolError, match="response head over"):
+                await asyncio.wait_for(get(pool, raw.key(), "/"), 20)
+            assert raw.connections == 1
+            # the server's count includes what the two sockets' buffers took (some MiB
+            # here); without the limit the client read all 64 MiB the server would send
+            assert sent[0] < 32 * 1024 * 1024, f"{sent[0]} bytes of head sent before the cut"
 
     run(main)
 
