@@ -16,6 +16,7 @@ from postbacks import __version__
 __all__ = [
     "BODY_LIMIT",
     "DISCARD_LIMIT",
+    "FRAMING_LIMIT",
     "HEAD_LIMIT",
     "USER_AGENT",
     "ConnectError",
@@ -36,6 +37,10 @@ DISCARD_LIMIT = 1024 * 1024
 # concatenation: a receiver streaming one endless header would cost quadratic time on the
 # agent's one event loop, and memory, until the deadline. Servers send a few KiB.
 HEAD_LIMIT = 64 * 1024
+# All the bytes of one response (head, chunk framing and extensions, trailers, body): a
+# body past DISCARD_LIMIT is cut by its own count, but trailers (gathered like headers) and
+# chunk framing are not body; a response that takes this many bytes is cut as malformed.
+FRAMING_LIMIT = 4 * DISCARD_LIMIT
 
 # Set by this client from its arguments; a caller's copy is dropped.
 _OWN_HEADERS = frozenset({
@@ -148,8 +153,8 @@ class PoolSide(Protocol):
 
 class _Conn(asyncio.Protocol):
     __slots__ = (
-        "_body", "_complete", "_extra", "_framed", "_fut", "_head", "_head_bytes", "_headers",
-        "_interim",
+        "_body", "_bytes", "_complete", "_extra", "_framed", "_fut", "_head", "_head_bytes",
+        "_headers", "_interim",
         "_keep_alive", "_kept", "_parser", "_pool", "_received", "_size", "_status",
         "_truncated", "_until_eof", "closed", "idle_since", "slot", "transport", "uses",
     )
@@ -168,6 +173,7 @@ class _Conn(asyncio.Protocol):
     def _reset(self, head: bool) -> None:
         self._head = head
         self._head_bytes = 0
+        self._bytes = 0
         self._status = 0
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
@@ -247,6 +253,10 @@ class _Conn(asyncio.Protocol):
                 self.shut()
             return
         self._received = True
+        self._bytes += len(data)
+        if self._bytes > FRAMING_LIMIT + len(data):
+            self._fail(ProtocolError(f"response framing over {FRAMING_LIMIT // 1048576} MiB"))
+            return
         in_head = self._status == 0
         if in_head:
             self._head_bytes += len(data)
