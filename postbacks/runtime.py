@@ -9,6 +9,7 @@ import signal
 import threading
 from types import FrameType
 
+from postbacks import logfilter
 from postbacks.kafka import watchdog
 from postbacks.metrics import GC_FROZEN, GC_GEN0_THRESHOLD, serve_metrics, start_series
 from postbacks.settings import Settings
@@ -22,6 +23,7 @@ def setup_process(name: str, settings: Settings) -> threading.Event:
         level=settings.log_level.upper(),
         format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
     )
+    logfilter.install()  # a Kafka client's retry lines once per 10 s, with a count
     stop = threading.Event()
 
     def _handler(signum: int, _frame: FrameType | None) -> None:
