@@ -30,6 +30,16 @@ class RepeatFilter(logging.Filter):
         self._dropped: dict[Key, int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
+        # One decision per record: the same filter sits on every handler, and the second
+        # handler must not take the first one's pass for a repeat.
+        decided = getattr(record, "_postbacks_repeat_ok", None)
+        if decided is not None:
+            return bool(decided)
+        ok = self._decide(record)
+        record._postbacks_repeat_ok = ok
+        return ok
+
+    def _decide(self, record: logging.LogRecord) -> bool:
         name = record.name
         if not any(name == p or name.startswith(p + ".") for p in self.prefixes):
             return True

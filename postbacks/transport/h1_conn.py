@@ -37,10 +37,10 @@ DISCARD_LIMIT = 1024 * 1024
 # concatenation: a receiver streaming one endless header would cost quadratic time on the
 # agent's one event loop, and memory, until the deadline. Servers send a few KiB.
 HEAD_LIMIT = 64 * 1024
-# All the bytes of one response (head, chunk framing and extensions, trailers, body): a
-# body past DISCARD_LIMIT is cut by its own count, but trailers (gathered like headers) and
-# chunk framing are not body; a response that takes this many bytes is cut as malformed.
-FRAMING_LIMIT = 4 * DISCARD_LIMIT
+# The bytes of one response that are not body (head, chunk sizes and extensions, trailers):
+# a body is cut by its own count (DISCARD_LIMIT), but trailers are gathered like headers and
+# chunk framing is not body. A response with this much of them is cut as malformed.
+FRAMING_LIMIT = 4 * 1024 * 1024
 
 # Set by this client from its arguments; a caller's copy is dropped.
 _OWN_HEADERS = frozenset({
@@ -254,9 +254,6 @@ class _Conn(asyncio.Protocol):
             return
         self._received = True
         self._bytes += len(data)
-        if self._bytes > FRAMING_LIMIT + len(data):
-            self._fail(ProtocolError(f"response framing over {FRAMING_LIMIT // 1048576} MiB"))
-            return
         in_head = self._status == 0
         if in_head:
             self._head_bytes += len(data)
@@ -272,6 +269,8 @@ class _Conn(asyncio.Protocol):
             # a read ending a head may carry any amount of body; one that does not, and
             # takes the head past the limit, ends the exchange
             self._fail(ProtocolError(f"response head over {HEAD_LIMIT // 1024} KiB"))
+        elif self._bytes - self._size > FRAMING_LIMIT:
+            self._fail(ProtocolError(f"response framing over {FRAMING_LIMIT // 1048576} MiB"))
 
     # -- httptools callbacks ---------------------------------------------------------------
 

@@ -4,7 +4,7 @@ revocation and a later assignment (confluent-kafka-go#193, librdkafka#1849), whi
 drops what it held for a revoked partition: without a resume at the revocation, the
 partition stayed paused with nothing held to resume it, and its deliveries waited forever.
 Seen after a broker kill (the relay's session timed out): 1,089 quarantined deliveries
-never came back."""
+never came back. The rebalance here is a second member joining and leaving."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import threading
 import time
 
 from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
 
 from postbacks.codec import codec_for
 from postbacks.kafka.clients import make_consumer
@@ -30,9 +31,18 @@ def _dispatched(consumer: Consumer, seen: set[str]) -> set[str]:
     return seen
 
 
+def _owns_quarantine_0(settings: Settings) -> bool:
+    group = settings.topic(GROUP)
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    desc = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    topic = settings.topic(TOPICS.quarantine.base)
+    return any(tp.topic == topic and tp.partition == 0
+               for m in desc.members for tp in m.assignment.topic_partitions)
+
+
 def test_a_paused_partition_lost_in_a_rebalance_is_read_again(settings: Settings) -> None:
     codec = codec_for("Delivery")
-    due_in_s = 8.0
+    due_in_s = 15.0
     due_at = int((time.time() + due_in_s) * 1000)
     p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers})
     p.produce(settings.topic(TOPICS.quarantine.base),
@@ -50,7 +60,9 @@ def test_a_paused_partition_lost_in_a_rebalance_is_read_again(settings: Settings
         # the relay reads the record, finds it not due and pauses partition 0; then a second
         # member joins (every partition is revoked: eager assignment) and leaves again, and
         # partition 0 comes back to the relay before the record is due
-        time.sleep(3.0)
+        wait_for(lambda: _owns_quarantine_0(settings), 30, interval=0.2,
+                 what="the relay given quarantine.v1 partition 0")
+        time.sleep(1.0)  # its first fetch: the record read and the partition paused
         rival = make_consumer(settings, GROUP)
         rival.subscribe([settings.topic(TOPICS.quarantine.base)])
 

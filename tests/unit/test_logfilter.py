@@ -39,3 +39,16 @@ def test_other_kinds_and_other_loggers_pass() -> None:
     for _ in range(3):  # the product's own lines are never held back
         assert f.filter(_record("streams.relay", "one %s", 1))
         assert f.filter(_record("aiokafkaesque", "one %s", 1))  # not under the prefix
+
+
+def test_one_record_through_two_handlers_is_decided_once() -> None:
+    now = [0.0]
+    f = RepeatFilter(["aiokafka"], clock=lambda: now[0])
+    rec = _record("aiokafka.conn", "down %s", 1)
+    assert f.filter(rec) and f.filter(rec)  # the second handler sees the same record
+    again = _record("aiokafka.conn", "down %s", 2)
+    assert not f.filter(again) and not f.filter(again)
+    now[0] = 11.0
+    later = _record("aiokafka.conn", "down %s", 3)
+    assert f.filter(later) and f.filter(later)
+    assert later.getMessage() == "down 3 (1 more like this in the 11 s before, not logged)"
