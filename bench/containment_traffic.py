@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.containment_endpoints import Endpoints, Minute
+from streams.anomaly_gate.history import poisson
 
 MIN_MS = 60_000
 START_MS = 1_772_409_600_000  # 2026-03-02T00:00:00Z, a Monday
@@ -38,13 +39,7 @@ def seasonal(minute: int) -> float:
 
 
 def _poisson(rng: random.Random, lam: float) -> int:
-    if lam > 40:
-        return max(0, round(rng.gauss(lam, math.sqrt(lam))))
-    limit, k, p = math.exp(-lam), 0, rng.random()
-    while p > limit:
-        k += 1
-        p *= rng.random()
-    return k
+    return poisson(rng, lam, gauss_above=40.0)
 
 
 def _endpoint_pool(rng: random.Random, weights: list[float], means: list[float],

@@ -147,10 +147,13 @@ def seasonality(ts_ms: int) -> float:
     return diurnal * _WEEKLY[day_of_week(ts_ms)]
 
 
-def _poisson(rng: random.Random, lam: float) -> int:
+def poisson(rng: random.Random, lam: float, gauss_above: float = 50.0) -> int:
+    """A Poisson draw with mean ``lam``: Knuth's product of uniforms, or a rounded normal
+    above ``gauss_above`` (the product's cost grows with ``lam``). The generators that share
+    it keep their own cut-over: it decides which draws a seed gives."""
     if lam <= 0:
         return 0
-    if lam > 50:
+    if lam > gauss_above:
         return max(0, round(rng.gauss(lam, math.sqrt(lam))))
     limit, k, p = math.exp(-lam), 0, rng.random()
     while p > limit:
@@ -214,12 +217,12 @@ def generate(config: HistoryConfig, rng: random.Random) -> Iterator[ConversionEv
         if h % 24 == 0:
             day_factor = 1 + rng.uniform(-config.day_jitter, config.day_jitter)
         season = seasonality(t0) * day_factor
-        n = _poisson(rng, per_hour * season)
+        n = poisson(rng, per_hour * season)
         batch = [(int(rand() * HOUR_MS), a, -1, False)
                  for a in rng.choices(app_range, cum_weights=cum, k=n)]
         for ci, p in enumerate(plans):
             if p.cohort.start_hour <= h < p.cohort.start_hour + p.cohort.hours:
-                k = _poisson(rng, p.per_hour * (season if p.seasonal else 1.0))
+                k = poisson(rng, p.per_hour * (season if p.seasonal else 1.0))
                 batch.extend((int(rand() * HOUR_MS), a, ci, rand() < p.retro_share)
                              for a in rng.choices(p.apps, cum_weights=p.cum, k=k))
         batch.sort()

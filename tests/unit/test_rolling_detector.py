@@ -25,6 +25,7 @@ from postbacks.core.anomaly.rolling import (
     evaluate,
 )
 from postbacks.core.anomaly.rolling_codec import from_dict, to_dict
+from streams.anomaly_gate.history import poisson as draw_poisson
 
 MON_MIN = 1_772_409_600_000 // MINUTE_MS  # 2026-03-02T00:00Z, a Monday, in minutes
 WEEK = 7 * 1440
@@ -40,13 +41,7 @@ def rate(minute: int, mean: float) -> float:
 
 
 def poisson(rng: random.Random, lam: float) -> int:
-    if lam > 30:
-        return max(0, round(rng.gauss(lam, math.sqrt(lam))))
-    limit, k, p = math.exp(-lam), 0, rng.random()
-    while p > limit:
-        k += 1
-        p *= rng.random()
-    return k
+    return draw_poisson(rng, lam, gauss_above=30.0)
 
 
 def minute_of_traffic(rng: random.Random, minute: int, mean: float, level: float,
