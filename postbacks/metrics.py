@@ -54,6 +54,7 @@ __all__ = [
     "PAYOUT_USD",
     "PRODUCERS_REPLACED",
     "QUARANTINED",
+    "RELAY_PAUSED",
     "RENDER_ERRORS",
     "RETRODATED",
     "SINK_ROWS",
@@ -141,6 +142,8 @@ TXN_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
 )
 SINK_ROWS = Counter("postbacks_sink_rows_total", "Rows written to PostgreSQL", ["table"])
+RELAY_PAUSED = Gauge("postbacks_relay_paused_partitions",
+                     "Delay-topic partitions the relay holds paused behind a head not yet due")
 SINK_WAITING = Gauge("postbacks_sink_waiting_rows",
                      "Delivery rows the sink holds back for their first outcome")
 

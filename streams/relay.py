@@ -31,7 +31,7 @@ from postbacks.kafka.clients import (
 from postbacks.kafka.stage import Output, commit_batch, dead_letter_for
 from postbacks.kafka.txn import TxnProducer
 from postbacks.kafka.watchdog import subscribe_watched
-from postbacks.metrics import DLQ_TOTAL, LATENCY, STAGE_RECORDS
+from postbacks.metrics import DLQ_TOTAL, LATENCY, RELAY_PAUSED, STAGE_RECORDS
 from postbacks.records import DeliveryRecord
 from postbacks.settings import Settings
 from topics import TOPICS
@@ -56,6 +56,7 @@ def run_relay(
     def on_revoke(_c: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             held.pop((tp.topic, tp.partition), None)
+        RELAY_PAUSED.set(len(held))
 
     consumer = make_consumer(settings, GROUP)
     producer = TxnProducer.create(settings, "relay")
@@ -90,10 +91,12 @@ def run_relay(
                 else:
                     consumer.pause([TopicPartition(*key)])
                     held[key] = deque([(m, d)])
+            RELAY_PAUSED.set(len(held))
             if batch.offsets:
                 if not commit_batch("relay", settings, consumer, producer, batch.out,
                                     batch.offsets):
                     held.clear()  # rewound to committed offsets: everything is re-read
+                    RELAY_PAUSED.set(0)
                     consumer.resume(consumer.assignment())
                 processed.inc(len(batch.offsets))
     finally:

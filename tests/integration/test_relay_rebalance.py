@@ -13,6 +13,7 @@ import time
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
+from prometheus_client import REGISTRY
 
 from postbacks.codec import codec_for
 from postbacks.kafka.clients import make_consumer
@@ -29,6 +30,10 @@ def _dispatched(consumer: Consumer, seen: set[str]) -> set[str]:
         if m.error() is None and m.value():
             seen.add(str(codec.decode(m.value())["delivery_id"]))
     return seen
+
+
+def _paused() -> float:
+    return REGISTRY.get_sample_value("postbacks_relay_paused_partitions") or 0.0
 
 
 def _owns_quarantine_0(settings: Settings) -> bool:
@@ -62,7 +67,8 @@ def test_a_paused_partition_lost_in_a_rebalance_is_read_again(settings: Settings
         # partition 0 comes back to the relay before the record is due
         wait_for(lambda: _owns_quarantine_0(settings), 30, interval=0.2,
                  what="the relay given quarantine.v1 partition 0")
-        time.sleep(1.0)  # its first fetch: the record read and the partition paused
+        wait_for(lambda: _paused() == 1, 30, interval=0.05,
+                 what="the relay holding partition 0 paused behind the record")
         rival = make_consumer(settings, GROUP)
         rival.subscribe([settings.topic(TOPICS.quarantine.base)])
 
@@ -80,6 +86,7 @@ def test_a_paused_partition_lost_in_a_rebalance_is_read_again(settings: Settings
                  what="the paused delivery republished after the rebalance",
                  progress=lambda: f"republished {sorted(seen)}")
         assert time.time() * 1000 >= due_at  # and not before it was due
+        wait_for(lambda: _paused() == 0, 10, interval=0.05, what="no partition left paused")
     finally:
         stop.set()
         relay.join(30)
