@@ -87,6 +87,10 @@ def test_a_paused_partition_lost_in_a_rebalance_is_read_again(settings: Settings
                  progress=lambda: f"republished {sorted(seen)}")
         assert time.time() * 1000 >= due_at  # and not before it was due
         wait_for(lambda: _paused() == 0, 10, interval=0.05, what="no partition left paused")
+        # the republishing transaction was timed (postbacks_transaction_seconds)
+        for step in ("offsets", "commit"):
+            assert (REGISTRY.get_sample_value("postbacks_transaction_seconds_count",
+                                              {"stage": "relay", "step": step}) or 0) >= 1
     finally:
         stop.set()
         relay.join(30)
