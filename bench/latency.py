@@ -28,6 +28,7 @@ from postbacks.codec import codec_for
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.fanout import plan_deliveries
 from postbacks.emit import ConversionProducer, synthetic_conversions
+from postbacks.records import ConversionEvent
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, http_json, wait_for
 from postbacks.tools.seed import seed_endpoints
@@ -39,12 +40,12 @@ class HopWatch:
     (fan-out's commit) and of ``dispatch.v1`` (the gate's output), by idempotency key: the
     latency split by hop. A thread per topic, polling; it adds two light consumers."""
 
-    def __init__(self, s: Settings) -> None:
-        self.seen: dict[str, dict[str, float]] = {"deliveries": {}, "dispatch": {}}
+    def __init__(self, s: Settings, names: tuple[str, ...] = ("deliveries", "dispatch")) -> None:
+        bases = {"deliveries": TOPICS.deliveries.base, "dispatch": TOPICS.dispatch.base}
+        self.seen: dict[str, dict[str, float]] = {name: {} for name in names}
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(s, name, base), daemon=True)
-                         for name, base in (("deliveries", TOPICS.deliveries.base),
-                                            ("dispatch", TOPICS.dispatch.base))]
+        self._threads = [threading.Thread(target=self._run, args=(s, name, bases[name]),
+                                          daemon=True) for name in names]
         for t in self._threads:
             t.start()
 
@@ -89,7 +90,8 @@ def run_pipeline_latency(base: Settings, rate: float, seconds: float, log_dir: P
         by_app = {e.app_id: e for e in endpoints_for(s, seeded)}
         idem = s.idempotency_key.reveal().encode()
         n = int(rate * seconds)
-        events = list(synthetic_conversions(n + 1, apps=20, seed=seed, namespace=ns,
+        n_warm = int(rate * WARM_S)
+        events = list(synthetic_conversions(n_warm + n + 1, apps=20, seed=seed, namespace=ns,
                                             now_ms=int(time.time() * 1000)))
         with Stack(env_for(s), log_dir) as stack:
             for stage in ("sink", "agent", "gate", "fanout"):
@@ -101,17 +103,28 @@ def run_pipeline_latency(base: Settings, rate: float, seconds: float, log_dir: P
                      what="the warm-up delivery")
             hops = HopWatch(s)
             time.sleep(5.0)  # consumer groups settled (a late rebalance stalls ~1 s)
-            sent: dict[str, float] = {}
-            start = time.perf_counter()
-            for i, ev in enumerate(events[1:]):
-                while time.perf_counter() < start + i / rate:
-                    time.sleep(0.0005)
-                keys = [d["idempotency_key"] for d in plan_deliveries(
-                    ev, [by_app[ev["app_id"]]], idem_key=idem, now_ms=int(time.time() * 1000))]
-                t = time.time()
-                producer.send(ev)
-                for k in keys:
-                    sent[k] = t
+
+            def paced(batch: list[ConversionEvent]) -> dict[str, float]:
+                sent: dict[str, float] = {}
+                start = time.perf_counter()
+                for i, ev in enumerate(batch):
+                    while time.perf_counter() < start + i / rate:
+                        time.sleep(0.0005)
+                    keys = [d["idempotency_key"] for d in plan_deliveries(
+                        ev, [by_app[ev["app_id"]]], idem_key=idem,
+                        now_ms=int(time.time() * 1000))]
+                    t = time.time()
+                    producer.send(ev)
+                    for k in keys:
+                        sent[k] = t
+                return sent
+
+            # WARM_S of the same traffic first, not timed: every partition of the run's
+            # fresh topics past its first index entry (see WARM_S)
+            warm = paced(events[1:n_warm + 1])
+            producer.flush()
+            wait_for(lambda: arrived(url, warm), 120, what=f"{len(warm)} warm-up deliveries")
+            sent = paced(events[n_warm + 1:])
             producer.flush()
             wait_for(lambda: arrived(url, sent), 120,
                      what=f"{len(sent)} deliveries")
@@ -216,6 +229,14 @@ def run_relay_lateness(base: Settings, n: int, log_dir: Path) -> dict[str, float
             "relay_early": float(early), "cpu_us_relay": per}
 
 
+WARM_S = 2.0
+"""Seconds of the same traffic sent, and delivered, before a latency part's timed traffic.
+Every run has fresh topics, and on this machine's ext4 the first index entry of a new log
+segment (after its first 4 KiB, ``index.interval.bytes``) costs the broker a page fault on
+the sparse, memory-mapped index file: appends to the partition wait up to ~40 ms each, in
+a staircase across partitions, about 0.2 s into the traffic. A topic written before shows
+none of it (docs/performance.md). In production it happens once per segment roll."""
+
 ISO_WAVE_S = 0.05  # one delivery per healthy endpoint every 50 ms: 400/s
 ISO_WAVES = 200  # 10 s, 4,000 healthy deliveries per run
 ISO_SLOW_EVERY = 10  # with the slow endpoint: one delivery to it every 0.5 s (20 per run)
@@ -236,26 +257,48 @@ def run_isolation(base: Settings, with_slow: bool, log_dir: Path) -> float:
         writer = DispatchWriter(s, linger_ms=2)
         with Stack(env_for(s, POSTBACKS_HTTP_TIMEOUT_S="30"), log_dir) as stack:
             stack.start("agent", "agent")
-            # warm up: the agent has joined its group and delivered once before measuring
+            hops = HopWatch(s, ("dispatch",))
+            # warm up: the agent has joined its group and delivered once before measuring,
+            # and the hop watcher has read the record
             first = writer.send(healthy[:1], 1, seed=10_000_000, partition=0)
-            wait_for(lambda: arrived(url, first), 60,
-                     interval=0.05, what="warm-up delivery")
-            keys: dict[str, int] = {}
-            t0 = time.monotonic()
-            for i in range(ISO_WAVES):  # on an absolute schedule: no drift
-                if with_slow and i % ISO_SLOW_EVERY == 0:
-                    writer.send([slow], 1, seed=20_000_000 + i, partition=0, flush=False)
-                keys.update(writer.send(healthy, 1, seed=i + 1, partition=0, flush=False))
-                time.sleep(max(0.0, t0 + (i + 1) * ISO_WAVE_S - time.monotonic()))
+            wait_for(lambda: arrived(url, first) and set(first) <= set(hops.seen["dispatch"]),
+                     60, interval=0.05, what="warm-up delivery")
+
+            def waves(count: int, seed: int) -> dict[str, int]:
+                keys: dict[str, int] = {}
+                t0 = time.monotonic()
+                for i in range(count):  # on an absolute schedule: no drift
+                    if with_slow and i % ISO_SLOW_EVERY == 0:
+                        writer.send([slow], 1, seed=seed + 20_000_000 + i, partition=0,
+                                    flush=False)
+                    keys.update(writer.send(healthy, 1, seed=seed + i + 1, partition=0,
+                                            flush=False))
+                    time.sleep(max(0.0, t0 + (i + 1) * ISO_WAVE_S - time.monotonic()))
+                return keys
+
+            warm = waves(int(WARM_S / ISO_WAVE_S), 30_000_000)  # not timed: see WARM_S
+            wait_for(lambda: arrived(url, warm), 120, what="warm-up deliveries")
+            wall0 = time.time() * 1000
+            keys = waves(ISO_WAVES, 0)
             writer.close()
             wait_for(lambda: arrived(url, keys), 120,
                      what="healthy deliveries")
             times = http_json(f"{url}/_times")
+            hops.close()
             lat = [(times[k] * 1000 - t) for k, t in keys.items()]
+            seen = hops.seen["dispatch"]
+            to_agent = [seen[k] * 1000 - t for k, t in keys.items() if k in seen]
+            in_agent = [(times[k] - seen[k]) * 1000 for k in keys if k in seen]
+            worst = sorted(keys, key=lambda k: times[k] * 1000 - keys[k])[-len(keys) // 100:]
+            at = sorted((keys[k] - wall0) / 1000 for k in worst)
+            say(f"  by hop: produced -> on dispatch.v1 p50 {pct(to_agent, 50):.0f} / p99 "
+                f"{pct(to_agent, 99):.0f} ms, -> received p50 {pct(in_agent, 50):.0f} / p99 "
+                f"{pct(in_agent, 99):.0f} ms; the slowest 1% produced {at[0]:.1f}-{at[-1]:.1f} s "
+                f"into the run")
             # the slow endpoint's requests, each held 15 s (its concurrency cap at a time)
             stats = http_json(f"{url}/_stats")
             slow_seen = stats["slow"]
-            extra = stats["count"] - slow_seen - len(keys) - len(first)
+            extra = stats["count"] - slow_seen - len(keys) - len(first) - len(warm)
         if with_slow and slow_seen < 1:
             raise RuntimeError("the slow endpoint received no request: nothing was measured")
         p99 = pct(lat, 99)

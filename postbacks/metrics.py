@@ -46,6 +46,7 @@ __all__ = [
     "HELD_OLDEST_AGE",
     "IN_FLIGHT",
     "LATENCY",
+    "LOOP_LAG",
     "MISSING_INPUTS",
     "MONITOR_ERRORS",
     "MONITOR_LAST_SUCCESS",
@@ -205,6 +206,11 @@ GATE_REFETCHES = Counter(
 GC_PAUSE = Histogram(
     "postbacks_gc_pause_seconds", "Python garbage-collection pauses, by generation",
     ["generation"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+)
+LOOP_LAG = Histogram(
+    "postbacks_event_loop_lag_seconds",
+    "How late the asyncio event loop ran a 10-ms timer: the wait every ready callback had",
+    ["process"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
 )
 GC_FROZEN = Gauge("postbacks_gc_frozen_objects",
                   "Start-up objects frozen out of the garbage collector's way (gc.freeze)")

@@ -37,6 +37,7 @@ from postbacks.kafka.clients import (
 from postbacks.kafka.stage import Output, commit_batch
 from postbacks.kafka.txn import TxnProducer
 from postbacks.kafka.watchdog import subscribe_watched
+from postbacks.loopwatch import LoopWatch
 from postbacks.metrics import STAGE_RECORDS, UNFINISHED
 from postbacks.policies import breaker_policy, retry_policy
 from postbacks.settings import Settings
@@ -102,6 +103,7 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                       on_assign=on_assign, on_revoke=on_revoke)
     kafka = ThreadPoolExecutor(1, thread_name_prefix="kafka")  # every Kafka call, serialized
     loop = asyncio.get_running_loop()
+    watch = LoopWatch("agent")
     tracker = Tracker()
     processed = STAGE_RECORDS.labels(stage="agent")
     interval = settings.commit_interval_ms / 1000
@@ -123,6 +125,7 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                 await asyncio.wait_for(breakers.caught_up.wait(), 60)
             except TimeoutError:
                 log.warning("agent: breakers.v1 not read to its end within 60 s; going on")
+            watch.start()  # from here on, a blocked loop is a finding (start-up may block)
             last_commit = time.monotonic()
             last_wake = last_commit
             while not stop.is_set():
@@ -167,9 +170,11 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                     last_commit = now
                     await _commit(loop, kafka, settings, consumer, producer, tracker, lanes,
                                   skip)
+            watch.stop()
             await _drain(loop, kafka, settings, consumer, producer, tracker, lanes, skip)
             breakers.close()
     finally:
+        watch.stop()
         cache.stop()
         direct.close()
         await loop.run_in_executor(kafka, consumer.close)

@@ -75,6 +75,13 @@ def _partition(key: str, partitions: int = TOPICS.dispatch.partitions) -> int:
     return murmur2_partition(key.encode(), partitions)
 
 
+def _sample(page: str, series: str) -> float:
+    for line in page.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{series} not on the agent's /metrics page")
+
+
 def test_a_slow_endpoint_does_not_hold_back_healthy_ones_on_its_partition(h: Harness) -> None:
     slow = h.endpoint("slow")
     names = [n for n in (f"ok{i}" for i in range(400))
@@ -95,6 +102,11 @@ def test_a_slow_endpoint_does_not_hold_back_healthy_ones_on_its_partition(h: Har
     healthy_done = time.monotonic() - start
     assert h.status_counts(slow).get("delivered", 0) < 8
     assert healthy_done < 24.0, f"healthy endpoints took {healthy_done:.1f}s"
+    # the agent's event loop was never held while the slow answers were awaited
+    page = h.stack.procs["agent"].metrics() or ""
+    ticks = _sample(page, 'postbacks_event_loop_lag_seconds_count{process="agent"}')
+    within_1s = _sample(page, 'postbacks_event_loop_lag_seconds_bucket{le="1.0",process="agent"}')
+    assert ticks > 100 and within_1s == ticks, (ticks, within_1s)
     on_partition = {m.partition() for m in read_topic(h.settings, TOPICS.dispatch.base, 108)
                     if m.key().decode() in {slow, *healthy}}
     assert on_partition == {_partition(slow)}  # they really shared one partition
