@@ -63,6 +63,7 @@ from postbacks.codec import codec_for
 from postbacks.core.anomaly import PartitionPartial
 from postbacks.kafka.clients import make_producer
 from postbacks.kafka.watchdog import restart_in_place
+from postbacks.loopwatch import LoopWatch
 from postbacks.metrics import GATE_BATCH_SECONDS, GC_FROZEN, STAGE_RECORDS, child
 from postbacks.records import PayoutPartialRecord
 from postbacks.settings import Settings
@@ -313,6 +314,8 @@ class GateProcess:
         gc.freeze()  # start-up objects out of the collector's way (see the module docstring)
         GC_FROZEN.set(gc.get_freeze_count())
         log.info("gate running (instance %s)", self.settings.instance_id)
+        watch = LoopWatch("gate")  # the event loop's lag and who holds it (postbacks/loopwatch)
+        watch.start()
         self._tick = time.monotonic()
         threading.Thread(target=self._watch_progress, args=(stop,), name="gate-progress",
                          daemon=True).start()
@@ -328,6 +331,7 @@ class GateProcess:
             for t in tasks:
                 if t.done() and not t.cancelled() and t.exception() is not None:
                     restart_in_place(f"gate: background task failed: {t.exception()!r}")
+        watch.stop()
         await self.shutdown()
 
     async def _commit_loop(self, stop: threading.Event) -> None:

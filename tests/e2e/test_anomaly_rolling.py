@@ -269,3 +269,6 @@ def test_the_cusum_arm_trips_a_sustained_surge_on_its_own(
     got = re.search(r'^postbacks_anomaly_cusum\{arm="count \+50%",scope="global"\} (\S+)$',
                     page, re.M)
     assert got is not None and float(got.group(1)) > 12.5, page[-2000:]
+    ticks = re.search(r'^postbacks_event_loop_lag_seconds_count\{process="gate"\} (\S+)$', page,
+                      re.M)  # the gate's event loop is watched (postbacks/loopwatch.py)
+    assert ticks is not None and float(ticks.group(1)) > 0, page[-2000:]
