@@ -232,10 +232,11 @@ def run_relay_lateness(base: Settings, n: int, log_dir: Path) -> dict[str, float
 WARM_S = 2.0
 """Seconds of the same traffic sent, and delivered, before a latency part's timed traffic.
 Every run has fresh topics, and on this machine's ext4 the first index entry of a new log
-segment (after its first 4 KiB, ``index.interval.bytes``) costs the broker a page fault on
-the sparse, memory-mapped index file: appends to the partition wait up to ~40 ms each, in
-a staircase across partitions, about 0.2 s into the traffic. A topic written before shows
-none of it (docs/performance.md). In production it happens once per segment roll."""
+segment (after its first 4 KiB, ``index.interval.bytes``), where the broker first touches
+the segment's sparse, memory-mapped index files, is slow: appends to the partition wait
+40-50 ms each, in a staircase across partitions, about 0.2 s into the traffic. A topic
+written before shows none of it (docs/performance.md). In production it happens once per
+segment roll."""
 
 ISO_WAVE_S = 0.05  # one delivery per healthy endpoint every 50 ms: 400/s
 ISO_WAVES = 200  # 10 s, 4,000 healthy deliveries per run
