@@ -286,11 +286,12 @@ def run_isolation(base: Settings, with_slow: bool, log_dir: Path) -> float:
                      what="healthy deliveries")
             times = http_json(f"{url}/_times")
             hops.close()
-            lat = [(times[k] * 1000 - t) for k, t in keys.items()]
+            by_key = {k: times[k] * 1000 - t for k, t in keys.items()}
+            lat = list(by_key.values())
             seen = hops.seen["dispatch"]
             to_agent = [seen[k] * 1000 - t for k, t in keys.items() if k in seen]
             in_agent = [(times[k] - seen[k]) * 1000 for k in keys if k in seen]
-            worst = sorted(keys, key=lambda k: times[k] * 1000 - keys[k])[-len(keys) // 100:]
+            worst = sorted(keys, key=by_key.__getitem__)[-len(keys) // 100:]
             at = sorted((keys[k] - wall0) / 1000 for k in worst)
             say(f"  by hop: produced -> on dispatch.v1 p50 {pct(to_agent, 50):.0f} / p99 "
                 f"{pct(to_agent, 99):.0f} ms, -> received p50 {pct(in_agent, 50):.0f} / p99 "

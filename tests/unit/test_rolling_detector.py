@@ -25,7 +25,7 @@ from postbacks.core.anomaly.rolling import (
     evaluate,
 )
 from postbacks.core.anomaly.rolling_codec import from_dict, to_dict
-from streams.anomaly_gate.history import poisson as draw_poisson
+from streams.anomaly_gate.history import poisson
 
 MON_MIN = 1_772_409_600_000 // MINUTE_MS  # 2026-03-02T00:00Z, a Monday, in minutes
 WEEK = 7 * 1440
@@ -40,13 +40,9 @@ def rate(minute: int, mean: float) -> float:
     return mean * diurnal * (0.8 if int(hours // 24) % 7 >= 5 else 1.06)
 
 
-def poisson(rng: random.Random, lam: float) -> int:
-    return draw_poisson(rng, lam, gauss_above=30.0)
-
-
 def minute_of_traffic(rng: random.Random, minute: int, mean: float, level: float,
                       extra: float = 0.0) -> tuple[int, int]:
-    n = poisson(rng, rate(minute, mean) * level * (1 + extra))
+    n = poisson(rng, rate(minute, mean) * level * (1 + extra), gauss_above=30.0)
     return sum(rng.choices(_PAYOUTS, k=n)), n
 
 
