@@ -15,7 +15,10 @@ whole pipeline, they reach 0.64 and 0.02 of this client's rate
   at most ``max_per_key`` connections per key (further requests wait for one), at most
   ``max_total`` requests in flight, idle connections closed after ``idle_timeout_s``.
   A connection goes back to the pool only once its response was read to the end, the
-  server did not ask to close it and nothing is left unwritten; anything else closes it;
+  server did not ask to close it and nothing is left unwritten; anything else closes it.
+  Bytes arriving on an idle connection close it too, and before it carries the next
+  request the socket is checked for unread ones (``_Conn.quiet``): a receiver answering
+  twice must not have its second answer taken for the next request's;
 * TLS through ``loop.create_connection(ssl=..., server_hostname=...)`` with the default
   (verifying) context;
 * a total timeout per request via ``asyncio.timeout`` (connect + write + read).
@@ -188,7 +191,7 @@ class H1Pool:
         while idle:
             conn = idle.pop()
             self._n_idle -= 1
-            if conn.usable:
+            if conn.usable and conn.quiet:
                 return conn
             conn.shut()
             self._give_back(slot, forget=False)
@@ -210,7 +213,7 @@ class H1Pool:
                 with contextlib.suppress(ValueError):
                     slot.waiters.remove(waiter)
             raise
-        if handed is not None and handed.usable:
+        if handed is not None and handed.usable and handed.quiet:
             return handed
         if handed is not None:
             handed.shut()

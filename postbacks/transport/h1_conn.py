@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import fcntl
+import termios
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, cast
 
@@ -47,8 +49,8 @@ _OWN_HEADERS = frozenset({
     "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
     "te", "trailer", "proxy-connection", "expect",
 })
-_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 _NO_BODY_STATUSES = frozenset({204, 304})
+_NO_BYTES = bytes(4)  # FIONREAD's answer (a C int) when nothing waits to be read
 
 
 class PoolKey(NamedTuple):
@@ -153,8 +155,8 @@ class PoolSide(Protocol):
 
 class _Conn(asyncio.Protocol):
     __slots__ = (
-        "_body", "_bytes", "_complete", "_extra", "_framed", "_fut", "_head", "_head_bytes",
-        "_headers", "_interim",
+        "_body", "_bytes", "_complete", "_extra", "_fd", "_framed", "_fut", "_head",
+        "_head_bytes", "_headers", "_interim",
         "_keep_alive", "_kept", "_parser", "_pool", "_received", "_size", "_status",
         "_truncated", "_until_eof", "closed", "idle_since", "slot", "transport", "uses",
     )
@@ -163,6 +165,7 @@ class _Conn(asyncio.Protocol):
         self._pool = pool
         self.slot = slot
         self.transport: asyncio.Transport | None = None
+        self._fd = -1
         self._parser = httptools.HttpResponseParser(self)
         self._fut: asyncio.Future[H1Response] | None = None
         self.closed = False
@@ -196,6 +199,20 @@ class _Conn(asyncio.Protocol):
         return not self.closed and t is not None and not t.is_closing()
 
     @property
+    def quiet(self) -> bool:
+        """Nothing waits unread in the socket (one ioctl). Checked before an idle connection
+        carries another request: bytes that arrived while the event loop was busy are an
+        answer to no request (a receiver answering twice, or a 408 before it closes), and
+        would otherwise be read as the next request's answer. (Bytes the loop did read
+        already marked the connection ``_extra``.)"""
+        if self._fd < 0:
+            return True
+        try:
+            return fcntl.ioctl(self._fd, termios.FIONREAD, _NO_BYTES) == _NO_BYTES
+        except OSError:
+            return False
+
+    @property
     def reusable(self) -> bool:
         t = self.transport
         return (self._complete and self._keep_alive and not self._until_eof
@@ -218,10 +235,12 @@ class _Conn(asyncio.Protocol):
         self._fut = None
 
     def shut(self) -> None:
-        """Close: gracefully after a complete response, at once otherwise."""
+        """Close: gracefully after a complete response with the request fully written, at
+        once otherwise (a graceful close waits for unwritten bytes to drain, which a
+        receiver that answered early and stopped reading never lets happen)."""
         t = self.transport
         if t is not None and not t.is_closing():
-            if self._complete and not self._truncated:
+            if self._complete and not self._truncated and t.get_write_buffer_size() == 0:
                 t.close()
             else:
                 t.abort()
@@ -230,6 +249,8 @@ class _Conn(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")  # TLS too: the transport's own socket
+        self._fd = sock.fileno() if sock is not None else -1
         self._pool.conns.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -263,7 +284,9 @@ class _Conn(asyncio.Protocol):
             self._fail(ProtocolError("unexpected protocol upgrade"))
             return
         except httptools.HttpParserError as exc:
-            self._fail(ProtocolError(f"malformed HTTP response: {exc}"))
+            cause = exc.__context__  # what a callback below raised, if it was one
+            self._fail(cause if isinstance(cause, ProtocolError)
+                       else ProtocolError(f"malformed HTTP response: {exc}"))
             return
         if in_head and self._status == 0 and self._head_bytes > HEAD_LIMIT:
             # a read ending a head may carry any amount of body; one that does not, and
@@ -280,8 +303,12 @@ class _Conn(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lname = name.lower()
-        if lname in _FRAMING:
+        if lname == b"content-length":
             self._framed = True
+        elif lname == b"transfer-encoding":
+            # Framed only if chunked is the final coding; otherwise the body runs to the end
+            # of the connection (RFC 9112 6.3), as llhttp reads it.
+            self._framed = value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
         elif lname in self._pool.wanted:
             self._headers[lname.decode("ascii")] = value.decode("latin-1").strip()
 
@@ -289,6 +316,10 @@ class _Conn(asyncio.Protocol):
         if self._complete:
             return
         status = self._parser.get_status_code()
+        if status < 100:
+            # llhttp takes any three digits; 0xx is no status at all, and as an "interim"
+            # its body would be counted into the real answer's
+            raise ProtocolError(f"malformed HTTP response: status {status:03d}")
         if status < 200:
             self._interim = True  # 100 Continue, 103 Early Hints: the real one follows
             return

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
+import math
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -184,9 +185,11 @@ def _retry_after(value: str | None) -> float | None:
     if not value:
         return None
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
         return None  # HTTP-date form: treated as absent (the schedule applies)
+    # "nan" and "inf" parse too; a NaN would pass every clamp (max/min keep it) downstream
+    return seconds if math.isfinite(seconds) else None
 
 
 @functools.lru_cache(maxsize=8192)
@@ -221,8 +224,8 @@ class HttpTransport:
     TLS name); idle keep-alive connections are closed after 30 s. ``client`` names the
     wire (``h1``, ``aiohttp``, ``httpx``; :mod:`postbacks.transport.wire`).
 
-    Each exchange (resolve, connect, write, read) ends with ``timeout`` at ``timeout_s``,
-    up to one tick later (``min(50 ms, timeout_s / 10)``), by
+    Each send (resolve, connect, write, read; every redirect hop when following them) ends
+    with ``timeout`` at ``timeout_s``, up to one tick later (``min(50 ms, timeout_s / 10)``), by
     :class:`~postbacks.transport.deadlines.Deadlines` (a sweep instead of an
     ``asyncio.timeout`` per request: ~1 against ~12 µs of CPU on a slow host). A task
     cancelled by someone else at the same time stays cancelled.
@@ -254,9 +257,24 @@ class HttpTransport:
         """Send ``req``; a 3xx is returned as-is unless ``follow_redirects``.
 
         A redirect chain longer than ``max_redirects`` ends with the last 3xx response
-        (which classifies as permanent).
+        (which classifies as permanent). One deadline covers the whole chain: a receiver
+        answering each hop just inside the timeout cannot stretch the send to hops x it.
         """
         start = time.perf_counter()
+        task = asyncio.current_task()
+        assert task is not None
+        deadline = self._deadlines.arm(task)
+        try:
+            return await self._send(req, follow_redirects, max_redirects, start)
+        except asyncio.CancelledError:
+            if self._deadlines.timed_out(deadline):
+                return SendResult(HttpResult(None, "timeout"), _ms(start), None)
+            raise  # the caller cancelled (too)
+        finally:
+            self._deadlines.disarm(deadline)
+
+    async def _send(self, req: RenderedRequest, follow_redirects: bool, max_redirects: int,
+                    start: float) -> SendResult:
         method, url, headers = req.method, req.url, dict(req.headers)
         body: bytes | None = req.body
         previous: URL | None = None
@@ -295,16 +313,14 @@ class HttpTransport:
     async def _exchange(
         self, method: str, target: URL, headers: dict[str, str], body: bytes | None
     ) -> _Reply | SendResult:
-        """One request on the wire, errors translated (wire_ms left to the caller)."""
+        """One request on the wire, errors translated (wire_ms left to the caller); the
+        deadline is the caller's (:meth:`send`)."""
         pool = self._pool
         assert pool is not None, "use `async with HttpTransport(...)`"
         host = target.raw_host
         assert host is not None  # _vet refused host-less URLs
         port = target.port or (443 if target.scheme == "https" else 80)
         tls_name = host.rstrip(".") if target.scheme == "https" else None
-        task = asyncio.current_task()
-        assert task is not None
-        deadline = self._deadlines.arm(task)
         try:
             addresses = await self._resolver.resolve(host)
             last = len(addresses) - 1
@@ -319,10 +335,6 @@ class HttpTransport:
                 except ConnectError:
                     if i == last:
                         raise
-        except asyncio.CancelledError:
-            if self._deadlines.timed_out(deadline):
-                return SendResult(HttpResult(None, "timeout"), 0.0, None)
-            raise  # the caller cancelled (too)
         except BlockedAddress as exc:
             return SendResult(HttpResult(None, "blocked_address"), 0.0, None, str(exc))
         except InvalidRequest as exc:
@@ -331,8 +343,6 @@ class HttpTransport:
             return SendResult(HttpResult(None, "timeout"), 0.0, None)
         except OSError:
             return SendResult(HttpResult(None, "connection_error"), 0.0, None)
-        finally:
-            self._deadlines.disarm(deadline)
         return _reply(resp)
 
 
