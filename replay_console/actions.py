@@ -149,6 +149,9 @@ def create_replay(
         kind = "edit_replay" if override else "replay"
         if len(ids) > settings.console_bulk_max:
             raise ActionError(f"at most {settings.console_bulk_max} ids per replay")
+    # Serialised from here to commit: the replays already queued (below) and the per-app
+    # limit are read as every earlier replay left them.
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_REPLAY_LOCK,))
     rows = conn.execute(
         "SELECT d.delivery_id, d.endpoint_id, d.app_id, d.status, d.created_at,"
         " s.delivery_id IS NOT NULL AND s.resolved_at IS NULL, s.reason"
@@ -156,6 +159,7 @@ def create_replay(
         "  ON s.delivery_id = d.delivery_id"
         f" WHERE {where} ORDER BY d.created_at, d.delivery_id", args,
     ).fetchall()
+    queued = _queued(conn, settings.topic_prefix, [r[0] for r in rows])
     if ids:
         missing = sorted(set(ids) - {r[0] for r in rows})
         if missing:
@@ -165,6 +169,8 @@ def create_replay(
     skipped: dict[str, int] = {}
     for r in rows:
         eligible, status = eligibility(r[3], r[6], bool(r[5]), rerender)
+        if eligible and r[0] in queued:  # a replay of it is waiting to be published
+            eligible, status = False, "queued"
         if eligible:
             ok.append(r)
         else:
@@ -174,7 +180,8 @@ def create_replay(
             "not replayable: " + ", ".join(f"{n} {s}" for s, n in sorted(skipped.items()))
             + " (only delivered, exhausted or dead-lettered deliveries are replayed: held ones"
             " are released by a reviewer; pending, failing, quarantined, released and replayed"
-            " ones are still in flight; rejected and suppressed ones are never sent)", 409)
+            " ones are still in flight; rejected and suppressed ones are never sent; queued"
+            " ones already have a replay waiting to be published)", 409)
     if not ok:
         raise ActionError("no replayable deliveries match; nothing was replayed", 404)
     diff: list[tuple[str, str, str]] = []
@@ -208,7 +215,6 @@ def create_replay(
     per_app: dict[str, int] = {}
     for r in ok:
         per_app[r[2]] = per_app.get(r[2], 0) + 1
-    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_REPLAY_LOCK,))
     _rate_check(conn, settings, p, per_app)
     if promote and override is not None:
         ep_id = ok[0][1]
@@ -285,7 +291,20 @@ def _resolve_render_failures(conn: psycopg.Connection[Any], p: Principal,
               Jsonb({"resolved": True, "by_replay": job_id})) for d, why in done])
 
 
-_REPLAY_LOCK = 7_424_611_002  # serialises replay creation (the per-app limit is checked)
+_REPLAY_LOCK = 7_424_611_002  # serialises replay creation (queued replays, per-app limit)
+
+
+def _queued(conn: psycopg.Connection[Any], topic_prefix: str, delivery_ids: list[str]
+            ) -> set[str]:
+    """Those of ``delivery_ids`` a replay has queued for this deployment's topics and the
+    drainer not yet published: a second replay would re-drive them twice. (Unpublished
+    items are few; their partial index finds them.)"""
+    if not delivery_ids:
+        return set()
+    return {r[0] for r in conn.execute(
+        "SELECT DISTINCT i.delivery_id FROM replay_items i JOIN replay_jobs j USING (job_id)"
+        " WHERE i.published_at IS NULL AND j.state = 'queued' AND j.topic_prefix = %s"
+        " AND i.delivery_id = ANY(%s)", (topic_prefix, delivery_ids))}
 
 
 def preview_edit(conn: psycopg.Connection[Any], settings: Settings, p: Principal,

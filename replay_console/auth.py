@@ -38,6 +38,7 @@ from psycopg.types.json import Jsonb
 from postbacks.ids import new_id
 
 __all__ = [
+    "MAX_NAME",
     "ROLES",
     "STEP_UP_S",
     "Principal",
@@ -55,6 +56,7 @@ __all__ = [
 ]
 
 ROLES = ("support", "reviewer", "admin", "publisher")
+MAX_NAME = 100  # a token's name: the actor of its audit rows (the audit filter takes 200)
 SESSION_S = 8 * 3600
 STEP_UP_S = 300  # a URL-change confirmation is valid this long, once
 # A token signs in while it is neither revoked nor past its expiry.
@@ -114,6 +116,9 @@ def create_token(conn: psycopg.Connection[Any], *, name: str, role: str,
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
     if not name.strip():
         raise ValueError("name must name a person or a team")
+    if len(name.strip()) > MAX_NAME or any(ch < " " or ch == "\x7f" for ch in name):
+        raise ValueError(f"name must be at most {MAX_NAME} characters, without control "
+                         "characters (it is the audit log's actor)")
     if role == "publisher" and not app_ids:
         raise ValueError("a publisher token needs at least one app id")
     if role != "publisher" and app_ids:

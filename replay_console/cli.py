@@ -30,8 +30,20 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     if pending:
         return fail(args, f"database schema is behind ({', '.join(pending)}): run "
                     "postbacks migrate", 2)
-    serve(settings, host=args.host, port=args.port, drain=not args.no_drain)
+    try:
+        serve(settings, host=args.host, port=args.port, drain=not args.no_drain)
+    except OSError as exc:  # the address: in use, not this host's, or no such host
+        where = f"{args.host or settings.console_host}:" \
+            f"{settings.console_port if args.port is None else args.port}"
+        return fail(args, f"cannot serve on {where}: {exc.strerror or exc}", 2)
     return 0
+
+
+def _port(text: str) -> int:
+    """``--port``: a TCP port, 0 (any free one) to 65535."""
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535)")
+    return int(text)
 
 
 # A new token's lifetime unless --expires-in says otherwise.
@@ -135,7 +147,7 @@ def add_parser(subparsers: Any) -> None:
                             description="Serve the console on POSTBACKS_CONSOLE_HOST:PORT "
                             "(default 127.0.0.1:8790) with the replay drainer in a thread.")
     sp.add_argument("--host", help="listen address (default POSTBACKS_CONSOLE_HOST)")
-    sp.add_argument("--port", type=int, help="port (default POSTBACKS_CONSOLE_PORT)")
+    sp.add_argument("--port", type=_port, help="port (default POSTBACKS_CONSOLE_PORT)")
     sp.add_argument("--no-drain", action="store_true",
                     help="do not publish queued replays from this process")
     sp.set_defaults(func=_serve)

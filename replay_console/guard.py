@@ -49,7 +49,8 @@ def clean(value: str, what: str, *, limit: int, controls: bool = False) -> str:
 
 
 def check_request(request: web.Request) -> None:
-    """Refuse a request whose path, query, credential headers or cookie are malformed."""
+    """Refuse a request whose path, query, credential headers or cookie are malformed, or
+    that gives a query parameter more than once."""
     clean(request.path, "the path", limit=MAX_PATH)
     for key, value in request.match_info.items():
         if not ID.match(value):  # every path parameter is an id
@@ -60,6 +61,10 @@ def check_request(request: web.Request) -> None:
     for key, value in query.items():
         clean(key, "a query parameter name", limit=MAX_PARAM)
         clean(value, f"query parameter {key}", limit=MAX_PARAM)
+    if len(set(query)) != len(query):  # a handler would read one and ignore the others
+        key = next(k for k in query if len(query.getall(k)) > 1)
+        raise Problem(400, f"query parameter {key} given {len(query.getall(key))} times: "
+                      "give it once")
     auth = request.headers.get("Authorization")
     if auth is not None and auth.startswith("Bearer ") and not _BEARER.fullmatch(auth[7:].strip()):
         raise Problem(401, "the bearer token is malformed (a console token is pbc_...)")

@@ -271,7 +271,7 @@ def add_parser(subparsers: Any) -> None:
     sp = actions.add_parser("list", help="list held deliveries",
                             description="Held deliveries, oldest hold first.")
     _filters(sp)
-    sp.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    sp.add_argument("--limit", type=_limit, default=100, help="at most this many (default 100)")
     sp.add_argument("--json", action="store_true", help="JSON (with snapshots) instead of a table")
     sp.set_defaults(func=list_cmd)
     for name, func, what in [
@@ -292,9 +292,20 @@ def add_parser(subparsers: Any) -> None:
         sp.add_argument("--note", help="why (audited, and in the outcome's reason)")
         sp.add_argument("--yes", action="store_true",
                         help=f"confirm resolving more than {CONFIRM_ABOVE}")
-        sp.add_argument("--limit", type=int, default=10_000,
+        sp.add_argument("--limit", type=_limit, default=10_000,
                         help="at most this many per run (default 10000)")
         sp.set_defaults(func=func)
+
+
+MAX_LIMIT = 1_000_000  # --limit: at most this many per command
+
+
+def _limit(text: str) -> int:
+    """``--limit``: a whole number from 1 to :data:`MAX_LIMIT`."""
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to "
+                                         f"{MAX_LIMIT}")
+    return int(text)
 
 
 def _filters(sp: argparse.ArgumentParser) -> None:
