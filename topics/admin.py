@@ -18,6 +18,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from postbacks.errors import ConfigError, ServiceUnavailable
+from postbacks.kafka.clients import check_broker
 from postbacks.settings import Settings
 from topics.registry import TopicSpec, all_topics, internal_topics
 
@@ -46,6 +47,7 @@ class TopicDriftError(ConfigError):
 
 
 def _admin(settings: Settings) -> AdminClient:
+    check_broker(settings)  # a broker that is not there: one line naming it, not a log flood
     return AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
 
 

@@ -96,7 +96,9 @@ def make_transactional_producer(settings: Settings, stage: str) -> Producer:
 
 def check_broker(settings: Settings, timeout: float = 10.0) -> None:
     """Fail fast with a clear message when the broker cannot be reached."""
-    producer = Producer({**_base(settings), "socket.connection.setup.timeout.ms": 5000})
+    # librdkafka logs every refused reconnect (10 a second); the exception below says it once
+    producer = Producer({**_base(settings), "socket.connection.setup.timeout.ms": 5000,
+                         "log_level": 2})
     try:
         producer.list_topics(timeout=timeout)
     except KafkaException as exc:
