@@ -302,6 +302,19 @@ wait_kafka_ready() {
   die_with_log "$KAFKA_LOG" "kafka not ready after ${TIMEOUT}s (pid $pid, port $KAFKA_PORT)"
 }
 
+# The broker's ports are free, unless our broker holds them (checked before PostgreSQL
+# starts too, so a clash does not leave PostgreSQL running alone).
+kafka_ports_free() {
+  local p
+  kafka_pid >/dev/null && return 0
+  for p in "$KAFKA_PORT" "$KAFKA_CTRL_PORT"; do
+    if port_open "$p"; then
+      die "port 127.0.0.1:$p is already in use by a process this script did not start" \
+        "(set POSTBACKS_KAFKA_PORT / POSTBACKS_KAFKA_CONTROLLER_PORT)"
+    fi
+  done
+}
+
 kafka_up() {
   local t pid
   t=$(now_us)
@@ -315,11 +328,7 @@ kafka_up() {
     return 0
   fi
   rm -f -- "$KAFKA_PID"
-  local p
-  for p in "$KAFKA_PORT" "$KAFKA_CTRL_PORT"; do
-    port_open "$p" && die "port 127.0.0.1:$p is already in use by a process this script did not start" \
-      "(set POSTBACKS_KAFKA_PORT / POSTBACKS_KAFKA_CONTROLLER_PORT)"
-  done
+  kafka_ports_free
 
   ensure_kafka_lib
   write_kafka_config
@@ -617,6 +626,7 @@ cmd_up() {
   t0=$(now_us)
   take_lock
   ensure_java
+  kafka_ports_free
   pg_up
   kafka_up
   log "all services ready in $(elapsed "$t0") (state $STATE)"
