@@ -13,6 +13,7 @@ page 1 and page 10,000.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,6 +51,7 @@ __all__ = [
     "suppressions",
 ]
 
+_HTTP_FAMILY = re.compile(r"http_([1-5])xx")  # an error filter naming a status family
 _HIDDEN_FROM_PUBLISHERS = ("pending", "held", "released", "rejected")  # statuses and outcomes
 _PUBLISHER_TRIGGER = {"release": "retry"}  # what a publisher reads as an attempt's trigger
 
@@ -81,10 +83,18 @@ def filter_sql(p: Principal, f: DeliveryFilter, *, paging: bool = True
     args: list[Any] = []
     _scope(p, where, args)
     for column, value in (("app_id", f.app), ("endpoint_id", f.endpoint),
-                          ("status", f.status), ("last_error", f.error)):
+                          ("status", f.status)):
         if value is not None:
             where.append(f"d.{column} = %s")
             args.append(value)
+    if f.error is not None:
+        family = _HTTP_FAMILY.fullmatch(f.error)
+        if family:  # http_5xx: every http_5NN (an HTTP answer's class is http_<status>)
+            where.append("d.last_error LIKE %s")
+            args.append(f"http\\_{family.group(1)}__")
+        else:
+            where.append("d.last_error = %s")
+            args.append(f.error)
     if f.q is not None:  # each arm is an index lookup (primary key; migration 0007)
         where.append("(d.delivery_id = %s OR d.conversion_id = %s OR d.idempotency_key = %s)")
         args += [f.q, f.q, f.q]

@@ -20,8 +20,8 @@ from tests.integration.console_util import Client, console_server, token
 
 
 def _world(settings: Settings, ns: str) -> dict[str, Any]:
-    """Two apps with an endpoint each; deliveries 1-3 of app a (1 failing with http_5xx,
-    created two days ago), 4 of app b."""
+    """Two apps with an endpoint each; deliveries 1-3 of app a (1 failing with http_503,
+    created two days ago; 3 held after an http_404), 4 of app b."""
     w: dict[str, Any] = {"a": f"app_{ns}_a", "b": f"app_{ns}_b",
                          "ep_a": f"ep_{ns}_a", "ep_b": f"ep_{ns}_b"}
     with connect(settings.database_url) as conn:
@@ -36,10 +36,12 @@ def _world(settings: Settings, ns: str) -> dict[str, Any]:
         w[f"d{n}"] = d
     w["old"] = dt.datetime.now(dt.UTC) - dt.timedelta(days=2)
     with connect(settings.database_url) as conn:
-        conn.execute("UPDATE deliveries SET last_error = 'http_5xx', created_at = %s"
+        conn.execute("UPDATE deliveries SET last_error = 'http_503', created_at = %s"
                      " WHERE delivery_id = %s", (w["old"], f"dlv_{ns}_1"))
         conn.execute("UPDATE deliveries SET last_error = 'timeout' WHERE delivery_id = %s",
                      (f"dlv_{ns}_2",))
+        conn.execute("UPDATE deliveries SET last_error = 'http_404' WHERE delivery_id = %s",
+                     (f"dlv_{ns}_3",))
         conn.commit()
     return w
 
@@ -103,7 +105,12 @@ def test_error_class_and_date_range_filters(settings: Settings, namespace: str,
     with console_server(settings) as port:
         sup = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
         base = f"/api/v1/deliveries?app={w['a']}"
+        # a status family matches every status in it; an exact class only itself
         assert _ids(sup.get(f"{base}&error_class=http_5xx")) == {f"dlv_{ns}_1"}
+        assert _ids(sup.get(f"{base}&error_class=http_503")) == {f"dlv_{ns}_1"}
+        assert _ids(sup.get(f"{base}&error_class=http_500")) == set()
+        assert _ids(sup.get(f"{base}&error=http_4xx")) == {f"dlv_{ns}_3"}
+        assert _ids(sup.get(f"{base}&error_class=http_x5xx")) == set()
         assert _ids(sup.get(f"{base}&error_class=timeout")) == {f"dlv_{ns}_2"}
         # a date includes the whole day; a time with an offset is exact
         assert _ids(sup.get(f"{base}&created_from={old_day}&created_to={old_day}")) \
