@@ -5,14 +5,16 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVICES := bash deploy/local/services.sh
-# Service addresses: the local script's (its ports too: POSTBACKS_KAFKA_PORT and
-# POSTBACKS_PG_PORT move both) unless already set in the environment.
+# Service addresses: the local script's unless already set in the environment. Ports in use?
+# POSTBACKS_KAFKA_PORT (19092), POSTBACKS_KAFKA_CONTROLLER_PORT (19093) and POSTBACKS_PG_PORT
+# (15432) move the local services; POSTBACKS_CLUSTER_PORT (29092: ports 29092-29097) moves
+# `make cluster-up`'s three brokers (the broker-kill test of `make test` picks free ports).
 export KAFKA_BOOTSTRAP_SERVERS ?= 127.0.0.1:$(or $(POSTBACKS_KAFKA_PORT),19092)
 export POSTBACKS_KAFKA_REPLICATION ?= dev
 export POSTBACKS_DATABASE_URL ?= postgresql://postbacks@127.0.0.1:$(or $(POSTBACKS_PG_PORT),15432)/postbacks
 PYTEST_ARGS ?=
 
-.PHONY: help install check lint typecheck rules prometheus test test-unit test-cluster test-integration demo services-up \
+.PHONY: help install check lint typecheck rules prometheus test test-unit test-cluster demo services-up \
         services-down services-status browser bench bench-copy bench-avro bench-avro-choice \
         bench-framing bench-services bench-migrations bench-http-choice bench-rows clean
 
@@ -22,9 +24,19 @@ help:
 	@echo "make test-unit       unit + contract tiers only (no services)"
 	@echo "make test-cluster    the three-broker kill test alone (make test runs it too)"
 	@echo "make check           ruff + mypy (strict) + the alert rules (promtool check and test)"
+	@echo "make lint            ruff alone"
+	@echo "make typecheck       mypy (strict) alone"
+	@echo "make rules           alert and recording rules (promtool check, test), scrape config"
+	@echo "make install         the virtualenv .venv: the package, its Avro C extension, dev tools"
 	@echo "make services-up     start Kafka and PostgreSQL (deploy/local/services.sh)"
 	@echo "make services-down   stop them"
+	@echo "make services-status exit non-zero unless both are ready"
+	@echo "make cluster-up      a three-broker Kafka cluster beside the single broker (29092-29097)"
+	@echo "make cluster-down    stop it"
+	@echo "make k8s-check       deploy/k8s/ against the Kubernetes schemas, offline"
 	@echo "make browser         install Debian's chromium (console browser tests)"
+	@echo "make prometheus      install Debian's prometheus (server + promtool)"
+	@echo "make clean           remove .venv, the caches and the built Avro extension"
 	@echo "make bench           the delivery benchmark (bench/delivery.py; BENCH_ARGS=...,"
 	@echo "                    e.g. BENCH_ARGS='--parts gate' for the gate against the engine)"
 	@echo "make bench-copy      the sink's write path alone (bench/copy_rows.py)"

@@ -205,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("agent", "run a delivery agent (dispatch -> HTTP -> attempts, outcomes, retry, dlq)"),
         ("relay", "run the delay relay (retry.*, quarantine -> dispatch when due)"),
         ("sink", "run the PostgreSQL sink (deliveries, attempts, outcomes, dlq -> tables)"),
-        ("monitor", "run the monitor (every stage's lag and backlog age, the gap detector)"),
+        ("monitor", "run the monitor (every stage's lag and backlog age, the gap detector, "
+         "auto-disable)"),
         ("notifier", "run the notifier (dead letters, breakers, halts -> operations, owners)"),
     ]:
         sp = sub.add_parser(name, help=help_, description=help_)
@@ -251,18 +252,27 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("seed", help="seed demo endpoints pointing at a receiver",
                         description="Create endpoints and signing secrets; prints "
                         "endpoint_id, app_id, url, secret per line.")
-    sp.add_argument("--apps", type=int, default=5)
-    sp.add_argument("--endpoints-per-app", type=int, default=2)
-    sp.add_argument("--receiver-url", default="http://127.0.0.1:8787")
-    sp.add_argument("--namespace", default="demo")
+    sp.add_argument("--apps", type=int, default=5,
+                    help="number of apps, app_<namespace>_0001 ... (default 5)")
+    sp.add_argument("--endpoints-per-app", type=int, default=2,
+                    help="endpoints per app, ep_<namespace>_<app>_<k> (default 2)")
+    sp.add_argument("--receiver-url", default="http://127.0.0.1:8787",
+                    help="the receiver's base URL; each endpoint posts to "
+                    "<url>/hooks/<endpoint id> (default http://127.0.0.1:8787)")
+    sp.add_argument("--namespace", default="demo",
+                    help="app ids are app_<namespace>_NNNN (default demo)")
     sp.set_defaults(func=_seed)
 
     sp = sub.add_parser("emit", help="produce synthetic conversions",
                         description="Produce synthetic ConversionEvents to conversions.v1.")
-    sp.add_argument("--count", type=int, default=1000)
+    sp.add_argument("--count", type=int, default=1000,
+                    help="conversions to produce (default 1000)")
     sp.add_argument("--rate", type=float, default=0, help="events/s (0 = as fast as possible)")
-    sp.add_argument("--seed", type=int, default=1)
-    sp.add_argument("--apps", type=int, default=5)
+    sp.add_argument("--seed", type=int, default=1,
+                    help="random seed: the same seed and namespace give the same "
+                    "conversion ids, apps and payouts (default 1)")
+    sp.add_argument("--apps", type=int, default=5,
+                    help="spread over this many apps, app_<namespace>_0001 ... (default 5)")
     sp.add_argument("--namespace", default="demo", help="app ids are app_<namespace>_NNNN")
     sp.set_defaults(func=_emit)
 
@@ -292,11 +302,14 @@ conversions to five groups of endpoints:
 
 The demo's processes run with a shortened schedule (POSTBACKS_RETRY_BASE_S=1,
 POSTBACKS_BREAKER_OPEN_S=1, POSTBACKS_BREAKER_RAMP_S=1,
-POSTBACKS_BREAKER_FAILURE_THRESHOLD = dead x dead-attempts - 2); the product's
-defaults are unchanged. It prints progress while it waits, then one row per
-group -- deliveries, attempts, delivered, retried, quarantined, dead-lettered,
-held, released, replayed (from PostgreSQL) and the requests/unique ids the
-receiver saw -- and where to see each group (console pages, metrics, SQL).
+POSTBACKS_BREAKER_FAILURE_THRESHOLD = dead x dead-attempts - 2,
+POSTBACKS_CONFIG_REFRESH_S=1, POSTBACKS_ANOMALY_REFRESH_S=0.5) and their own
+global anomaly scope (POSTBACKS_ANOMALY_GLOBAL_KEY=demo-<namespace>); the
+product's defaults are unchanged. It prints progress while it waits, then one
+row per group -- deliveries, attempts, delivered, retried, quarantined,
+dead-lettered, held, released, replayed (from PostgreSQL) and the
+requests/unique ids the receiver saw -- and where to see each group (console
+pages, metrics, SQL).
 Exit 1 when a group's counts are not what it should show.""")
     sp.add_argument("--count", type=int, default=2000,
                     help="healthy conversions; each goes to every endpoint of its app "

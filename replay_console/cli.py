@@ -158,20 +158,25 @@ def add_parser(subparsers: Any) -> None:
                           description="Create a token for a person or a publisher.")
     sp.add_argument("--name", required=True, help="who signs in with it (the audit actor)")
     sp.add_argument("--role", required=True,
-                    choices=["support", "reviewer", "admin", "publisher"])
+                    choices=["support", "reviewer", "admin", "publisher"],
+                    help="what the token may do: support (find, inspect, replay, suppress, "
+                    "test-send), reviewer (also release or reject held deliveries, import), "
+                    "admin (everything, endpoint config and secrets included), publisher "
+                    "(read its apps' deliveries; needs --app)")
     sp.add_argument("--app", dest="apps", action="append", metavar="APP_ID",
                     help="a publisher's app (repeat); required for publishers")
     sp.add_argument("--by", default="cli", help="who issues it (audited)")
     sp.add_argument("--expires-in", default=DEFAULT_EXPIRES_IN, metavar="DURATION",
                     help="lifetime: 30d, 12h, 45m, 2w, or never "
                     f"(default {DEFAULT_EXPIRES_IN})")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--json", action="store_true",
+                    help="print JSON: token_id, token, name, role, expires_at")
     sp.set_defaults(func=_token)
     sp = tacts.add_parser("list", help="list tokens (never their secrets)",
                           description="Active tokens: id, name, role, scope, created, "
                           "expires, last used (to the minute) and state.")
     sp.add_argument("--all", action="store_true", help="expired and revoked ones too")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--json", action="store_true", help="print JSON")
     sp.set_defaults(func=_token_list)
     sp = tacts.add_parser("revoke", help="revoke a token (audited)",
                           description="Revoke a token: it signs nothing in from now on and "
@@ -179,5 +184,5 @@ def add_parser(subparsers: Any) -> None:
     sp.add_argument("token_id", metavar="ID", help="the token id (tok_..., see token list)")
     sp.add_argument("--by", default="cli", help="who revokes it (audited)")
     sp.add_argument("--note", help="why (audited)")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--json", action="store_true", help="print JSON")
     sp.set_defaults(func=_token_revoke)

@@ -267,13 +267,16 @@ def add_parser(subparsers: Any) -> None:
     _filters(sp)
     sp.add_argument("--cursor", help="the 'more' cursor of the previous page")
     sp.add_argument("--limit", type=int, default=50, help="rows per page (1-200)")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--json", action="store_true",
+                    help="print JSON: the page's deliveries and next_cursor")
     sp.set_defaults(func=_list)
     sp = acts.add_parser("show", parents=[common], help="one delivery with every attempt",
                          description="A delivery, its attempts (exact request and response "
                          "excerpt), outcomes and audit trail.")
     sp.add_argument("delivery_id")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--json", action="store_true",
+                    help="print JSON: the delivery with its attempts, outcomes, dead letters "
+                    "and audit trail")
     sp.set_defaults(func=_show)
     sp = acts.add_parser(
         "replay", parents=[common], help="re-drive deliveries (original idempotency key)",
@@ -323,8 +326,10 @@ def add_parser(subparsers: Any) -> None:
 def _filters(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--app", help="app id")
     sp.add_argument("--endpoint", help="endpoint id")
-    sp.add_argument("--status", help="delivery status (delivered, dead_lettered, ...)")
-    sp.add_argument("--error", help="error class of the last attempt (e.g. http_5xx)")
+    sp.add_argument("--status", help="delivery status (delivered, exhausted: retries ran "
+                    "out, dead_lettered: failed permanently, ...)")
+    sp.add_argument("--error", help="error class of the last attempt: exact (http_503, "
+                    "timeout) or an HTTP status family (http_5xx: every http_5NN)")
     sp.add_argument("--since", help="created at or after (2026-11-30 or an ISO time)")
     sp.add_argument("--until", help="created before")
     sp.add_argument("--search", dest="q", metavar="ID",

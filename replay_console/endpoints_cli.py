@@ -163,9 +163,10 @@ def add_parser(subparsers: Any) -> None:
                     help="an event type it is sent (repeat, or comma separated; default *)")
     sp.add_argument("--config", help="endpoint config as a JSON object")
     sp.add_argument("--name", help="a display name")
-    sp.add_argument("--actor", default="cli", help="who you are (audited)")
+    sp.add_argument("--actor", default="cli", help="who you are (audited; default cli)")
     sp.add_argument("--note", help="why (audited)")
-    sp.add_argument("--json", action="store_true", help="print JSON")
+    sp.add_argument("--json", action="store_true",
+                    help="print JSON: endpoint_id, app_id, secret_id, secret")
     sp.set_defaults(func=_create_cmd)
     sp = actions.add_parser("disabled", help="list disabled endpoints",
                             description="Disabled endpoints, oldest first, with their "

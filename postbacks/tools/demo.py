@@ -266,7 +266,9 @@ def run_demo(settings: Settings, o: DemoOptions) -> int:
     _say("shortened for the demo's processes (product defaults unchanged): "
          + ", ".join(f"{k}={v}" for k, v in shortened.items() if "GLOBAL" not in k)
          + f"; the dead endpoint's config: max_attempts {o.dead_attempts} (default 50)")
-    log_dir = ROOT / ".local" / "logs" / f"demo-{ns}"
+    # services.sh's state dir: POSTBACKS_STATE_DIR (unset or empty: <repo>/.local), its logs/
+    state_dir = Path(os.environ.get("POSTBACKS_STATE_DIR") or ROOT / ".local").absolute()
+    log_dir = state_dir / "logs" / f"demo-{ns}"
     rows: list[Row] = []
     with Stack(env, log_dir) as stack:
         rport = free_port()

@@ -212,10 +212,14 @@ def add_parser(subparsers: Any) -> None:
     detectors = [d.value for d in Detector]
 
     def target(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--scope", required=True, choices=scopes)
+        sp.add_argument("--scope", required=True, choices=scopes,
+                        help="endpoint: one endpoint (--key, or --all-endpoints); global: the "
+                        "deployment's roll-up of every endpoint")
         sp.add_argument("--key", help="the endpoint id (scope endpoint); for global it "
                         "defaults to POSTBACKS_ANOMALY_GLOBAL_KEY ('*')")
-        sp.add_argument("--detector", required=True, choices=detectors)
+        sp.add_argument("--detector", required=True, choices=detectors,
+                        help="retrodating: conversions dated too far back; value_rate: the "
+                        "payout value rate against its seasonal expectation")
         sp.add_argument("--actor", required=True, help="who you are (recorded in the audit log)")
 
     sp = actions.add_parser(
@@ -229,7 +233,8 @@ def add_parser(subparsers: Any) -> None:
                     help="scope endpoint: the default of every endpoint without a row of its "
                     "own for this detector, new ones included (the key '*'); an endpoint's "
                     "own row, off included, overrides it")
-    sp.add_argument("--mode", required=True, choices=[m.value for m in Mode])
+    sp.add_argument("--mode", required=True, choices=[m.value for m in Mode],
+                    help="off: skip; detect: metrics only; enforce: hold")
     sp.add_argument("--multiple", type=float,
                     help="value_rate: a span trips only above this multiple of its "
                     "expectation (default 1.1 global, 2 endpoint)")
