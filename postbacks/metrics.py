@@ -249,7 +249,7 @@ CONSOLE_REPLAY_PENDING = Gauge("postbacks_console_replay_pending",
 # an increase Prometheus sees (a series born at 1 is invisible to increase()).
 DEAD_LETTER_REASONS = ("undecodable", "invalid_record", "missing_field", "render_failed",
                        "permanent", "exhausted", "blocked_address", "unknown_endpoint",
-                       "internal_error", "dead_letter")
+                       "internal_error", "dead_letter", "too_large")
 _TRIP_SCOPES = ("endpoint", "global")
 
 

@@ -5,6 +5,7 @@ import pytest
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.fanout import plan_deliveries, validate_conversion
 from postbacks.errors import InvalidRecord
+from streams.fanout import check_conversion
 from tests.unit.factories import make_conversion
 
 KEY = b"k" * 32
@@ -49,3 +50,28 @@ def test_missing_required_fields_are_invalid(field: str, value: str) -> None:
 def test_non_positive_occurred_at_is_invalid() -> None:
     with pytest.raises(InvalidRecord, match="occurred_at"):
         validate_conversion(make_conversion(occurred_at=0))
+
+
+NOW = 1_700_000_300_000
+
+
+@pytest.mark.parametrize(("over", "words"), [
+    ({"conversion_id": "cv\x00"}, "conversion_id holds a NUL character"),
+    ({"source_snapshot": {"a\x00": "1"}}, "source_snapshot 'a\\x00' hold(s) a NUL"),
+    ({"goal_id": "g" * 201}, "goal_id is 201 characters long (at most 200)"),
+    ({"event_type": "Conversion"}, "event_type 'Conversion' is not a known event type"),
+    ({"payout_usd_micros": 10**12 + 1}, "payout_usd_micros 1000000000001 is over"),
+    ({"occurred_at": 1_700_000_200}, "before 2000-01-01T00:00:00Z: epoch seconds"),
+    ({"occurred_at": NOW + 3_600_001}, "more than 60 minutes ahead of the clock"),
+])
+def test_a_value_a_later_stage_cannot_hold_is_invalid_and_named(over: dict[str, object],
+                                                                 words: str) -> None:
+    with pytest.raises(InvalidRecord) as e:
+        check_conversion(make_conversion(**over), NOW)
+    assert words in str(e.value) and e.value.reason == "invalid_record"
+
+
+def test_values_at_the_limits_pass() -> None:
+    check_conversion(make_conversion(goal_id="g" * 200, payout_usd_micros=10**12,
+                                     occurred_at=NOW + 3_600_000), NOW)
+    check_conversion(make_conversion(occurred_at=946_684_800_000, payout_usd_micros=None), NOW)
