@@ -4,7 +4,7 @@ traffic, the global rolling detector and the retrodating guard under enforce.
 Per seed, one fresh namespace (topics, a scratch PostgreSQL database, a global key) and
 one ``postbacks gate`` process:
 
-1. **History.** ``--weeks`` (2, the profile's minimum) weeks of normal traffic from
+1. **History.** ``--weeks`` (4; the profile needs 2) weeks of normal traffic from
    bench/containment_core.py's generator (``--apps`` endpoints, Zipf volumes, lognormal
    payouts, diurnal and weekly shape, day/hour levels, over-dispersed minutes) go onto
    deliveries.v1 as a backlog, which the gate drains. Every hold in it is a false hold.
@@ -31,8 +31,10 @@ first ``halted_global`` hold; % of the cohort's whole payout dispatched (read fr
 dispatch.v1); holds of normal deliveries in the history, in the controls and elsewhere in
 the shape week outside halts. min/median/max over seeds. Progress on stderr.
 
-Bounded: ``--budget-min`` (15) minutes of wall time; past it no further shape starts
-(skipped ones are listed). At the defaults one seed takes 6 to 7 minutes and the full
+Bounded: ``--budget-min`` (60) minutes of wall time; past it no further shape starts
+(skipped ones are listed). At the defaults (150 endpoints, 120 conversions a minute, as
+bench/containment_core.py) one seed takes about 15 minutes, most of it the history's
+4.9 million deliveries; ``--rate 40 --apps 120`` takes about 9. The full
 matrix (16 shapes + 2 controls) does not fit one week: run ``--shapes 6h,control`` and
 ``--shapes 40h,control``. Run under ``flock /tmp/postbacks-bench.lock``. Results JSON:
 ``bench/results/containment-latest.json`` (``--json``).
@@ -276,12 +278,12 @@ def report(runs: list[dict[str, Any]], plan: list[Placed]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="Bounded by --budget-min (default 15 min of wall "
+                                 epilog="Bounded by --budget-min (default 60 min of wall "
                                  "time); run under flock /tmp/postbacks-bench.lock.")
     ap.add_argument("--seed", type=int, default=1, help="first seed")
     ap.add_argument("--seeds", type=int, default=3, help="how many seeds from --seed")
     ap.add_argument("--weeks", type=int, default=4, help="weeks of history before the shapes")
-    core.traffic_args(ap, apps=120, rate=40.0)
+    core.traffic_args(ap, apps=150, rate=120.0)
     ap.add_argument("--shapes", default="6h,control",
                     help="comma-separated name prefixes (6h, 40h, 6h+50%%, control, all)")
     ap.add_argument("--max-min", type=int, default=75, help="paced cohort minutes at most")
@@ -290,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="normal minutes after the cohort before the halt is closed")
     ap.add_argument("--settle-s", type=float, default=0.4,
                     help="wait per paced minute for the partials and the aggregator")
-    ap.add_argument("--budget-min", type=float, default=15.0,
+    ap.add_argument("--budget-min", type=float, default=60.0,
                     help="no shape starts after this many minutes of wall time")
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" /
                     "containment-latest.json")
