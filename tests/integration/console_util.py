@@ -122,3 +122,14 @@ class Client:
         assert r.status == 303, r.text
         self.get("/deliveries")  # picks up the CSRF token
         return r
+
+
+def insert_dead_letter(settings: Settings, ns: str, endpoint_id: str) -> None:
+    """Dead letter ``dl_{ns}``: delivery ``dlv_{ns}_5`` refused for good (an ``http_404``)."""
+    with connect(settings.database_url) as conn:
+        conn.execute("INSERT INTO dead_letters (dead_letter_id, reason, error_class,"
+                     " error_message, stage, origin_topic, origin_partition, origin_offset,"
+                     " delivery_id, endpoint_id, occurred_at) VALUES (%s, 'permanent',"
+                     " 'DeadLetterError', 'http_404', 'agent', 'dispatch.v1', 0, 7, %s, %s,"
+                     " now())", (f"dl_{ns}", f"dlv_{ns}_5", endpoint_id))
+        conn.commit()

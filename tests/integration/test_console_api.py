@@ -20,7 +20,7 @@ from tests.integration.anomaly_helpers import (
     run_cli,
     topic_size,
 )
-from tests.integration.console_util import Client, console_server, token
+from tests.integration.console_util import Client, console_server, insert_dead_letter, token
 from tests.kafka_util import decode, read_topic
 from topics import TOPICS
 
@@ -448,13 +448,7 @@ def test_rotation_test_send_and_dead_letter_resolution(
     wait_for(lambda: http_json(f"{rbase}/_control/stats"), 30, what="receiver")
     old, new = generate_secret(), generate_secret()
     http_json(f"{rbase}/_control/secrets", {w["ep_a"]: [new]})  # verifies with the new one
-    with connect(settings.database_url) as conn:
-        conn.execute("INSERT INTO dead_letters (dead_letter_id, reason, error_class,"
-                     " error_message, stage, origin_topic, origin_partition, origin_offset,"
-                     " delivery_id, endpoint_id, occurred_at) VALUES (%s, 'permanent',"
-                     " 'DeadLetterError', 'http_404', 'agent', 'dispatch.v1', 0, 7, %s, %s,"
-                     " now())", (f"dl_{ns}", f"dlv_{ns}_5", w["ep_a"]))
-        conn.commit()
+    insert_dead_letter(settings, ns, w["ep_a"])
     with console_server(settings) as port:
         admin_tok = token(settings, f"adm-{ns}", "admin")
         admin = Client(port, bearer=admin_tok)

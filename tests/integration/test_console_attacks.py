@@ -29,7 +29,7 @@ from postbacks.settings import Secret, Settings
 from replay_console.auth import session_cookie
 from replay_console.web import make_app
 from tests.integration.anomaly_helpers import held_delivery, insert_deliveries, run_cli
-from tests.integration.console_util import Client, console_server, token
+from tests.integration.console_util import Client, console_server, insert_dead_letter, token
 from tests.integration.test_console_api import _drain, _world
 from tests.kafka_util import decode, read_topic
 from topics import TOPICS
@@ -71,14 +71,15 @@ def _fill(template: str, w: dict[str, Any], ns: str) -> str:
     return template.replace("{id}", f"dlv_{ns}_5")
 
 
-def _dead_letter(settings: Settings, ns: str, w: dict[str, Any]) -> None:
-    with connect(settings.database_url) as conn:
-        conn.execute("INSERT INTO dead_letters (dead_letter_id, reason, error_class,"
-                     " error_message, stage, origin_topic, origin_partition, origin_offset,"
-                     " delivery_id, endpoint_id, occurred_at) VALUES (%s, 'permanent',"
-                     " 'DeadLetterError', 'http_404', 'agent', 'dispatch.v1', 0, 7, %s, %s,"
-                     " now())", (f"dl_{ns}", f"dlv_{ns}_5", w["ep_a"]))
-        conn.commit()
+def _dead_letter(settings: Settings, ns: str, w: dict[str, Any], *,
+                 suppressed: bool = False) -> None:
+    """``dl_{ns}`` for delivery 5; with ``suppressed``, delivery 8 suppressed as well."""
+    insert_dead_letter(settings, ns, w["ep_a"])
+    if suppressed:
+        with connect(settings.database_url) as conn:
+            conn.execute("INSERT INTO postback_suppressions (delivery_id, endpoint_id,"
+                         " reason) VALUES (%s, %s, 'poison')", (f"dlv_{ns}_8", w["ep_b"]))
+            conn.commit()
 
 
 def _actions_by(settings: Settings, actors: list[str]) -> list[tuple[str, str]]:
@@ -217,11 +218,7 @@ def test_no_role_does_what_it_has_no_right_to(settings: Settings, namespace: str
     and nothing audited but the refusal."""
     ns = namespace
     w = _world(settings, ns)
-    _dead_letter(settings, ns, w)
-    with connect(settings.database_url) as conn:
-        conn.execute("INSERT INTO postback_suppressions (delivery_id, endpoint_id, reason)"
-                     " VALUES (%s, %s, 'poison')", (f"dlv_{ns}_8", w["ep_b"]))
-        conn.commit()
+    _dead_letter(settings, ns, w, suppressed=True)
     before = _state(settings, ns, w)
     ep = f"/api/v1/endpoints/{w['ep_a']}"
     held = {"delivery_ids": [f"dlv_{ns}_3"], "note": "x"}
@@ -659,11 +656,7 @@ def test_every_action_is_audited_with_who_when_and_what(
         settings: Settings, namespace: str) -> None:
     ns = namespace
     w = _world(settings, ns)
-    _dead_letter(settings, ns, w)
-    with connect(settings.database_url) as conn:
-        conn.execute("INSERT INTO postback_suppressions (delivery_id, endpoint_id, reason)"
-                     " VALUES (%s, %s, 'poison')", (f"dlv_{ns}_8", w["ep_b"]))
-        conn.commit()
+    _dead_letter(settings, ns, w, suppressed=True)
     extra = held_delivery(ns, 30, endpoint=w["ep_a"], app=w["a"])
     insert_deliveries(settings, [extra], status="held")
     started = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)

@@ -34,6 +34,7 @@ from postbacks.transport.h1 import (
 from postbacks.transport.http import HttpTransport
 from tests.integration.test_h1 import (
     Raw,
+    Script,
     _req,
     _self_signed,
     get,
@@ -53,6 +54,19 @@ async def _closed(pool: H1Pool) -> None:
     async with asyncio.timeout(WAIT_S):
         while pool.stats()["open"]:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+
+
+def _second_answer_on_a_new_connection(script: Script, want: tuple[int, bytes]) -> None:
+    """The first request is answered ``ok``; the second must get ``want`` on a second
+    connection (the first one was not fit to carry it)."""
+    async def main() -> None:
+        async with raw_server(script) as raw, H1Pool() as pool:
+            assert (await get(pool, raw.key(), "/")).body == b"ok"
+            second = await asyncio.wait_for(get(pool, raw.key(), "/"), WAIT_S)
+            assert (second.status, second.body) == want
+            assert raw.connections == 2
+
+    run(main)
 
 
 # --- a response that is not HTTP/1.x ---------------------------------------------------------
@@ -323,14 +337,7 @@ def test_a_second_answer_in_the_same_read_is_not_taken_for_the_next_request() ->
         await writer.drain()
         await reader.read()
 
-    async def main() -> None:
-        async with raw_server(script) as raw, H1Pool() as pool:
-            assert (await get(pool, raw.key(), "/")).body == b"ok"
-            second = await asyncio.wait_for(get(pool, raw.key(), "/"), WAIT_S)
-            assert (second.status, second.body) == (200, b"fresh")
-            assert raw.connections == 2
-
-    run(main)
+    _second_answer_on_a_new_connection(script, (200, b"fresh"))
 
 
 def test_unsolicited_bytes_on_an_idle_connection_close_it() -> None:
@@ -458,14 +465,7 @@ def test_a_connection_the_receiver_asked_to_close_is_not_reused(first: bytes) ->
             await writer.drain()
         await reader.read()
 
-    async def main() -> None:
-        async with raw_server(script) as raw, H1Pool() as pool:
-            assert (await get(pool, raw.key(), "/")).body == b"ok"
-            second = await asyncio.wait_for(get(pool, raw.key(), "/"), WAIT_S)
-            assert (second.status, second.body) == (200, b"ok")
-            assert raw.connections == 2
-
-    run(main)
+    _second_answer_on_a_new_connection(script, (200, b"ok"))
 
 
 # --- answers the transport reads: redirects, Retry-After -----------------------------------
