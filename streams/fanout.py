@@ -16,7 +16,8 @@ the future, where every later payout of the partition was counted).
 A conversion whose delivery would not fit the stages' producers (less a margin for what
 later stages add to it) is dead-lettered as ``too_large``; it used to fail the whole
 transaction and restart the process on it for ever. A dead letter that itself would not
-fit keeps only the first bytes of the original value (and key), and says so.
+fit keeps only the first bytes of the original value (and key), and says so (the stage
+runner's :func:`~postbacks.kafka.stage.dead_letter_for`).
 """
 
 from __future__ import annotations
@@ -32,10 +33,9 @@ from postbacks.core.fanout import plan_deliveries, validate_conversion
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
 from postbacks.errors import DeadLetterError, InvalidRecord
-from postbacks.kafka.clients import check_broker, make_consumer, transactional_config
-from postbacks.kafka.stage import Output, dead_letter_for, run_stage
+from postbacks.kafka.clients import check_broker, make_consumer
+from postbacks.kafka.stage import Output, message_max, run_stage
 from postbacks.kafka.txn import TxnProducer
-from postbacks.metrics import DLQ_TOTAL
 from postbacks.records import ConversionEvent
 from postbacks.settings import Settings
 from topics import TOPICS
@@ -52,9 +52,7 @@ MAX_PAYOUT_MICROS = 10**12  # USD 1,000,000 for one conversion
 MIN_OCCURRED_AT_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
 MAX_FUTURE_MS = 3_600_000  # occurred_at at most 1 h ahead of the fan-out's clock
 TOO_LARGE = "too_large"
-_LIBRDKAFKA_MESSAGE_MAX = 1_000_000  # message.max.bytes when the config does not set it
 _HEADROOM = 65_536  # what later stages add to a delivery (hold reason, errors, override)
-_DLQ_SLACK = 512  # per-message and length-prefix overhead around a dead letter's bytes
 _IDS = ("event_id", "conversion_id", "app_id", "goal_id")
 _TEXTS = ("event_id", "conversion_id", "app_id", "event_type", "goal_id", "original_amount",
           "original_currency", "producer")
@@ -111,13 +109,8 @@ def run_fanout(settings: Settings, stop: threading.Event) -> None:
     cache.start()
     conv_codec = codec_for("ConversionEvent")
     dlv_codec = codec_for("Delivery")
-    dlq_codec = codec_for("DeadLetter")
     idem_key = settings.idempotency_key.reveal().encode()
-    # What one message of the stage's producer may hold (librdkafka refuses more with
-    # MSG_SIZE_TOO_LARGE, which aborts the whole batch), and what a delivery may hold.
-    message_max = int(transactional_config(settings, "fanout").get(
-        "message.max.bytes", _LIBRDKAFKA_MESSAGE_MAX))
-    delivery_max = message_max - _HEADROOM
+    delivery_max = message_max(settings, "fanout") - _HEADROOM  # what a delivery may hold
 
     def fan_out(msg: Message, out: Output, now_ms: int) -> None:
         event: ConversionEvent = conv_codec.decode(msg.value())  # type: ignore[assignment]
@@ -138,50 +131,10 @@ def run_fanout(settings: Settings, stop: threading.Event) -> None:
         for key, value in planned:  # all or none of the record's deliveries
             out.add(TOPICS.deliveries.base, key, value)
 
-    def fits(msg: Message) -> bool:
-        """Whether the stage runner's dead letter of ``msg`` (its key, and its key and
-        value inside) fits one message, with an error message of at most 2,000 chars."""
-        k, v = len(msg.key() or b""), len(msg.value() or b"")
-        return 2 * k + v + 8_000 + _DLQ_SLACK <= message_max
-
-    def dead_letter_cut(msg: Message, out: Output, exc: Exception, reason: str,
-                        now_ms: int) -> None:
-        """A dead letter keeping as much of the original key and value as fits."""
-        key, value = msg.key() or b"", msg.value() or b""
-        dl = dead_letter_for(msg, "fanout", exc, reason, now_ms)
-        kept_key = key[:1024]
-        note = (f"original bytes cut to fit a dead letter: value {len(value):,} bytes, key "
-                f"{len(key):,} bytes; original_value and original_key hold their first "
-                "bytes only. ")
-        dl["error_message"] = (note + dl["error_message"])[:2000]
-        dl["original_key"] = kept_key if msg.key() is not None else None
-        dl["original_value"] = b"" if msg.value() is not None else None
-        room = message_max - len(kept_key) - len(dlq_codec.encode(dl)) - _DLQ_SLACK
-        if msg.value() is not None:
-            dl["original_value"] = value[:max(room, 0)]
-        out.add(TOPICS.dlq.base, kept_key if msg.key() is not None else None,
-                dlq_codec.encode(dl))
-        DLQ_TOTAL.labels(stage="fanout", reason=reason).inc()
-        log.warning("fanout: dead-lettered %s[%s]@%s (original bytes cut): %s", msg.topic(),
-                    msg.partition(), msg.offset(), exc)
-
-    def handle(msg: Message, out: Output, now_ms: int) -> None:
-        try:
-            fan_out(msg, out, now_ms)
-        except DeadLetterError as exc:
-            if fits(msg):
-                raise  # the stage runner dead-letters it, original bytes whole
-            dead_letter_cut(msg, out, exc, exc.reason, now_ms)
-        except Exception as exc:  # a defect: as the stage runner does, but so that it fits
-            if fits(msg):
-                raise
-            log.exception("fanout: unexpected error on %s@%s", msg.topic(), msg.offset())
-            dead_letter_cut(msg, out, exc, "internal_error", now_ms)
-
     consumer = make_consumer(settings, GROUP)
     producer = TxnProducer.create(settings, "fanout")
     try:
-        run_stage("fanout", settings, consumer, producer, [TOPICS.conversions.base], handle, stop,
+        run_stage("fanout", settings, consumer, producer, [TOPICS.conversions.base], fan_out, stop,
                   group=GROUP)
     finally:
         cache.stop()

@@ -28,7 +28,7 @@ from postbacks.kafka.clients import (
     make_consumer,
     records,
 )
-from postbacks.kafka.stage import Output, commit_batch, dead_letter_for
+from postbacks.kafka.stage import Output, commit_batch, dead_letter_for, message_max
 from postbacks.kafka.txn import TxnProducer
 from postbacks.kafka.watchdog import subscribe_watched
 from postbacks.metrics import DLQ_TOTAL, LATENCY, RELAY_PAUSED, STAGE_RECORDS
@@ -60,6 +60,7 @@ def run_relay(
 
     consumer = make_consumer(settings, GROUP)
     producer = TxnProducer.create(settings, "relay")
+    limit = message_max(settings, "relay")
     inputs = [settings.topic(t.base) for t in (*TOPICS.retry, TOPICS.quarantine)]
     subscribe_watched(consumer, inputs, settings, GROUP, stop, on_revoke=on_revoke)
     processed = STAGE_RECORDS.labels(stage="relay")
@@ -68,7 +69,7 @@ def run_relay(
             heads = [_due(q[0][1]) or 0 for q in held.values() if q]
             msgs = consume_ready(consumer, settings.batch_size,
                                  wait_s(heads, int(clock() * 1000)))
-            batch = _Batch(int(clock() * 1000), codec, dlq)
+            batch = _Batch(int(clock() * 1000), codec, dlq, limit)
             now_ms = batch.now_ms
             release = batch.release
             for key, queue in list(held.items()):
@@ -106,8 +107,9 @@ def run_relay(
 class _Batch:
     """What one loop turn republishes (or dead-letters) and the offsets it commits."""
 
-    def __init__(self, now_ms: int, codec: Codec, dlq: Codec) -> None:
+    def __init__(self, now_ms: int, codec: Codec, dlq: Codec, limit: int) -> None:
         self.now_ms = now_ms
+        self.limit = limit  # what one message of the relay's producer may hold
         self.out = Output()
         self.offsets: dict[tuple[str, int], int] = {}
         self._codec = codec
@@ -117,8 +119,8 @@ class _Batch:
         self.offsets[(m.topic() or "", m.partition() or 0)] = (m.offset() or 0) + 1
         if isinstance(d, DeadLetterError):
             DLQ_TOTAL.labels(stage="relay", reason=d.reason).inc()
-            dl = dead_letter_for(m, "relay", d, d.reason, self.now_ms)
-            self.out.add(TOPICS.dlq.base, m.key(), self._dlq.encode(dl))
+            dl = dead_letter_for(m, "relay", d, d.reason, self.now_ms, limit=self.limit)
+            self.out.add(TOPICS.dlq.base, dl["original_key"], self._dlq.encode(dl))
             return
         if d["due_at"] is not None:
             LATENCY.labels(phase="relay_lateness").observe((self.now_ms - d["due_at"]) / 1000)

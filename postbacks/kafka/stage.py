@@ -3,7 +3,9 @@
 consume a batch -> decode -> core -> encode -> produce -> send offsets -> commit, with the
 outputs of the batch and its input offsets in **one Kafka transaction**. A record that can
 never be processed becomes a DeadLetter (original bytes kept) inside the same transaction,
-so a bad record neither crashes the process nor stalls its partition. On an abortable
+so a bad record neither crashes the process nor stalls its partition. A dead letter that
+would not fit one message of the stage's producer keeps only the first bytes of the
+original value and key, and says so (:func:`dead_letter_for`). On an abortable
 transaction error the batch is aborted and the consumer rewound to its committed offsets.
 """
 
@@ -27,7 +29,7 @@ from confluent_kafka import (
 from postbacks.codec import codec_for
 from postbacks.core.outcomes import make_dead_letter
 from postbacks.errors import DeadLetterError
-from postbacks.kafka.clients import consume_ready, records
+from postbacks.kafka.clients import consume_ready, records, transactional_config
 from postbacks.kafka.txn import TxnProducer, retrying
 from postbacks.kafka.watchdog import guard, subscribe_watched
 from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS, TXN_SECONDS
@@ -35,9 +37,14 @@ from postbacks.records import DeadLetterRecord
 from postbacks.settings import Settings
 from topics import TOPICS
 
-__all__ = ["Emit", "Output", "commit_batch", "dead_letter_for", "run_stage"]
+__all__ = ["MESSAGE_MAX", "Emit", "Output", "commit_batch", "dead_letter_for", "message_max",
+           "run_stage"]
 
 log = logging.getLogger(__name__)
+
+MESSAGE_MAX = 1_000_000  # librdkafka's message.max.bytes when the config does not set it
+_DLQ_SLACK = 512  # per-message and length-prefix overhead around a dead letter's bytes
+_KEY_KEPT = 1024  # the first bytes of the original key a cut dead letter keeps
 
 
 @dataclass(slots=True)
@@ -53,15 +60,42 @@ class Output:
 Emit = Callable[[Message, Output, int], None]
 
 
+def message_max(settings: Settings, stage: str) -> int:
+    """What one message of ``stage``'s transactional producer may hold (librdkafka refuses
+    more with MSG_SIZE_TOO_LARGE, which aborts the whole transaction)."""
+    return int(transactional_config(settings, stage).get("message.max.bytes", MESSAGE_MAX))
+
+
 def dead_letter_for(
     msg: Message, stage: str, exc: BaseException, reason: str, now_ms: int,
     *, delivery_id: str | None = None, endpoint_id: str | None = None,
+    limit: int = MESSAGE_MAX,
 ) -> DeadLetterRecord:
-    return make_dead_letter(
+    """The dead letter of ``msg``, original bytes kept. If it would not fit a message of
+    ``limit`` bytes with its original key as the message's key, ``original_key`` keeps
+    the key's first kilobyte and ``original_value`` as much of the value as fits, and
+    ``error_message`` begins by saying so. Produce it keyed by its ``original_key``."""
+    dl = make_dead_letter(
         topic=msg.topic() or "", partition=msg.partition() or 0, offset=msg.offset() or 0,
         key=msg.key(), value=msg.value(), stage=stage, exc=exc, reason=reason, now_ms=now_ms,
         delivery_id=delivery_id, endpoint_id=endpoint_id,
     )
+    key, value = dl["original_key"], dl["original_value"]
+    encode = codec_for("DeadLetter").encode
+    if len(key or b"") + len(encode(dl)) + _DLQ_SLACK <= limit:
+        return dl
+    note = (f"original bytes cut to fit a dead letter: value {len(value or b''):,} bytes, "
+            f"key {len(key or b''):,} bytes; original_value and original_key hold their "
+            "first bytes only. ")
+    dl["error_message"] = (note + dl["error_message"])[:2000]
+    kept_key = None if key is None else key[:_KEY_KEPT]
+    dl["original_key"] = kept_key
+    if value is not None:
+        dl["original_value"] = b""
+        # less the longest length prefix (a zig-zag varint) the value's bytes can take
+        room = limit - len(kept_key or b"") - len(encode(dl)) - _DLQ_SLACK - 10
+        dl["original_value"] = value[:max(room, 0)]
+    return dl
 
 
 def _rewind(consumer: Consumer, deadline: float) -> None:
@@ -96,6 +130,7 @@ def run_stage(
     ``group``: the base name ``consumer`` was made with (``make_consumer``), for the group
     watch."""
     dlq_codec = codec_for("DeadLetter")
+    limit = message_max(settings, stage)
     subscribe_watched(consumer, [settings.topic(b) for b in input_bases], settings, group, stop)
     processed = STAGE_RECORDS.labels(stage=stage)
     try:
@@ -111,15 +146,15 @@ def run_stage(
                 try:
                     handle(m, out, now_ms)
                 except DeadLetterError as exc:
-                    dl = dead_letter_for(m, stage, exc, exc.reason, now_ms)
-                    out.add(TOPICS.dlq.base, m.key(), dlq_codec.encode(dl))
+                    dl = dead_letter_for(m, stage, exc, exc.reason, now_ms, limit=limit)
+                    out.add(TOPICS.dlq.base, dl["original_key"], dlq_codec.encode(dl))
                     DLQ_TOTAL.labels(stage=stage, reason=exc.reason).inc()
                     log.warning("%s: dead-lettered %s[%s]@%s: %s", stage, m.topic(),
                                 m.partition(), m.offset(), exc)
                 except Exception as exc:  # a bug must not stall the partition either
                     log.exception("%s: unexpected error on %s@%s", stage, m.topic(), m.offset())
-                    dl = dead_letter_for(m, stage, exc, "internal_error", now_ms)
-                    out.add(TOPICS.dlq.base, m.key(), dlq_codec.encode(dl))
+                    dl = dead_letter_for(m, stage, exc, "internal_error", now_ms, limit=limit)
+                    out.add(TOPICS.dlq.base, dl["original_key"], dlq_codec.encode(dl))
                     DLQ_TOTAL.labels(stage=stage, reason="internal_error").inc()
             if not offsets:
                 continue
