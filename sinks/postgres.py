@@ -9,6 +9,13 @@ DO NOTHING`` (:meth:`~sinks.tables.Table.write`). While PostgreSQL is down
 the sink rewinds, waits and retries; Kafka holds the backlog. A record the sink cannot
 decode is stored as a dead-letter row (stage ``sink``) with its original bytes.
 
+A record that decodes but that PostgreSQL refuses (a NUL character in a text or jsonb
+value, a text too long for its column's index: records from another producer than the
+stages, which check their own) fails its whole batch. The sink then rewinds, and re-reads
+that batch checking every row (:func:`row_problems`): a row with such a value becomes a
+dead-letter row (reason ``invalid_record``, the column named) and the rest are written.
+Rows are checked only then, so the check costs nothing in steady traffic.
+
 Delivery rows wait for their first outcome (and a ``delivered`` one for the attempt it
 reports) before they are written, already projected (:mod:`sinks.waiting`); the
 offsets stored never pass a waiting row. The projection statement re-derives the rows
@@ -49,7 +56,7 @@ from postbacks.ids import new_id
 from postbacks.kafka.clients import check_broker, make_consumer, records
 from postbacks.kafka.leaders import until_leader_known
 from postbacks.kafka.watchdog import subscribe_watched
-from postbacks.metrics import SINK_ROWS, SINK_WAITING, STAGE_RECORDS
+from postbacks.metrics import DLQ_TOTAL, SINK_ROWS, SINK_WAITING, STAGE_RECORDS
 from postbacks.settings import Settings
 from sinks import projection
 from sinks.intents import IntentBook
@@ -57,11 +64,48 @@ from sinks.tables import STAGING_DDL, TABLES, column_types, ts_from_ms, use_orjs
 from sinks.waiting import Partition, WaitingRows
 from topics import TOPICS
 
-__all__ = ["PostgresSink", "run_sink"]
+__all__ = ["INDEXED_TEXT_MAX", "PostgresSink", "row_problems", "run_sink"]
 
 log = logging.getLogger(__name__)
 
 GROUP = "postbacks-sink"
+
+# An indexed text value's bytes at most: a btree entry holds at most about 2,700 bytes, and
+# the widest index has three text columns. The stages' ids are at most 200 characters.
+INDEXED_TEXT_MAX = 800
+# Columns not indexed in their own table whose value the status projection copies into an
+# indexed column of ``deliveries`` (``last_error``).
+_FEEDS_INDEX = {"attempts": frozenset({"error_class"})}
+_INDEXED_SQL = (
+    "SELECT DISTINCT a.attname::text FROM pg_index i JOIN pg_attribute a"
+    " ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey::int2[])"
+    " WHERE i.indrelid = %s::regclass")
+
+
+def _nul_in(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_nul_in(k) or _nul_in(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_nul_in(v) for v in value)
+    return False
+
+
+def row_problems(columns: tuple[str, ...], row: tuple[Any, ...],
+                 indexed: frozenset[str]) -> list[str]:
+    """What PostgreSQL would refuse in ``row`` (``columns``' values): a NUL character in
+    any text or jsonb value (a key of it included), and a text value of an ``indexed``
+    column over :data:`INDEXED_TEXT_MAX` bytes in UTF-8; pure."""
+    problems: list[str] = []
+    for name, value in zip(columns, row, strict=True):
+        if _nul_in(value):
+            problems.append(f"{name} holds a NUL character")
+        elif (name in indexed and isinstance(value, str)
+              and len(value.encode(errors="replace")) > INDEXED_TEXT_MAX):
+            problems.append(f"{name} is {len(value.encode(errors='replace')):,} bytes, over the"
+                            f" {INDEXED_TEXT_MAX} its index takes")
+    return problems
 
 
 class PostgresSink:
@@ -83,6 +127,10 @@ class PostgresSink:
             settings.sink_defer_s if defer_s is None else defer_s,
             settings.sink_defer_max if defer_max is None else defer_max)
         self._intents = IntentBook(settings.attempt_lost_after_s)  # sinks/intents.py
+        # Partitions whose rows are checked before they are noted, up to an offset: those
+        # of a batch PostgreSQL refused for a value in it (:meth:`refused`).
+        self._checked: dict[Partition, int] = {}
+        self._indexed: dict[str, frozenset[str]] = {}  # per table, read when connecting
         self._deliveries = settings.topic(TOPICS.deliveries.base)
         self._by_topic = {
             settings.topic(TOPICS.deliveries.base): ("Delivery", TABLES["deliveries"]),
@@ -104,6 +152,9 @@ class PostgresSink:
             self._conn.execute(STAGING_DDL)
             use_orjson(self._conn)
             self._types = column_types(self._conn)
+            self._indexed = {
+                t.name: frozenset(r[0] for r in self._conn.execute(_INDEXED_SQL, (t.target,)))
+                | _FEEDS_INDEX.get(t.name, frozenset()) for t in TABLES.values()}
             ensure_attempt_partitions(self._conn, dt.datetime.now(dt.UTC).date())
             self._conn.commit()
         return self._conn
@@ -138,6 +189,7 @@ class PostgresSink:
             if topic == self._deliveries:
                 self._waiting.passed(tp, offset)
             self._rows["dead_letters"].append(self._undecodable(msg, exc, now_ms))
+            DLQ_TOTAL.labels(stage="sink", reason=exc.reason).inc()
 
     def add_record(self, topic: str, partition: int, offset: int, value: Any) -> None:
         """One decoded record read from ``topic``; its offset is stored with the rows at the
@@ -149,6 +201,12 @@ class PostgresSink:
             row = table.row(value)
         except (ValueError, OverflowError, OSError) as exc:
             raise InvalidRecord(f"{table.name}: a value the table cannot hold: {exc}") from exc
+        if self._checked and offset < self._checked.get((topic, partition), -1):
+            problems = row_problems(table.columns, row, self._indexed.get(table.name,
+                                                                          frozenset()))
+            if problems:
+                raise InvalidRecord(f"{table.name}: a value PostgreSQL refuses: "
+                                    + "; ".join(problems))
         self._offsets[(topic, partition)] = offset + 1
         if table.name == "attempts" and self._intents.add(value):
             return  # an intent: kept apart until its attempt's record comes
@@ -166,6 +224,17 @@ class PostgresSink:
                 self._touched.add(value["delivery_id"])
             if value.get("kind") == "suppressed" and "outcome_id" in value:
                 self._suppressed.append(value["outcome_id"])
+
+    def refused(self) -> bool:
+        """PostgreSQL refused the batch just flushed for a value in it: its partitions'
+        rows are checked when read again, up to where the batch ended. False when every
+        one of them was checked already (the refusal is not one the check knows)."""
+        new = False
+        for tp, end in self._offsets.items():
+            if end > self._checked.get(tp, -1):
+                self._checked[tp] = end
+                new = True
+        return new
 
     def _undecodable(self, msg: Message, exc: DeadLetterError, now_ms: int) -> tuple[Any, ...]:
         # The id comes from the record (where it was read, its bytes and timestamp): read
@@ -277,6 +346,9 @@ class PostgresSink:
             self._touched.clear()
             self._settled.clear()
             self._suppressed.clear()
+        for tp, o in self._offsets.items():
+            if self._checked.get(tp, o + 1) <= o:  # written past the refused batch's end
+                del self._checked[tp]
         self._offsets.clear()
         for name, n in written.items():
             SINK_ROWS.labels(table=name).inc(n)
@@ -355,6 +427,15 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
             try:
                 sink.flush()
                 processed.inc(len(msgs))
+            except (psycopg.DataError, psycopg.errors.ProgramLimitExceeded) as exc:
+                if sink.refused():
+                    log.warning("sink: PostgreSQL refused a value in the batch (%s); reading"
+                                " it again with every row checked", exc)
+                else:
+                    log.error("sink: PostgreSQL refused a batch whose rows all passed the"
+                              " check (%s); retrying", exc)
+                sink.discard()
+                _rewind_to_stored(consumer, sink, stop, retry_s)
             except (psycopg.OperationalError, psycopg.InterfaceError, OSError,
                     ServiceUnavailable) as exc:
                 log.warning("sink: PostgreSQL write failed (%s); rewinding and retrying", exc)

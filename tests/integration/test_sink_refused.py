@@ -1,0 +1,104 @@
+"""Records PostgreSQL refuses, reaching the sink from another producer than the stages (which
+check their own): a NUL character in a text or jsonb value, a text too long for its
+index. Each used to fail the sink's whole batch after every restart (or retry it for ever);
+now each becomes a dead-letter row naming the column, and every other row is written."""
+
+from __future__ import annotations
+
+import os
+
+import psycopg
+from confluent_kafka import Producer
+
+from postbacks.codec import codec_for
+from postbacks.core.outcomes import make_attempt, make_dead_letter, make_outcome
+from postbacks.errors import InvalidRecord
+from postbacks.settings import Settings
+from postbacks.tools.procs import Stack, wait_for
+from tests.kafka_util import scalar
+from tests.unit.factories import make_conversion, make_delivery
+from topics import TOPICS
+
+T0 = 1_700_000_000_000
+
+
+def test_values_postgresql_refuses_are_dead_lettered_and_the_rest_written(
+        settings: Settings, stack: Stack, namespace: str) -> None:
+    dc, ac, oc, xc = (codec_for(r) for r in ("Delivery", "Attempt", "Outcome", "DeadLetter"))
+    ep = f"ep_{namespace}"  # one key: every record on one partition of its topic
+    topic = {b: settings.topic(b) for b in (TOPICS.deliveries.base, TOPICS.attempts.base,
+                                           TOPICS.outcomes.base, TOPICS.dlq.base)}
+    p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers, "linger.ms": 20,
+                  "enable.idempotence": True})
+    n = 40
+
+    def good(i: int) -> None:
+        d = make_delivery(delivery_id=f"dlv_{namespace}_{i}", endpoint_id=ep,
+                          conversion=make_conversion(conversion_id=f"cv_{namespace}_{i}"))
+        p.produce(topic[TOPICS.deliveries.base], dc.encode(d), ep.encode())
+        p.produce(topic[TOPICS.attempts.base], ac.encode(make_attempt(
+            d, now_ms=T0 + i, result="delivered", req=None)), ep.encode())
+        p.produce(topic[TOPICS.outcomes.base], oc.encode(make_outcome(
+            d, "delivered", now_ms=T0 + 500 + i)), ep.encode())
+
+    base = make_delivery(delivery_id=f"dlv_{namespace}_x", endpoint_id=ep)
+    hostile: list[tuple[str, bytes, str]] = [  # (topic, value, the column named)
+        (TOPICS.deliveries.base, dc.encode(make_delivery(
+            delivery_id=f"dlv_{namespace}_nul", endpoint_id=ep,
+            conversion=make_conversion(conversion_id="cv_nul\x00"))), "conversion_id"),
+        (TOPICS.deliveries.base, dc.encode(make_delivery(
+            delivery_id=f"dlv_{namespace}_snap", endpoint_id=ep,
+            conversion=make_conversion(source_snapshot={"player": "p\x00"}))), "snapshot"),
+        (TOPICS.deliveries.base, dc.encode(make_delivery(
+            delivery_id=f"dlv_{namespace}_long", endpoint_id=ep,
+            conversion=make_conversion(conversion_id="cv_" + os.urandom(1500).hex()))),
+         "conversion_id"),
+        (TOPICS.attempts.base, ac.encode(make_attempt(
+            base, now_ms=T0, result="failed", req=None, error_message="bad\x00")),
+         "error_message"),
+        (TOPICS.attempts.base, ac.encode(make_attempt(  # copied into deliveries.last_error
+            base, now_ms=T0, result="failed", req=None, error_class=os.urandom(1500).hex())),
+         "error_class"),
+        (TOPICS.outcomes.base, oc.encode(make_outcome(
+            base, "failed", now_ms=T0, reason="r\x00")), "reason"),
+        (TOPICS.dlq.base, xc.encode(make_dead_letter(
+            topic="x", partition=0, offset=1, key=None, value=b"v", stage="elsewhere",
+            exc=InvalidRecord("why\x00"), reason="invalid_record", now_ms=T0)),
+         "error_message"),
+    ]
+    for i in range(n):
+        good(i)
+        if i % 5 == 2 and i // 5 < len(hostile):
+            t, value, _ = hostile[i // 5]
+            p.produce(topic[t], value, ep.encode())
+    assert p.flush(60) == 0
+
+    sink = stack.start("sink", "sink")
+    dead = ("SELECT origin_topic, error_message FROM dead_letters WHERE stage = 'sink'"
+            " AND reason = 'invalid_record' AND origin_topic = ANY(%s)")
+
+    def stored() -> tuple[int, int, int, int]:
+        like = (ep,)
+        return (
+            int(scalar(settings, "SELECT count(*) FROM deliveries WHERE endpoint_id = %s",
+                       like)),
+            int(scalar(settings, "SELECT count(*) FROM delivery_attempts WHERE endpoint_id"
+                       " = %s AND result = 'delivered'", like)),
+            int(scalar(settings, "SELECT count(*) FROM delivery_outcomes WHERE endpoint_id"
+                       " = %s AND kind = 'delivered'", like)),
+            int(scalar(settings, dead.replace("origin_topic, error_message", "count(*)"),
+                       (list(topic.values()),))))
+
+    wait_for(lambda: stored() == (n, n, n, len(hostile)), 90,
+             what="every good row and a dead letter for each refused one", progress=stored)
+    with psycopg.connect(settings.database_url) as conn:
+        letters = conn.execute(dead, (list(topic.values()),)).fetchall()
+    for t, _value, column in hostile:
+        assert any(origin == topic[t] and f"{column} " in message
+                   for origin, message in letters), (t, column, letters)
+    assert scalar(settings, "SELECT count(*) FROM deliveries WHERE endpoint_id = %s"
+                  " AND status = 'delivered'", (ep,)) == n
+    assert sink.alive()
+    log = sink.tail(4000)
+    assert "reading it again with every row checked" in log
+    assert "Traceback" not in log and "ERROR" not in log, log

@@ -1,0 +1,33 @@
+"""The sink's check of a row PostgreSQL refused a batch for (sinks.postgres.row_problems);
+the refusal itself, through Kafka and PostgreSQL, is tests/integration/test_sink_refused.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sinks.postgres import INDEXED_TEXT_MAX, row_problems
+
+COLUMNS = ("id", "note", "doc", "raw", "n")
+INDEXED = frozenset({"id"})
+
+
+@pytest.mark.parametrize(("row", "named"), [
+    (("a" * INDEXED_TEXT_MAX, "x" * 10_000, {"k": ["v"]}, b"\x00", 1), []),  # at the limits
+    (("é" * (INDEXED_TEXT_MAX // 2), None, None, None, None), []),
+    (("a" * (INDEXED_TEXT_MAX + 1), None, None, None, None), ["id is 801 bytes"]),
+    (("é" * (INDEXED_TEXT_MAX // 2 + 1), None, None, None, None), ["id is 802 bytes"]),
+    (("a\x00", None, None, None, None), ["id holds a NUL"]),
+    (("a", "n\x00", None, None, None), ["note holds a NUL"]),
+    (("a", None, {"k": {"deep": ["x", "y\x00"]}}, None, None), ["doc holds a NUL"]),
+    (("a", None, {"k\x00": 1}, None, None), ["doc holds a NUL"]),
+    (("a\x00" * 500, "\x00", None, None, None), ["id holds a NUL", "note holds a NUL"]),
+    (("a", "\udcff", None, None, None), []),  # a lone surrogate: not this check's
+])
+def test_what_postgresql_refuses_is_named_by_column(row: tuple[Any, ...],
+                                                    named: list[str]) -> None:
+    problems = row_problems(COLUMNS, row, INDEXED)
+    assert len(problems) == len(named)
+    for problem, words in zip(problems, named, strict=True):
+        assert problem.startswith(words), problems
