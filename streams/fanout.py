@@ -28,8 +28,10 @@ import threading
 from confluent_kafka import Message
 
 from postbacks.codec import codec_for
+from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS
 from postbacks.core.event_types import EVENT_TYPES
 from postbacks.core.fanout import plan_deliveries, validate_conversion
+from postbacks.core.instants import MAX_FUTURE_MS, MIN_OCCURRED_AT_MS
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
 from postbacks.errors import DeadLetterError, InvalidRecord
@@ -48,9 +50,6 @@ log = logging.getLogger(__name__)
 GROUP = "postbacks-fanout"
 
 MAX_ID_CHARS = 200  # event_id, conversion_id, app_id, goal_id (as the backfill import)
-MAX_PAYOUT_MICROS = 10**12  # USD 1,000,000 for one conversion
-MIN_OCCURRED_AT_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
-MAX_FUTURE_MS = 3_600_000  # occurred_at at most 1 h ahead of the fan-out's clock
 TOO_LARGE = "too_large"
 _HEADROOM = 65_536  # what later stages add to a delivery (hold reason, errors, override)
 _IDS = ("event_id", "conversion_id", "app_id", "goal_id")

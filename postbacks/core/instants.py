@@ -17,10 +17,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-__all__ = ["MAX_MS", "MIN_MS", "InstantError", "parse_instant"]
+__all__ = ["MAX_FUTURE_MS", "MAX_MS", "MIN_MS", "MIN_OCCURRED_AT_MS", "InstantError",
+           "parse_instant"]
 
 MIN_MS = 0  # 1970-01-01T00:00:00Z
 MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+# A conversion's ``occurred_at`` (the gate's event time): from 2000-01-01T00:00:00Z (before
+# it, epoch seconds where milliseconds belong) to 1 h ahead of the reader's clock (past it,
+# microseconds, or a wrong clock, that would move event-time windows into the future).
+MIN_OCCURRED_AT_MS = 946_684_800_000
+MAX_FUTURE_MS = 3_600_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS = timedelta(milliseconds=1)
 _MAX_LEN = 64  # longer strings are garbage, not instants

@@ -41,7 +41,7 @@ from postbacks.core.anomaly import (
     payout_input,
     retrodated,
 )
-from postbacks.core.anomaly.detectors import NO_BASELINE
+from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS, NO_BASELINE, event_time_input
 from postbacks.core.anomaly.endpoint_state import EndpointState, dump, restore
 from postbacks.core.anomaly.modes import HoldReason
 from postbacks.core.anomaly.persist import (
@@ -59,6 +59,7 @@ from postbacks.core.anomaly.rolling import (
     reset_arms,
 )
 from postbacks.core.anomaly.rolling import add as rolling_add
+from postbacks.core.instants import MAX_FUTURE_MS, MIN_OCCURRED_AT_MS
 from postbacks.core.outcomes import make_dead_letter, make_outcome
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import (
@@ -245,8 +246,11 @@ class GateEngine:
             ep, conv = d["endpoint_id"], d["conversion"]
             t = self._scope(ep, get)
             pay = conv["payout_usd_micros"]
-            micros = pay if type(pay) is int and pay >= 0 else payout_input(pay)
+            micros = (pay if type(pay) is int and 0 <= pay <= MAX_PAYOUT_MICROS
+                      else payout_input(pay))
             at = conv["occurred_at"]
+            if not MIN_OCCURRED_AT_MS <= at <= now_ms + MAX_FUTURE_MS:
+                micros = event_time_input(micros, at, now_ms)
             if rec.offset > t.offset:  # not counted in the endpoint's state yet
                 st = t.state if type(micros) is not int else rolling_add(t.state, at, micros)
                 self.scopes[ep] = t = dataclasses.replace(t, state=st, offset=rec.offset)
@@ -278,7 +282,10 @@ class GateEngine:
                 ep_rate = as_rate_result(scored)
             retro = retrodated(conv["source_created_at"], conv["source_completed_at"],
                                cfg.window_ms(ep))
-            decision = decide(ep, modes, retro, ep_rate, None, halts)
+            # A payout that cannot be counted cannot be judged by the global scope either
+            # (the aggregator's): under its enforce it is held, naming the field.
+            decision = decide(ep, modes, retro, ep_rate,
+                              micros if isinstance(micros, MissingInputs) else None, halts)
             if decision.metrics:
                 _count(decision.metrics)
             d["enqueued_at"] = now_ms

@@ -123,8 +123,10 @@ def test_trips_hold_their_scope_survive_restart_and_rebalance_and_close_only_by_
     mode(settings, "endpoint", x, "value_rate", "enforce", multiple=3.0,
          floor_micros=50_000_000, k=5.0)
     feed = GateFeed(settings)
-    t0 = feed.hour_ago(weeks=3)
-    # Three weeks of history, one $10 delivery an hour on x and on y.
+    # Three weeks of history, one $10 delivery an hour on x and on y, ending 4 hours ago:
+    # every event time below stays in the past (the gate does not count a payout more
+    # than an hour ahead of its clock).
+    t0 = feed.hour_ago(weeks=3) - 4 * 3_600_000
     for hour in range(3 * 168):
         feed.send(x, t0 + hour * 3_600_000, 10_000_000)
         feed.send(y, t0 + hour * 3_600_000, 10_000_000)

@@ -8,7 +8,10 @@ silent drop. The second test runs the stages behind fan-out (gate, sink) on the 
 that used to stop them: a NUL character and a long id (the sink failed on the row after
 every restart), a payout near 2^63 (the gate's per-minute sum overflowed its Avro long and
 the gate restarted without end), an ``occurred_at`` far in the future (the gate counted
-every later payout of the partition in that future minute).
+every later payout of the partition in that future minute). The third puts deliveries
+with such values straight onto ``deliveries.v1``, past the fan-out's checks, as another
+producer could: the gate does not count them, and holds them under enforce, naming the
+field.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from confluent_kafka import KafkaError, Message, Producer
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
 from postbacks.codec import MAGIC, codec_for, load_schema_versions
+from postbacks.db.anomaly import set_mode
+from postbacks.db.connect import connect
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
 from postbacks.tools.seed import app_id_for, seed_endpoints
@@ -358,3 +363,37 @@ def test_records_that_stopped_the_gate_or_the_sink_are_dead_lettered_and_both_ke
         assert proc.alive(), name
         assert "restarting in place" not in proc.tail(4000), proc.tail(60)
         assert "Traceback" not in proc.tail(4000), proc.tail(60)
+
+
+def test_deliveries_the_gate_cannot_count_are_held_naming_the_field_and_it_keeps_going(
+        settings: Settings, stack: Stack, namespace: str) -> None:
+    now = int(time.time() * 1000)
+    at = now - now % 60_000 + 1  # every good record in one event-time minute
+    with connect(settings.database_url) as conn:
+        set_mode(conn, scope="global", scope_key=settings.anomaly_global_key,
+                 detector="value_rate", mode="enforce", params=None, actor="test")
+        conn.commit()
+    feed = GateFeed(settings)
+    ep = f"ep_{namespace}"
+    hostile = {  # delivery id -> the field its held outcome names
+        feed.send(ep, at, 2**63 - 1): "payout_usd_micros (unparseable)",
+        feed.send(ep, at, 2**63 - 1): "payout_usd_micros (unparseable)",
+        feed.send(ep, 2**62, GOOD_PAYOUT, source_created_at=at,
+                  source_completed_at=at): "occurred_at (unparseable)",
+        feed.send(ep, at // 1000, GOOD_PAYOUT): "occurred_at (unparseable)",  # seconds
+    }
+    goods = [feed.send(ep, at, GOOD_PAYOUT) for _ in range(3)]
+    feed.flush()
+    gate = stack.start("gate", "gate")
+    feed.wait_outputs(len(hostile) + len(goods), timeout=120)
+    assert sorted(feed.dispatched) == sorted(goods)
+    assert {d["delivery_id"]: d["hold_reason"] for d in feed.held()} == dict.fromkeys(
+        hostile, "missing_anomaly_inputs")
+    reasons = {o["delivery_id"]: o["reason"] for o in (
+        decode("Outcome", m) for m in read_topic(settings, TOPICS.outcomes.base, len(hostile)))}
+    assert reasons == {d: f"missing_anomaly_inputs: {f}" for d, f in hostile.items()}
+    feed.wait_partials_applied(timeout=60)
+    assert feed.partial_sum(at) == len(goods) * GOOD_PAYOUT
+    assert gate.alive()
+    assert "restarting in place" not in gate.tail(4000), gate.tail(60)
+    assert "Traceback" not in gate.tail(4000), gate.tail(60)

@@ -23,6 +23,7 @@ from postbacks.core.anomaly.endpoint_state import restore
 from postbacks.core.anomaly.rolling import ENDPOINT_ROLLING, GLOBAL_ROLLING
 from postbacks.core.anomaly.rolling_codec import to_dict
 from postbacks.core.anomaly.windows import DAY_MS, HOUR_MS
+from postbacks.core.instants import MAX_FUTURE_MS, MIN_OCCURRED_AT_MS
 from postbacks.db.anomaly import AnomalyRow
 from streams.anomaly_gate.config import HaltBook, StateChange, build_config, core_scope
 from streams.anomaly_gate.engine import (
@@ -473,3 +474,51 @@ def test_a_partition_sought_back_below_its_decided_run_is_decided_again() -> Non
         d["delivery_id"] for d in on(run(gate(), {}, batch[:6]), "dispatch.v1")]
     again = run(engine, store, batch[2:4])  # inside the run now: skipped
     assert again.redelivered == 2
+
+
+# (field name in the held reason, the conversion's values) for inputs the gate cannot count
+_UNCOUNTABLE = [
+    ("payout_usd_micros (unparseable)", {"payout_usd_micros": 2**63 - 1}),
+    ("payout_usd_micros (unparseable)", {"payout_usd_micros": 10**12 + 1}),
+    ("occurred_at (unparseable)", {"at": NOW + HOUR_MS + 1}),  # microseconds, a wrong clock
+    ("occurred_at (unparseable)", {"at": 1_700_000_000}),  # epoch seconds
+    ("payout_usd_micros (missing), occurred_at (unparseable)",
+     {"payout_usd_micros": None, "at": 2**62}),
+]
+
+
+@pytest.mark.parametrize(("named", "conv"), _UNCOUNTABLE)
+@pytest.mark.parametrize("scope", ["endpoint", "global"])
+def test_an_uncountable_payout_is_held_under_enforce_naming_the_field(
+        named: str, conv: dict[str, Any], scope: str) -> None:
+    """Not counted in the endpoint's state nor the partition's partial (an overflowing
+    sum, or a window moved into the future, used to stop the gate or skew every later
+    payout), and held under either scope's enforce, the field named."""
+    key = "ep_1" if scope == "endpoint" else GKEY
+    engine = gate(row(scope, key, "value_rate", "enforce"))
+    store: dict[str, Any] = {}
+    out = run(engine, store, [rec(0), rec(1, **conv), rec(2)])
+    assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == ["dlv_ep_1_0", "dlv_ep_1_2"]
+    assert [(d["delivery_id"], d["hold_reason"]) for d in on(out, "held.v1")] == [
+        ("dlv_ep_1_1", "missing_anomaly_inputs")]
+    assert [o["reason"] for o in on(out, "outcomes.v1", OUTCOME)] == [
+        f"missing_anomaly_inputs: {named}"]
+    part, _ = engine.partials[0]
+    assert (part.window_start, part.total, part.count) == (
+        T0, 2 * make_conversion()["payout_usd_micros"], 2)
+
+
+def test_an_uncountable_payout_under_detect_is_sent_and_counted() -> None:
+    before = sample("webhook_missing_anomaly_inputs_total", mode="detect")
+    out = run(gate(row("global", GKEY, "value_rate", "detect")), {},
+              [rec(0, at=NOW + 2 * HOUR_MS)])
+    assert (out.dispatched, out.held) == (1, 0)
+    assert sample("webhook_missing_anomaly_inputs_total", mode="detect") == before + 1
+
+
+def test_the_edges_of_a_countable_payout_are_counted() -> None:
+    engine = gate(row("global", GKEY, "value_rate", "enforce"))
+    out = run(engine, {}, [rec(0, at=NOW + MAX_FUTURE_MS, payout_usd_micros=10**12),
+                           rec(1, at=MIN_OCCURRED_AT_MS, payout_usd_micros=0, partition=1)])
+    assert (out.dispatched, out.held) == (2, 0)
+    assert engine.partials[0][0].total == 10**12

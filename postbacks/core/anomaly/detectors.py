@@ -21,9 +21,16 @@ import math
 from dataclasses import dataclass
 
 from postbacks.core.anomaly.windows import DAY_MS
-from postbacks.core.instants import MAX_MS, InstantError, parse_instant
+from postbacks.core.instants import (
+    MAX_FUTURE_MS,
+    MAX_MS,
+    MIN_OCCURRED_AT_MS,
+    InstantError,
+    parse_instant,
+)
 
 __all__ = [
+    "MAX_PAYOUT_MICROS",
     "MISSING_PAYOUT",
     "NO_BASELINE",
     "RETRODATING_WINDOW_MS",
@@ -34,12 +41,14 @@ __all__ = [
     "RateResult",
     "Within",
     "as_ms",
+    "event_time_input",
     "instant_input",
     "payout_input",
     "retrodated",
 ]
 
 RETRODATING_WINDOW_MS = 7 * DAY_MS
+MAX_PAYOUT_MICROS = 10**12  # USD 1,000,000 for one conversion: more is not a payout
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +125,30 @@ _BAD_PAYOUT = MissingInputs(("payout_usd_micros",), ("payout_usd_micros",))
 
 
 def payout_input(value: object) -> int | MissingInputs:
-    """The payout in micros, or MissingInputs when absent, unparseable or negative."""
+    """The payout in micros, or MissingInputs when absent, unparseable, negative or over
+    :data:`MAX_PAYOUT_MICROS` (summed per minute, such payouts overflowed a long)."""
     if value is None:
         return MISSING_PAYOUT
     micros = value if type(value) is int else as_ms(value)
-    return _BAD_PAYOUT if micros is None or micros < 0 else micros
+    return (_BAD_PAYOUT if micros is None or micros < 0 or micros > MAX_PAYOUT_MICROS
+            else micros)
+
+
+_OCCURRED = "occurred_at"
+_BAD_OCCURRED = MissingInputs((_OCCURRED,), (_OCCURRED,))
+
+
+def event_time_input(micros: int | MissingInputs, occurred_at: int,
+                     now_ms: int) -> int | MissingInputs:
+    """``micros`` (from :func:`payout_input`), or MissingInputs naming ``occurred_at`` too
+    when the payout's event time is before 2000 or more than an hour ahead of ``now_ms``:
+    a payout that cannot be placed in time is not counted in any window."""
+    if MIN_OCCURRED_AT_MS <= occurred_at <= now_ms + MAX_FUTURE_MS:
+        return micros
+    if type(micros) is int:
+        return _BAD_OCCURRED
+    assert isinstance(micros, MissingInputs)
+    return MissingInputs((*micros.fields, _OCCURRED), (*micros.unparseable, _OCCURRED))
 
 
 @dataclass(frozen=True, slots=True)
