@@ -17,6 +17,7 @@ replayed (a held one is released by a reviewer; a pending one is still in flight
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from collections.abc import Sequence
@@ -181,7 +182,7 @@ def create_replay(
             + " (only delivered, exhausted or dead-lettered deliveries are replayed: held ones"
             " are released by a reviewer; pending, failing, quarantined, released and replayed"
             " ones are still in flight; rejected and suppressed ones are never sent; queued"
-            " ones already have a replay waiting to be published)", 409)
+            " ones already have a replay waiting to be published or not yet recorded)", 409)
     if not ok:
         raise ActionError("no replayable deliveries match; nothing was replayed", 404)
     diff: list[tuple[str, str, str]] = []
@@ -292,19 +293,28 @@ def _resolve_render_failures(conn: psycopg.Connection[Any], p: Principal,
 
 
 _REPLAY_LOCK = 7_424_611_002  # serialises replay creation (queued replays, per-app limit)
+# A published replay whose outcome the sink has not recorded after this long (the sink
+# down, the outcome lost) no longer blocks another: the delivery could not be replayed again.
+IN_FLIGHT_FOR = dt.timedelta(hours=1)
 
 
 def _queued(conn: psycopg.Connection[Any], topic_prefix: str, delivery_ids: list[str]
             ) -> set[str]:
-    """Those of ``delivery_ids`` a replay has queued for this deployment's topics and the
-    drainer not yet published: a second replay would re-drive them twice. (Unpublished
-    items are few; their partial index finds them.)"""
+    """Those of ``delivery_ids`` with a replay in flight for this deployment's topics: queued
+    and not yet published by the drainer, or published less than :data:`IN_FLIGHT_FOR`
+    ago and its ``replayed`` outcome not yet in ``delivery_outcomes`` (until the sink
+    records it, the delivery's status is still the one before the replay). A second
+    replay would re-drive them twice."""
     if not delivery_ids:
         return set()
     return {r[0] for r in conn.execute(
         "SELECT DISTINCT i.delivery_id FROM replay_items i JOIN replay_jobs j USING (job_id)"
-        " WHERE i.published_at IS NULL AND j.state = 'queued' AND j.topic_prefix = %s"
-        " AND i.delivery_id = ANY(%s)", (topic_prefix, delivery_ids))}
+        " WHERE i.delivery_id = ANY(%s) AND j.topic_prefix = %s AND ("
+        "  (i.published_at IS NULL AND j.state = 'queued')"
+        "  OR (i.outcome_id IS NOT NULL AND i.published_at > now() - %s"
+        "      AND NOT EXISTS (SELECT 1 FROM delivery_outcomes o"
+        "                      WHERE o.outcome_id = i.outcome_id)))",
+        (delivery_ids, topic_prefix, IN_FLIGHT_FOR))}
 
 
 def preview_edit(conn: psycopg.Connection[Any], settings: Settings, p: Principal,

@@ -8,8 +8,10 @@ second's worth, so a new bulk replay starts smoothly) and one for all endpoints
 and publishes, in ONE Kafka transaction, each delivery (original id and idempotency key,
 ``trigger="manual"``, ``triggered_by`` = the job's actor, due now, the job's override) to
 ``retry.5s.v1`` plus a ``replayed`` outcome. Only after Kafka commits are the items marked
-published in PostgreSQL: a crash in between publishes them again (same idempotency key:
-the receiver's dedupe and the sink's keys absorb it), never loses one.
+published in PostgreSQL, each with its ``replayed`` outcome's id: a crash in between
+publishes them again (same idempotency key: the receiver's dedupe and the sink's keys
+absorb it), never loses one. Until the sink has recorded that outcome, the console takes
+the delivery's replay as in flight (:func:`~replay_console.actions.create_replay`).
 
 One drainer runs at a time per deployment (a PostgreSQL advisory lock on the topic
 prefix; a job is drained only by a drainer with the prefix it was created under): the
@@ -104,7 +106,7 @@ class Drainer:
         ).fetchall()
         now_ms = int(time.time() * 1000)
         items: list[Item] = []
-        done: list[tuple[str, int, str | None]] = []
+        done: list[tuple[str, int, str | None, str | None]] = []  # (.., error, outcome)
         dcodec, ocodec = codec_for("Delivery"), codec_for("Outcome")
         for (job_id, seq, delivery_id, endpoint_id, actor, override, key, snapshot,
              created_at, attempts, status, suppressed, kind) in self._fair(rows):
@@ -116,12 +118,12 @@ class Drainer:
             self.tokens[endpoint_id] = have - 1
             self.total_tokens -= 1
             if snapshot is None:
-                done.append((job_id, seq, "delivery row is gone"))
+                done.append((job_id, seq, "delivery row is gone", None))
                 continue
             if suppressed or not redrivable(status, kind):
                 # changed since the replay was queued (held, suppressed, rejected, in flight)
                 done.append((job_id, seq, "not replayed: it is now "
-                             + ("suppressed" if suppressed else str(status))))
+                             + ("suppressed" if suppressed else str(status)), None))
                 continue
             try:
                 d = redrive_record(
@@ -131,7 +133,7 @@ class Drainer:
                     override=None if override is None else json.dumps(override, sort_keys=True),
                 )
             except ValueError as exc:
-                done.append((job_id, seq, str(exc)[:500]))
+                done.append((job_id, seq, str(exc)[:500], None))
                 continue
             if kind == "rerender":
                 # re-rendered with the config just fixed: due once every agent has read it
@@ -141,18 +143,18 @@ class Drainer:
             outcome = make_outcome(d, "replayed", now_ms=now_ms, actor=actor,
                                    reason=f"replayed by {actor} (job {job_id})")
             items.append((self.outcome_topic, k, ocodec.encode(outcome)))
-            done.append((job_id, seq, None))
+            done.append((job_id, seq, None, outcome["outcome_id"]))
         if not done:
             return 0
         self.publisher.publish(items)  # raises ServiceUnavailable: nothing marked
         with conn.transaction(), conn.cursor() as cur:
             cur.executemany(
-                "UPDATE replay_items SET published_at = now(), error = %s"
+                "UPDATE replay_items SET published_at = now(), error = %s, outcome_id = %s"
                 " WHERE job_id = %s AND seq = %s",
-                [(err, job, seq) for job, seq, err in done],
+                [(err, oid, job, seq) for job, seq, err, oid in done],
             )
             jobs: dict[str, int] = {}
-            for job, _seq, _err in done:
+            for job, _seq, _err, _oid in done:
                 jobs[job] = jobs.get(job, 0) + 1
             cur.executemany(
                 "UPDATE replay_jobs SET published = published + %s,"
@@ -160,7 +162,7 @@ class Drainer:
                 " finished_at = CASE WHEN published + %s >= total THEN now() END"
                 " WHERE job_id = %s", [(n, n, n, job) for job, n in jobs.items()],
             )
-        sent = sum(1 for _j, _s, err in done if err is None)
+        sent = sum(1 for _j, _s, err, _o in done if err is None)
         CONSOLE_REPLAYED.inc(sent)
         return sent
 

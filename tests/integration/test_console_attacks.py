@@ -474,7 +474,8 @@ def test_filters_and_paging_refuse_injection_and_out_of_range(
 def test_the_same_delivery_is_never_queued_twice(settings: Settings, namespace: str) -> None:
     """A replay of a delivery that already has a replay waiting to be published is refused
     (409): one after the other, two at once (exactly one wins), inside a bulk replay (left
-    out, counted as queued) and through the page; the drainer then publishes it once."""
+    out, counted as queued) and through the page; the drainer then publishes it once. Once
+    published, it is refused until the sink has recorded the replay (for at most an hour)."""
     ns = namespace
     w = _world(settings, ns)
     s = dataclasses.replace(settings, console_replay_per_app_hour=0)
@@ -519,6 +520,26 @@ def test_the_same_delivery_is_never_queued_twice(settings: Settings, namespace: 
     with connect(s.database_url) as conn:
         assert conn.execute("SELECT count(*) FROM audit_log WHERE target_id = %s AND action"
                             " LIKE 'delivery.%%'", (f"dlv_{ns}_5",)).fetchone() == (1,)
+    # Published, and its `replayed` outcome not yet recorded by the sink (none runs here):
+    # the delivery's status is still `delivered`, and the replay is still in flight.
+    with console_server(s) as port:
+        sup = Client(port, bearer=token(s, f"sup4-{ns}", "support"))
+        for n in (5, 8):
+            r = sup.post(f"/api/v1/deliveries/dlv_{ns}_{n}/replay", body={})
+            assert r.status == 409 and "not yet recorded" in r.json()["error"], r.text
+        with connect(s.database_url) as conn:  # the sink records 5's outcome
+            assert conn.execute(
+                "INSERT INTO delivery_outcomes (outcome_id, delivery_id, endpoint_id, app_id,"
+                " kind, attempt_no, occurred_at) SELECT i.outcome_id, i.delivery_id,"
+                " i.endpoint_id, i.app_id, 'replayed', 0, now() FROM replay_items i"
+                " WHERE i.delivery_id = %s", (f"dlv_{ns}_5",)).rowcount == 1
+            # 8's was published over an hour ago and never recorded (the sink was down)
+            conn.execute("UPDATE replay_items SET published_at = now() - interval '61 min'"
+                         " WHERE delivery_id = %s", (f"dlv_{ns}_8",))
+            conn.commit()
+        for n in (5, 8):
+            r = sup.post(f"/api/v1/deliveries/dlv_{ns}_{n}/replay", body={})
+            assert r.status == 202, r.text
 
 
 def test_replays_are_bounded(settings: Settings, namespace: str) -> None:
