@@ -73,9 +73,15 @@ GROUP = "postbacks-sink"
 # An indexed text value's bytes at most: a btree entry holds at most about 2,700 bytes, and
 # the widest index has three text columns. The stages' ids are at most 200 characters.
 INDEXED_TEXT_MAX = 800
-# Columns not indexed in their own table whose value the status projection copies into an
-# indexed column of ``deliveries`` (``last_error``).
-_FEEDS_INDEX = {"attempts": frozenset({"error_class"})}
+# Columns whose value the sink copies into an indexed column of another table, later or by
+# statement: the status projection (attempts.error_class -> deliveries.last_error,
+# outcomes.kind -> deliveries.status), endpoint health (attempts.endpoint_id), suppressions
+# (outcomes.endpoint_id). Their length is checked on every row: a refusal there comes after
+# the row itself is stored, where reading its batch again would not find it.
+_FEEDS_INDEX = {
+    name: tuple((TABLES[name].columns.index(c), c) for c in cols)
+    for name, cols in (("attempts", ("endpoint_id", "error_class")),
+                       ("outcomes", ("endpoint_id", "kind")))}
 _INDEXED_SQL = (
     "SELECT DISTINCT a.attname::text FROM pg_index i JOIN pg_attribute a"
     " ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey::int2[])"
@@ -154,7 +160,7 @@ class PostgresSink:
             self._types = column_types(self._conn)
             self._indexed = {
                 t.name: frozenset(r[0] for r in self._conn.execute(_INDEXED_SQL, (t.target,)))
-                | _FEEDS_INDEX.get(t.name, frozenset()) for t in TABLES.values()}
+                for t in TABLES.values()}
             ensure_attempt_partitions(self._conn, dt.datetime.now(dt.UTC).date())
             self._conn.commit()
         return self._conn
@@ -201,6 +207,13 @@ class PostgresSink:
             row = table.row(value)
         except (ValueError, OverflowError, OSError) as exc:
             raise InvalidRecord(f"{table.name}: a value the table cannot hold: {exc}") from exc
+        for i, column in _FEEDS_INDEX.get(table.name, ()):
+            v = row[i]
+            if (isinstance(v, str) and len(v) > INDEXED_TEXT_MAX // 4
+                    and len(v.encode(errors="replace")) > INDEXED_TEXT_MAX):
+                raise InvalidRecord(
+                    f"{table.name}: {column} is {len(v.encode(errors='replace')):,} bytes, over"
+                    f" the {INDEXED_TEXT_MAX} the index it is copied into takes")
         if self._checked and offset < self._checked.get((topic, partition), -1):
             problems = row_problems(table.columns, row, self._indexed.get(table.name,
                                                                           frozenset()))
@@ -347,7 +360,8 @@ class PostgresSink:
             self._settled.clear()
             self._suppressed.clear()
         for tp, o in self._offsets.items():
-            if self._checked.get(tp, o + 1) <= o:  # written past the refused batch's end
+            stored = self._waiting.stored(tp, o)
+            if self._checked.get(tp, stored + 1) <= stored:  # stored past the refused batch
                 del self._checked[tp]
         self._offsets.clear()
         for name, n in written.items():

@@ -13,6 +13,7 @@ from confluent_kafka import Producer
 from postbacks.codec import codec_for
 from postbacks.core.outcomes import make_attempt, make_dead_letter, make_outcome
 from postbacks.errors import InvalidRecord
+from postbacks.records import DeliveryRecord
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
 from tests.kafka_util import scalar
@@ -56,9 +57,6 @@ def test_values_postgresql_refuses_are_dead_lettered_and_the_rest_written(
         (TOPICS.attempts.base, ac.encode(make_attempt(
             base, now_ms=T0, result="failed", req=None, error_message="bad\x00")),
          "error_message"),
-        (TOPICS.attempts.base, ac.encode(make_attempt(  # copied into deliveries.last_error
-            base, now_ms=T0, result="failed", req=None, error_class=os.urandom(1500).hex())),
-         "error_class"),
         (TOPICS.outcomes.base, oc.encode(make_outcome(
             base, "failed", now_ms=T0, reason="r\x00")), "reason"),
         (TOPICS.dlq.base, xc.encode(make_dead_letter(
@@ -98,6 +96,45 @@ def test_values_postgresql_refuses_are_dead_lettered_and_the_rest_written(
                    for origin, message in letters), (t, column, letters)
     assert scalar(settings, "SELECT count(*) FROM deliveries WHERE endpoint_id = %s"
                   " AND status = 'delivered'", (ep,)) == n
+    # Values the sink copies into another table's index once the row is stored (the
+    # status projection, endpoint health): for deliveries already written, and for one
+    # still waiting for its first outcome; each refused on the row itself, as it is read.
+    def second(i: int) -> DeliveryRecord:  # delivery i, in its second round
+        return make_delivery(delivery_id=f"dlv_{namespace}_{i}", endpoint_id=ep, attempt=1,
+                             conversion=make_conversion(conversion_id=f"cv_{namespace}_{i}"))
+
+    long_text = os.urandom(1500).hex()
+    late: list[tuple[str, bytes, str]] = [
+        (TOPICS.attempts.base, ac.encode(make_attempt(  # -> deliveries.last_error
+            second(3), now_ms=T0 + 9_000, result="failed", req=None, error_class=long_text)),
+         "error_class"),
+        (TOPICS.outcomes.base, oc.encode(make_outcome(  # -> deliveries.status
+            second(4), long_text, now_ms=T0 + 9_000)), "kind"),
+    ]
+    waiting = make_delivery(delivery_id=f"dlv_{namespace}_w", endpoint_id=ep,
+                            conversion=make_conversion(conversion_id=f"cv_{namespace}_w"))
+    p.produce(topic[TOPICS.deliveries.base], dc.encode(waiting), ep.encode())
+    for t, value, _ in late:
+        p.produce(topic[t], value, ep.encode())
+    p.produce(topic[TOPICS.attempts.base], ac.encode(make_attempt(  # for the waiting row
+        waiting, now_ms=T0 + 9_500, result="failed", req=None, error_class=long_text)),
+        ep.encode())
+    late.append((TOPICS.attempts.base, b"", "error_class"))  # (counted, not produced again)
+    p.produce(topic[TOPICS.outcomes.base], oc.encode(make_outcome(
+        waiting, "delivered", now_ms=T0 + 9_900)), ep.encode())
+    assert p.flush(60) == 0
+    hostile += late
+    wait_for(lambda: stored() == (n + 1, n, n + 1, len(hostile)), 90,
+             what="the late rows and a dead letter for each refused one", progress=stored)
+    with psycopg.connect(settings.database_url) as conn:
+        letters = conn.execute(dead, (list(topic.values()),)).fetchall()
+        statuses = conn.execute("SELECT status, count(*) FROM deliveries WHERE endpoint_id"
+                                " = %s GROUP BY 1", (ep,)).fetchall()
+    assert sum(1 for origin, message in letters if origin == topic[TOPICS.attempts.base]
+               and "error_class " in message) == 2, letters
+    assert sum(1 for origin, message in letters if origin == topic[TOPICS.outcomes.base]
+               and "kind " in message) == 1, letters
+    assert dict(statuses) == {"delivered": n + 1}, statuses
     assert sink.alive()
     log = sink.tail(4000)
     assert "reading it again with every row checked" in log
