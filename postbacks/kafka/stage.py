@@ -37,8 +37,8 @@ from postbacks.records import DeadLetterRecord
 from postbacks.settings import Settings
 from topics import TOPICS
 
-__all__ = ["MESSAGE_MAX", "Emit", "Output", "commit_batch", "dead_letter_for", "message_max",
-           "run_stage"]
+__all__ = ["MESSAGE_MAX", "Emit", "Output", "commit_batch", "dead_letter_for",
+           "fit_dead_letter", "message_max", "run_stage"]
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +75,16 @@ def dead_letter_for(
     ``limit`` bytes with its original key as the message's key, ``original_key`` keeps
     the key's first kilobyte and ``original_value`` as much of the value as fits, and
     ``error_message`` begins by saying so. Produce it keyed by its ``original_key``."""
-    dl = make_dead_letter(
+    return fit_dead_letter(make_dead_letter(
         topic=msg.topic() or "", partition=msg.partition() or 0, offset=msg.offset() or 0,
         key=msg.key(), value=msg.value(), stage=stage, exc=exc, reason=reason, now_ms=now_ms,
         delivery_id=delivery_id, endpoint_id=endpoint_id,
-    )
+    ), limit)
+
+
+def fit_dead_letter(dl: DeadLetterRecord, limit: int = MESSAGE_MAX) -> DeadLetterRecord:
+    """``dl`` as :func:`dead_letter_for` leaves it: cut to fit a message of ``limit`` bytes
+    keyed by its ``original_key`` (for stages that build their own dead letters)."""
     key, value = dl["original_key"], dl["original_value"]
     encode = codec_for("DeadLetter").encode
     if len(key or b"") + len(encode(dl)) + _DLQ_SLACK <= limit:

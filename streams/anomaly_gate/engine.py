@@ -41,7 +41,12 @@ from postbacks.core.anomaly import (
     payout_input,
     retrodated,
 )
-from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS, NO_BASELINE, event_time_input
+from postbacks.core.anomaly.detectors import (
+    MAX_AHEAD_MS,
+    MAX_PAYOUT_MICROS,
+    NO_BASELINE,
+    event_time_input,
+)
 from postbacks.core.anomaly.endpoint_state import EndpointState, dump, restore
 from postbacks.core.anomaly.modes import HoldReason
 from postbacks.core.anomaly.persist import (
@@ -59,9 +64,10 @@ from postbacks.core.anomaly.rolling import (
     reset_arms,
 )
 from postbacks.core.anomaly.rolling import add as rolling_add
-from postbacks.core.instants import MAX_FUTURE_MS, MIN_OCCURRED_AT_MS
+from postbacks.core.instants import MIN_OCCURRED_AT_MS
 from postbacks.core.outcomes import make_dead_letter, make_outcome
 from postbacks.errors import DeadLetterError
+from postbacks.kafka.stage import fit_dead_letter
 from postbacks.metrics import (
     ANOMALY_ENDPOINT_SPAN_EXPECTED,
     ANOMALY_ENDPOINT_SPAN_OBSERVED,
@@ -143,9 +149,11 @@ def _count(signals: tuple[Signal, ...]) -> None:
 
 
 def dead_letter(rec: In, exc: BaseException, reason: str, now_ms: int) -> DeadLetterRecord:
-    return make_dead_letter(topic=rec.topic, partition=rec.partition, offset=rec.offset,
-                            key=rec.key, value=rec.value, stage="gate", exc=exc,
-                            reason=reason, now_ms=now_ms)
+    """Cut to fit one message of the gate's producer (Faust's ``producer_max_request_size``,
+    1,000,000 bytes by default, as librdkafka's): keyed by its ``original_key``."""
+    return fit_dead_letter(make_dead_letter(
+        topic=rec.topic, partition=rec.partition, offset=rec.offset, key=rec.key,
+        value=rec.value, stage="gate", exc=exc, reason=reason, now_ms=now_ms))
 
 
 class GateEngine:
@@ -239,8 +247,8 @@ class GateEngine:
             try:
                 d: DeliveryRecord = self._delivery.decode(rec.value)  # type: ignore[assignment]
             except DeadLetterError as exc:
-                out.records.append((TOPICS.dlq.base, rec.key,
-                                    self._dlq.encode(dead_letter(rec, exc, exc.reason, now_ms))))
+                dl = dead_letter(rec, exc, exc.reason, now_ms)
+                out.records.append((TOPICS.dlq.base, dl["original_key"], self._dlq.encode(dl)))
                 out.dead += 1
                 continue
             ep, conv = d["endpoint_id"], d["conversion"]
@@ -249,7 +257,7 @@ class GateEngine:
             micros = (pay if type(pay) is int and 0 <= pay <= MAX_PAYOUT_MICROS
                       else payout_input(pay))
             at = conv["occurred_at"]
-            if not MIN_OCCURRED_AT_MS <= at <= now_ms + MAX_FUTURE_MS:
+            if not MIN_OCCURRED_AT_MS <= at <= now_ms + MAX_AHEAD_MS:
                 micros = event_time_input(micros, at, now_ms)
             if rec.offset > t.offset:  # not counted in the endpoint's state yet
                 st = t.state if type(micros) is not int else rolling_add(t.state, at, micros)

@@ -19,11 +19,12 @@ from postbacks.core.anomaly import (
     Mode,
     Trip,
 )
+from postbacks.core.anomaly.detectors import MAX_AHEAD_MS
 from postbacks.core.anomaly.endpoint_state import restore
 from postbacks.core.anomaly.rolling import ENDPOINT_ROLLING, GLOBAL_ROLLING
 from postbacks.core.anomaly.rolling_codec import to_dict
 from postbacks.core.anomaly.windows import DAY_MS, HOUR_MS
-from postbacks.core.instants import MAX_FUTURE_MS, MIN_OCCURRED_AT_MS
+from postbacks.core.instants import MIN_OCCURRED_AT_MS
 from postbacks.db.anomaly import AnomalyRow
 from streams.anomaly_gate.config import HaltBook, StateChange, build_config, core_scope
 from streams.anomaly_gate.engine import (
@@ -418,6 +419,20 @@ def test_undecodable_records_go_to_the_dlq_and_the_batch_goes_on() -> None:
     assert (out.dead, out.dispatched) == (2, 1)
 
 
+def test_an_undecodable_record_near_the_broker_limit_gets_a_dead_letter_that_fits() -> None:
+    """The broker takes up to 1,048,588 bytes from another producer; the gate's producer
+    sends at most 1,000,000 (a dead letter over it aborted the gate's batch for ever)."""
+    big = b"\xc3" + bytes(1_040_000)
+    out = run(gate(), {}, [In("deliveries.v1", 0, 5, b"k" * 3000, big), rec(6)])
+    [(_, key, value)] = [r for r in out.records if r[0] == "dlq.v1"]
+    assert len(key or b"") + len(value) <= 1_000_000 - 512
+    dl = DLQ.decode(value)
+    assert key == dl["original_key"] == b"k" * 1024
+    assert big.startswith(dl["original_value"]) and len(dl["original_value"]) > 990_000
+    assert dl["error_message"].startswith("original bytes cut to fit a dead letter")
+    assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == ["dlv_ep_1_6"]
+
+
 def test_partials_are_throttled_but_a_closed_window_and_the_commit_get_theirs() -> None:
     """Partials are cumulative: skipping intermediate ones loses nothing, the final partial
     of a window is sent at once, and ``take_partials`` (before every commit) sends the rest."""
@@ -480,7 +495,7 @@ def test_a_partition_sought_back_below_its_decided_run_is_decided_again() -> Non
 _UNCOUNTABLE = [
     ("payout_usd_micros (unparseable)", {"payout_usd_micros": 2**63 - 1}),
     ("payout_usd_micros (unparseable)", {"payout_usd_micros": 10**12 + 1}),
-    ("occurred_at (unparseable)", {"at": NOW + HOUR_MS + 1}),  # microseconds, a wrong clock
+    ("occurred_at (unparseable)", {"at": NOW + MAX_AHEAD_MS + 1}),  # a wrong clock
     ("occurred_at (unparseable)", {"at": 1_700_000_000}),  # epoch seconds
     ("payout_usd_micros (missing), occurred_at (unparseable)",
      {"payout_usd_micros": None, "at": 2**62}),
@@ -518,7 +533,7 @@ def test_an_uncountable_payout_under_detect_is_sent_and_counted() -> None:
 
 def test_the_edges_of_a_countable_payout_are_counted() -> None:
     engine = gate(row("global", GKEY, "value_rate", "enforce"))
-    out = run(engine, {}, [rec(0, at=NOW + MAX_FUTURE_MS, payout_usd_micros=10**12),
+    out = run(engine, {}, [rec(0, at=NOW + MAX_AHEAD_MS, payout_usd_micros=10**12),
                            rec(1, at=MIN_OCCURRED_AT_MS, payout_usd_micros=0, partition=1)])
     assert (out.dispatched, out.held) == (2, 0)
     assert engine.partials[0][0].total == 10**12
