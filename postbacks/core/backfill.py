@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS
 from postbacks.core.event_types import EVENT_TYPES
 from postbacks.core.identity import delivery_id
-from postbacks.core.instants import InstantError, parse_instant
+from postbacks.core.instants import MIN_OCCURRED_AT_MS, InstantError, parse_instant
 from postbacks.ids import derived_id
 from postbacks.records import ConversionEvent
 
@@ -59,7 +60,6 @@ _TIMES = ("occurred_at", "source_created_at", "source_completed_at", "created_at
 _ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$", re.ASCII)
 _SNAP = "snapshot."
 _LEGACY = "legacy_"
-_MAX_MICROS = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +141,8 @@ def _micros(row: Mapping[str, Any]) -> int | None:
         if not re.fullmatch(r"-?[0-9]{1,19}", s):
             raise ValueError(f"payout_usd_micros {s[:40]!r} is not a whole number of micros")
         micros = int(s)
-    if micros < 0 or micros > _MAX_MICROS:
-        raise ValueError("payout must be between 0 and 9.2e12 USD")
+    if micros < 0 or micros > MAX_PAYOUT_MICROS:
+        raise ValueError("payout must be between 0 and 1,000,000 USD")
     return micros
 
 
@@ -207,6 +207,9 @@ def candidate(line: int, row: Mapping[str, Any]) -> Candidate:
     occurred = times["occurred_at"] or times["source_created_at"]
     if occurred is None:
         raise ValueError("occurred_at is required (or source_created_at)")
+    if occurred < MIN_OCCURRED_AT_MS:
+        raise ValueError(f"occurred_at {occurred} is before 2000-01-01T00:00:00Z (epoch "
+                         "seconds where epoch milliseconds are expected?)")
     event_id = _ident(row.get("event_id"), "event_id", False) or derived_id(
         "evt", "backfill", legacy)
     conv = ConversionEvent(

@@ -10,9 +10,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from postbacks.cli_output import fail, print_table
+from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS
 from postbacks.core.anomaly.recommend import DayRow
 from postbacks.core.anomaly.rolling import RollingThresholds
-from postbacks.core.instants import InstantError, parse_instant
+from postbacks.core.instants import MIN_OCCURRED_AT_MS, InstantError, parse_instant
 from postbacks.settings import Settings
 
 __all__ = ["apply", "iso", "minute_of", "parse_ms", "print_days", "read_range"]
@@ -34,14 +35,16 @@ def iso(ms: int | None) -> str:
 
 
 def minute_of(occurred_at: object, payout: object) -> tuple[int, int] | None:
-    """(event-time minute, payout micros) of one record; None when either is unusable
-    (the gate holds those under enforce as missing inputs; they carry no rate)."""
-    if type(payout) is not int or payout < 0:
+    """(event-time minute, payout micros) of one record; None when either is unusable as
+    the gate judges it (a payout over USD 1M, an ``occurred_at`` before 2000): the gate
+    holds those under enforce as missing inputs, and they carry no rate."""
+    if type(payout) is not int or not 0 <= payout <= MAX_PAYOUT_MICROS:
         return None
     try:
-        return parse_instant(occurred_at, "occurred_at") // 60_000, payout
+        at = parse_instant(occurred_at, "occurred_at")
     except InstantError:
         return None
+    return None if at < MIN_OCCURRED_AT_MS else (at // 60_000, payout)
 
 
 def read_range(settings: Settings, since: int, until: int) -> Iterator[dict[str, Any]]:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from postbacks.cli_output import fail, print_json, print_table
+from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS
 from postbacks.core.anomaly.endpoint_state import ENDPOINT_POLICY
 from postbacks.core.anomaly.recommend import (
     MIN_H,
@@ -33,6 +34,7 @@ from postbacks.core.anomaly.recommend import (
     calibrate,
 )
 from postbacks.core.anomaly.rolling import ENDPOINT_ROLLING, RollingThresholds
+from postbacks.core.instants import MIN_OCCURRED_AT_MS
 from postbacks.settings import Settings
 from streams.anomaly_gate.calibrate_common import apply, iso, minute_of, print_days, read_range
 
@@ -50,10 +52,11 @@ def endpoint_minutes_from_db(settings: Settings, since: int, until: int) -> Endp
         cur = conn.execute(
             "SELECT endpoint_id, (snapshot->>'occurred_at')::bigint / 60000 AS m,"
             " sum(payout_usd_micros)::bigint, count(*) FROM deliveries"
-            " WHERE payout_usd_micros IS NOT NULL AND payout_usd_micros >= 0"
+            " WHERE payout_usd_micros BETWEEN 0 AND %s"
             " AND snapshot->>'occurred_at' ~ '^[0-9]+$'"
             " AND (snapshot->>'occurred_at')::bigint >= %s"
-            " AND (snapshot->>'occurred_at')::bigint < %s GROUP BY 1, 2", (since, until))
+            " AND (snapshot->>'occurred_at')::bigint < %s GROUP BY 1, 2",
+            (MAX_PAYOUT_MICROS, max(since, MIN_OCCURRED_AT_MS), until))
         for ep, m, micros, n in cur:
             out[str(ep)][int(m)] = [int(micros), int(n)]
     return dict(out)

@@ -24,8 +24,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict
 
 from postbacks.cli_output import fail, print_json
+from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS
 from postbacks.core.anomaly.recommend import MIN_H, Calibration, calibrate, recommend
 from postbacks.core.anomaly.rolling import RollingThresholds
+from postbacks.core.instants import MIN_OCCURRED_AT_MS
 from postbacks.settings import Settings
 from streams.anomaly_gate.calibrate_common import (
     apply,
@@ -51,10 +53,11 @@ def _from_db(settings: Settings, since: int, until: int) -> Minutes:
         cur = conn.execute(
             "SELECT (snapshot->>'occurred_at')::bigint / 60000 AS m,"
             " sum(payout_usd_micros)::bigint, count(*) FROM deliveries"
-            " WHERE payout_usd_micros IS NOT NULL AND payout_usd_micros >= 0"
+            " WHERE payout_usd_micros BETWEEN 0 AND %s"
             " AND snapshot->>'occurred_at' ~ '^[0-9]+$'"
             " AND (snapshot->>'occurred_at')::bigint >= %s"
-            " AND (snapshot->>'occurred_at')::bigint < %s GROUP BY 1", (since, until))
+            " AND (snapshot->>'occurred_at')::bigint < %s GROUP BY 1",
+            (MAX_PAYOUT_MICROS, max(since, MIN_OCCURRED_AT_MS), until))
         for m, micros, n in cur:
             out[int(m)] = [int(micros), int(n)]
     return out

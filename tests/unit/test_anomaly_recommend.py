@@ -17,6 +17,7 @@ from postbacks.core.anomaly.recommend import (
     recommend,
 )
 from postbacks.core.anomaly.rolling import GLOBAL_ROLLING, RollingThresholds, SpanScore
+from streams.anomaly_gate.calibrate_common import minute_of
 
 USD = 1_000_000
 WEEK_MIN = 7 * 24 * 60
@@ -117,3 +118,18 @@ def test_the_margin_and_the_minimum() -> None:
 ])
 def test_needed_h(sc: SpanScore, want: float | None) -> None:
     assert needed_h(sc, GLOBAL_ROLLING) == want
+
+
+@pytest.mark.parametrize(("occurred_at", "payout", "got"), [
+    (1_700_000_060_000, 5, (28_333_334, 5)),
+    ("2023-11-14T22:14:20Z", 0, (28_333_334, 0)),
+    (1_700_000_060_000, 10**12, (28_333_334, 10**12)),
+    (1_700_000_060_000, 10**12 + 1, None),  # over USD 1M: the gate does not count it
+    (1_700_000_060_000, -1, None),
+    (1_700_000_060_000, None, None),
+    (1_700_000_060, 5, None),  # epoch seconds: before 2000
+    ("yesterday", 5, None),
+])
+def test_calibration_counts_what_the_gate_counts(occurred_at: object, payout: object,
+                                                 got: tuple[int, int] | None) -> None:
+    assert minute_of(occurred_at, payout) == got

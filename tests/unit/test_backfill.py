@@ -56,6 +56,9 @@ def test_the_event_id_is_stable_per_legacy_row() -> None:
     ({"payout_usd": "abc"}, "payout_usd 'abc' is not a decimal"),
     ({"payout_usd_micros": "1.5"}, "payout_usd_micros"),
     ({"payout_usd_micros": -1}, "payout must be between"),
+    ({"payout_usd_micros": 10**12 + 1}, "payout must be between 0 and 1,000,000 USD"),
+    ({"payout_usd": "1000000.000001"}, "payout must be between"),
+    ({"occurred_at": 1_700_000_000}, "before 2000-01-01"),  # epoch seconds
     ({"payout_usd": "1", "payout_usd_micros": 1}, "not both"),
     ({"conversion_id": "cv\x00"}, "conversion_id"),
     ({"last_error": "x" * 5000}, "last_error is longer"),

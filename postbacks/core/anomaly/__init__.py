@@ -6,10 +6,12 @@ How a gate instance uses it, per delivery (``conv = delivery["conversion"]``)::
 
     modes = resolve_modes(settings_rows, endpoint_id)              # missing row = off
     retro = retrodated(conv["source_created_at"], conv["source_completed_at"], window_ms)
+    payout = event_time_input(payout_input(conv["payout_usd_micros"]), at, now_ms)
+    # a MissingInputs payout is counted nowhere: it is both scopes' missing input
     state = rolling.add(state, conv["occurred_at"], payout)       # the endpoint's state
     ep_rate = rolling.as_rate_result(rolling.evaluate(state, thresholds, now_ms=at))
     part = accumulate(part, conv["occurred_at"], payout)          # partial for the roll-up
-    match decide(endpoint_id, modes, retro, ep_rate, None, halts):
+    match decide(endpoint_id, modes, retro, ep_rate, missing_payout_or_none, halts):
         case Deliver(metrics=m): ...                               # -> dispatch.v1
         case Hold(reason=r, metrics=m, trips=t): ...               # persist t, -> held.v1
 

@@ -30,6 +30,7 @@ from postbacks.core.instants import (
 )
 
 __all__ = [
+    "MAX_AHEAD_MS",
     "MAX_PAYOUT_MICROS",
     "MISSING_PAYOUT",
     "NO_BASELINE",
@@ -48,6 +49,9 @@ __all__ = [
 ]
 
 RETRODATING_WINDOW_MS = 7 * DAY_MS
+# How far ahead of its clock the gate counts a payout: the fan-out's bound, plus slack for
+# a gate whose clock is behind the fan-out's (it would hold what the fan-out accepted).
+MAX_AHEAD_MS = MAX_FUTURE_MS + 10 * 60_000
 MAX_PAYOUT_MICROS = 10**12  # USD 1,000,000 for one conversion: more is not a payout
 
 
@@ -141,9 +145,9 @@ _BAD_OCCURRED = MissingInputs((_OCCURRED,), (_OCCURRED,))
 def event_time_input(micros: int | MissingInputs, occurred_at: int,
                      now_ms: int) -> int | MissingInputs:
     """``micros`` (from :func:`payout_input`), or MissingInputs naming ``occurred_at`` too
-    when the payout's event time is before 2000 or more than an hour ahead of ``now_ms``:
-    a payout that cannot be placed in time is not counted in any window."""
-    if MIN_OCCURRED_AT_MS <= occurred_at <= now_ms + MAX_FUTURE_MS:
+    when the payout's event time is before 2000 or more than :data:`MAX_AHEAD_MS` ahead of
+    ``now_ms``: a payout that cannot be placed in time is not counted in any window."""
+    if MIN_OCCURRED_AT_MS <= occurred_at <= now_ms + MAX_AHEAD_MS:
         return micros
     if type(micros) is int:
         return _BAD_OCCURRED
