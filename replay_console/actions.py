@@ -17,7 +17,6 @@ replayed (a held one is released by a reviewer; a pending one is still in flight
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 from collections.abc import Sequence
@@ -58,10 +57,19 @@ REPLAYABLE = ("delivered", "exhausted", "dead_lettered")
 # is a render failure (``render_failed: ...``, written when the agent could not render it).
 RERENDERABLE = ("suppressed", "exhausted", "dead_lettered")
 RENDER_FAILED = "render_failed"
-# ... and not already queued by a replay the drainer has yet to publish
+# A replay item (qi, of job qj) in flight: queued and not yet published by the drainer, or
+# published less than an hour ago and its ``replayed`` outcome not yet in
+# ``delivery_outcomes`` (until the sink records it, the delivery's status is still the one
+# before the replay). After an hour without it (the sink down, the outcome lost) it no
+# longer blocks another replay: the delivery could not be replayed again.
+IN_FLIGHT = ("((qi.published_at IS NULL AND qj.state = 'queued')"
+             " OR (qi.outcome_id IS NOT NULL AND qi.published_at > now() - interval '1 hour'"
+             "     AND NOT EXISTS (SELECT 1 FROM delivery_outcomes o"
+             "                     WHERE o.outcome_id = qi.outcome_id)))")
+# ... and not already in flight in a replay
 RERENDER_NOT_QUEUED = ("NOT EXISTS (SELECT 1 FROM replay_items qi JOIN replay_jobs qj"
                        " USING (job_id) WHERE qi.delivery_id = d.delivery_id"
-                       " AND qi.published_at IS NULL AND qj.state = 'queued')")
+                       f" AND {IN_FLIGHT})")
 
 
 def redrivable(status: str | None, kind: str) -> bool:
@@ -293,28 +301,18 @@ def _resolve_render_failures(conn: psycopg.Connection[Any], p: Principal,
 
 
 _REPLAY_LOCK = 7_424_611_002  # serialises replay creation (queued replays, per-app limit)
-# A published replay whose outcome the sink has not recorded after this long (the sink
-# down, the outcome lost) no longer blocks another: the delivery could not be replayed again.
-IN_FLIGHT_FOR = dt.timedelta(hours=1)
 
 
 def _queued(conn: psycopg.Connection[Any], topic_prefix: str, delivery_ids: list[str]
             ) -> set[str]:
-    """Those of ``delivery_ids`` with a replay in flight for this deployment's topics: queued
-    and not yet published by the drainer, or published less than :data:`IN_FLIGHT_FOR`
-    ago and its ``replayed`` outcome not yet in ``delivery_outcomes`` (until the sink
-    records it, the delivery's status is still the one before the replay). A second
-    replay would re-drive them twice."""
+    """Those of ``delivery_ids`` with a replay in flight (:data:`IN_FLIGHT`) for this
+    deployment's topics: a second replay would re-drive them twice."""
     if not delivery_ids:
         return set()
     return {r[0] for r in conn.execute(
-        "SELECT DISTINCT i.delivery_id FROM replay_items i JOIN replay_jobs j USING (job_id)"
-        " WHERE i.delivery_id = ANY(%s) AND j.topic_prefix = %s AND ("
-        "  (i.published_at IS NULL AND j.state = 'queued')"
-        "  OR (i.outcome_id IS NOT NULL AND i.published_at > now() - %s"
-        "      AND NOT EXISTS (SELECT 1 FROM delivery_outcomes o"
-        "                      WHERE o.outcome_id = i.outcome_id)))",
-        (delivery_ids, topic_prefix, IN_FLIGHT_FOR))}
+        "SELECT DISTINCT qi.delivery_id FROM replay_items qi JOIN replay_jobs qj"
+        f" USING (job_id) WHERE qi.delivery_id = ANY(%s) AND qj.topic_prefix = %s AND {IN_FLIGHT}",
+        (delivery_ids, topic_prefix))}
 
 
 def preview_edit(conn: psycopg.Connection[Any], settings: Settings, p: Principal,
