@@ -138,7 +138,9 @@ def run_pipeline_latency(base: Settings, rate: float, seconds: float, log_dir: P
         slow = sorted(((times[k] - t) * 1000, t - t0) for k, t in sent.items())[-len(lat) // 100:]
         say(f"pipeline latency at {rate:.0f} conversions/s over {len(lat)} deliveries: "
             f"p50 {pct(lat, 50):.0f} ms, p99 {pct(lat, 99):.0f} ms, max {max(lat):.0f} ms; "
-            "the slowest 1% sent at s " + ", ".join(sorted({f"{x:.1f}" for _, x in slow})))
+            "the slowest 1% sent at s " + ", ".join(sorted({f"{x:.1f}" for _, x in slow}))
+            + f" of the timed traffic (from {time.strftime('%H:%M:%S', time.localtime(t0))}"
+            f".{int(t0 * 1000) % 1000:03d}, this host's clock)")
         say("by hop (p50 / p99 ms): " + "; ".join(
             f"{name} {pct(v, 50):.0f} / {pct(v, 99):.0f}" for name, v in split.items() if v))
         say("transactions (mean ms: offset send / commit; count): " + "; ".join(

@@ -27,6 +27,9 @@ KAFKA_CTRL_PORT=${POSTBACKS_KAFKA_CONTROLLER_PORT:-19093}
 PG_PORT=${POSTBACKS_PG_PORT:-15432}
 TIMEOUT=${POSTBACKS_SERVICES_TIMEOUT:-90}
 PG_EXTRA_DBS=${POSTBACKS_PG_EXTRA_DBS:-}
+# Extra JVM options for the broker, split on spaces (e.g. GC logging:
+# POSTBACKS_KAFKA_JVM_EXTRA="-Xlog:gc:file=/tmp/kafka-gc.log:time,uptime").
+read -r -a KAFKA_JVM_EXTRA <<<"${POSTBACKS_KAFKA_JVM_EXTRA:-}"
 PG_USER=postbacks
 PG_DB=postbacks
 
@@ -344,7 +347,7 @@ kafka_up() {
     nohup "$JAVA" -Xms256m -Xmx768m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
       -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent \
       -Djava.awt.headless=true \
-      -Dlog4j2.configurationFile="$LOG4J_CONF" \
+      -Dlog4j2.configurationFile="$LOG4J_CONF" "${KAFKA_JVM_EXTRA[@]}" \
       -cp "$LIB/*" kafka.Kafka "$KAFKA_PROPS" \
     >>"$KAFKA_LOG" 2>&1 </dev/null 9>&-
   local i
