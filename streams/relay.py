@@ -6,7 +6,9 @@ already fetched behind it are kept, in order, in memory (at most one batch), the
 as they fall due; the partition resumes when they are gone. The consumer keeps polling
 (so it stays in its group) with a poll timeout no longer than the wait for the earliest
 paused head: records are never released early, and late by about one poll. Republishing
-and the input offsets go in one Kafka transaction.
+and the input offsets go in one Kafka transaction. A ``due_at`` further ahead than any
+configuration schedules (:data:`~postbacks.core.delay.MAX_AHEAD_MS`) would stop its
+partition until then: that delivery is dead-lettered (``invalid_record``) instead.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from postbacks.codec import Codec, codec_for
-from postbacks.core.delay import is_due, wait_s
-from postbacks.errors import DeadLetterError
+from postbacks.core.delay import due_too_far, is_due, wait_s
+from postbacks.errors import DeadLetterError, InvalidRecord
 from postbacks.kafka.clients import (
     check_broker,
     consume_ready,
@@ -82,7 +84,11 @@ def run_relay(
                 key = (m.topic() or "", m.partition() or 0)
                 d: DeliveryRecord | DeadLetterError
                 try:
-                    d = codec.decode(m.value())  # type: ignore[assignment]
+                    rec: DeliveryRecord = codec.decode(m.value())  # type: ignore[assignment]
+                    why = due_too_far(rec["due_at"], now_ms)
+                    if why is not None:
+                        raise InvalidRecord(f"delivery {rec['delivery_id']!r}: {why}")
+                    d = rec
                 except DeadLetterError as exc:
                     d = exc  # dead-lettered in its turn, so offsets stay in order
                 if key in held:

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
-__all__ = ["is_due", "wait_s"]
+__all__ = ["MAX_AHEAD_MS", "due_too_far", "is_due", "wait_s"]
+
+# The furthest ahead any configuration schedules a delivery on a delay topic (the retry
+# ceiling is at most 72 h), plus an hour for a clock that is ahead of the relay's.
+MAX_AHEAD_MS = 73 * 3_600_000
 
 
 def is_due(due_at_ms: int | None, now_ms: int) -> bool:
     """A record without ``due_at`` is due at once; never release one early."""
     return due_at_ms is None or due_at_ms <= now_ms
+
+
+def due_too_far(due_at_ms: int | None, now_ms: int) -> str | None:
+    """Why ``due_at_ms`` cannot be a delay topic's (held at a partition's head, it would
+    stop every delivery behind it until then), or None when it can."""
+    if due_at_ms is None or due_at_ms <= now_ms + MAX_AHEAD_MS:
+        return None
+    return (f"due_at {due_at_ms} is {(due_at_ms - now_ms) / 3_600_000:,.0f} h ahead of the "
+            f"relay's clock ({now_ms}); no delivery is scheduled more than "
+            f"{MAX_AHEAD_MS // 3_600_000} h ahead (a wrong clock, or another producer)")
 
 
 def wait_s(dues_ms: list[int], now_ms: int, *, poll_s: float = 0.5) -> float:

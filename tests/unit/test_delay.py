@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from postbacks.core.delay import is_due, wait_s
+from postbacks.core.delay import MAX_AHEAD_MS, due_too_far, is_due, wait_s
+
+NOW = 1_800_000_000_000
 
 
 @pytest.mark.parametrize(("due", "now", "expected"),
@@ -18,3 +20,18 @@ def test_poll_waits_no_longer_than_the_earliest_paused_head(
     dues: list[int], now: int, expected: float
 ) -> None:
     assert wait_s(dues, now) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("due", "far"), [
+    (None, False),
+    (NOW - 1, False),
+    (NOW + 72 * 3_600_000, False),  # the longest retry ceiling a configuration allows
+    (NOW + MAX_AHEAD_MS, False),
+    (NOW + MAX_AHEAD_MS + 1, True),
+    (2**62, True),  # a wrong clock, or another producer
+])
+def test_a_due_at_past_any_schedule_is_refused_with_why(due: int | None, far: bool) -> None:
+    why = due_too_far(due, NOW)
+    assert (why is not None) == far
+    if why:
+        assert why.startswith(f"due_at {due} is ") and "73 h ahead" in why

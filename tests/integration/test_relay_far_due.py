@@ -1,0 +1,64 @@
+"""The relay against the broker: a delivery on a delay topic whose ``due_at`` is further
+ahead than any configuration schedules (a wrong clock, another producer) used to pause its
+partition until then, so every retry behind it waited years. It is dead-lettered, naming
+``due_at``, and the deliveries behind it go on."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from confluent_kafka import Producer
+
+from postbacks.codec import codec_for
+from postbacks.kafka.clients import make_consumer
+from postbacks.settings import Settings
+from postbacks.tools.procs import wait_for
+from streams.relay import run_relay
+from tests.unit.factories import make_delivery
+from topics import TOPICS
+
+
+def test_a_due_at_years_ahead_is_dead_lettered_and_the_partition_flows(
+        settings: Settings) -> None:
+    codec, dlq = codec_for("Delivery"), codec_for("DeadLetter")
+    now = int(time.time() * 1000)
+    p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                  "enable.idempotence": True})
+    topic = settings.topic(TOPICS.retry_tier("5s").base)
+    for did, due in (("dlv_far", now + 10 * 365 * 86_400_000), ("dlv_next", now),
+                     ("dlv_soon", now + 2_000)):
+        p.produce(topic, codec.encode(make_delivery(delivery_id=did, endpoint_id="ep_f",
+                                                    due_at=due)), b"ep_f", partition=0)
+    assert p.flush(10) == 0
+
+    reader = make_consumer(settings, "test-far-reader")
+    reader.subscribe([settings.topic(TOPICS.dispatch.base), settings.topic(TOPICS.dlq.base)])
+    got: dict[str, str] = {}
+
+    def read() -> dict[str, str]:
+        for m in reader.consume(100, 0.2):
+            if m.error() is not None or not m.value():
+                continue
+            if m.topic().endswith(TOPICS.dlq.base):
+                dl = dlq.decode(m.value())
+                got[str(codec.decode(dl["original_value"])["delivery_id"])] = (
+                    f"{dl['reason']}: {dl['error_message']}")
+            else:
+                got[str(codec.decode(m.value())["delivery_id"])] = "dispatched"
+        return got
+
+    stop = threading.Event()
+    relay = threading.Thread(target=run_relay, args=(settings, stop), daemon=True)
+    relay.start()
+    try:
+        wait_for(lambda: len(read()) == 3, 60, interval=0.0,
+                 what="every delivery dispatched or dead-lettered", progress=lambda: got)
+    finally:
+        stop.set()
+        relay.join(30)
+        reader.close()
+    assert not relay.is_alive()
+    assert got["dlv_next"] == got["dlv_soon"] == "dispatched"
+    assert got["dlv_far"].startswith("invalid_record: delivery 'dlv_far': due_at "), got
+    assert "h ahead of the relay's clock" in got["dlv_far"]
