@@ -37,7 +37,7 @@ def _stage(name: str) -> Callable[[Settings, argparse.Namespace], int]:
         elif name == "notifier":
             from streams.notifier import run_notifier as runner
         else:
-            from sinks.postgres import run_sink as runner
+            from sinks.run import run_sink as runner
         settle_gc(settings.gc_gen0_threshold)  # after the runner's imports
         try:
             runner(settings, stop)

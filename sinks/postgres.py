@@ -12,7 +12,7 @@ decode is stored as a dead-letter row (stage ``sink``) with its original bytes.
 A record that decodes but that PostgreSQL refuses (a NUL character in a text or jsonb
 value, a text too long for its column's index: records from another producer than the
 stages, which check their own) fails its whole batch. The sink then rewinds, and re-reads
-that batch checking every row (:func:`row_problems`): a row with such a value becomes a
+that batch checking every row (:mod:`sinks.refusals`): a row with such a value becomes a
 dead-letter row (reason ``invalid_record``, the column named) and the rest are written.
 Rows are checked only then, so the check costs nothing in steady traffic.
 
@@ -31,8 +31,6 @@ import datetime as dt
 import functools
 import hashlib
 import logging
-import threading
-import time
 from collections import defaultdict
 from typing import Any
 
@@ -51,68 +49,23 @@ from postbacks.core.endpoint_health import fold_attempts
 from postbacks.db.connect import connect
 from postbacks.db.endpoint_health import record_batch
 from postbacks.db.migrate import ensure_attempt_partitions
-from postbacks.errors import DeadLetterError, InvalidRecord, ServiceUnavailable
+from postbacks.errors import DeadLetterError, InvalidRecord
 from postbacks.ids import new_id
-from postbacks.kafka.clients import check_broker, make_consumer, records
 from postbacks.kafka.leaders import until_leader_known
-from postbacks.kafka.watchdog import subscribe_watched
-from postbacks.metrics import DLQ_TOTAL, SINK_ROWS, SINK_WAITING, STAGE_RECORDS
+from postbacks.metrics import DLQ_TOTAL, SINK_ROWS
 from postbacks.settings import Settings
 from sinks import projection
 from sinks.intents import IntentBook
+from sinks.refusals import feed_problem, indexed_columns, row_problems
 from sinks.tables import STAGING_DDL, TABLES, column_types, ts_from_ms, use_orjson
 from sinks.waiting import Partition, WaitingRows
 from topics import TOPICS
 
-__all__ = ["INDEXED_TEXT_MAX", "PostgresSink", "row_problems", "run_sink"]
+__all__ = ["GROUP", "PostgresSink"]
 
 log = logging.getLogger(__name__)
 
 GROUP = "postbacks-sink"
-
-# An indexed text value's bytes at most: a btree entry holds at most about 2,700 bytes, and
-# the widest index has three text columns. The stages' ids are at most 200 characters.
-INDEXED_TEXT_MAX = 800
-# Columns whose value the sink copies into an indexed column of another table, later or by
-# statement: the status projection (attempts.error_class -> deliveries.last_error,
-# outcomes.kind -> deliveries.status), endpoint health (attempts.endpoint_id), suppressions
-# (outcomes.endpoint_id). Their length is checked on every row: a refusal there comes after
-# the row itself is stored, where reading its batch again would not find it.
-_FEEDS_INDEX = {
-    name: tuple((TABLES[name].columns.index(c), c) for c in cols)
-    for name, cols in (("attempts", ("endpoint_id", "error_class")),
-                       ("outcomes", ("endpoint_id", "kind")))}
-_INDEXED_SQL = (
-    "SELECT DISTINCT a.attname::text FROM pg_index i JOIN pg_attribute a"
-    " ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey::int2[])"
-    " WHERE i.indrelid = %s::regclass")
-
-
-def _nul_in(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_nul_in(k) or _nul_in(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_nul_in(v) for v in value)
-    return False
-
-
-def row_problems(columns: tuple[str, ...], row: tuple[Any, ...],
-                 indexed: frozenset[str]) -> list[str]:
-    """What PostgreSQL would refuse in ``row`` (``columns``' values): a NUL character in
-    any text or jsonb value (a key of it included), and a text value of an ``indexed``
-    column over :data:`INDEXED_TEXT_MAX` bytes in UTF-8; pure."""
-    problems: list[str] = []
-    for name, value in zip(columns, row, strict=True):
-        if _nul_in(value):
-            problems.append(f"{name} holds a NUL character")
-        elif (name in indexed and isinstance(value, str)
-              and len(value.encode(errors="replace")) > INDEXED_TEXT_MAX):
-            problems.append(f"{name} is {len(value.encode(errors='replace')):,} bytes, over the"
-                            f" {INDEXED_TEXT_MAX} its index takes")
-    return problems
-
 
 class PostgresSink:
     """``add()`` decoded rows, ``flush()`` them with the offsets in one transaction."""
@@ -158,9 +111,7 @@ class PostgresSink:
             self._conn.execute(STAGING_DDL)
             use_orjson(self._conn)
             self._types = column_types(self._conn)
-            self._indexed = {
-                t.name: frozenset(r[0] for r in self._conn.execute(_INDEXED_SQL, (t.target,)))
-                for t in TABLES.values()}
+            self._indexed = indexed_columns(self._conn)
             ensure_attempt_partitions(self._conn, dt.datetime.now(dt.UTC).date())
             self._conn.commit()
         return self._conn
@@ -207,13 +158,9 @@ class PostgresSink:
             row = table.row(value)
         except (ValueError, OverflowError, OSError) as exc:
             raise InvalidRecord(f"{table.name}: a value the table cannot hold: {exc}") from exc
-        for i, column in _FEEDS_INDEX.get(table.name, ()):
-            v = row[i]
-            if (isinstance(v, str) and len(v) > INDEXED_TEXT_MAX // 4
-                    and len(v.encode(errors="replace")) > INDEXED_TEXT_MAX):
-                raise InvalidRecord(
-                    f"{table.name}: {column} is {len(v.encode(errors='replace')):,} bytes, over"
-                    f" the {INDEXED_TEXT_MAX} the index it is copied into takes")
+        fed = feed_problem(table.name, row)
+        if fed is not None:
+            raise InvalidRecord(f"{table.name}: {fed}")
         if self._checked and offset < self._checked.get((topic, partition), -1):
             problems = row_problems(table.columns, row, self._indexed.get(table.name,
                                                                           frozenset()))
@@ -393,96 +340,3 @@ class PostgresSink:
                 self._conn.close()
             finally:
                 self._conn = None
-
-
-def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0) -> None:
-    check_broker(settings)
-    sink = PostgresSink(settings)
-    sink.conn()  # fail fast with a clear message when PostgreSQL is missing
-
-    def on_assign(consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        while not stop.is_set():
-            try:
-                consumer.assign(sink.stored_offsets(partitions))
-                sink.new_rows_from(consumer, partitions)
-                log.info("sink: assigned %d partition(s)", len(partitions))
-                return
-            except (psycopg.Error, OSError, ServiceUnavailable) as exc:
-                log.warning("sink: PostgreSQL unavailable during assignment (%s); retrying", exc)
-                sink.discard()
-                time.sleep(retry_s)
-
-    # Rows may land a fraction of a second later; in exchange the broker answers a few
-    # large fetches a second instead of one per produce batch (fetches, not bytes, are
-    # what a busy local broker spends its CPU on).
-    # Eager range assignment gives one sink the same partitions of every topic (keyed by
-    # endpoint, equal counts), which rows written final depend on (WaitingRows), and hands
-    # on_assign the whole assignment, which it assigns.
-    consumer = make_consumer(settings, GROUP, **{"fetch.min.bytes": 262_144,
-                                                  "fetch.wait.max.ms": 200,
-                                                  "partition.assignment.strategy": "range"})
-    def on_revoke(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        sink.forget(partitions)  # (eager assignment: every partition goes)
-
-    subscribe_watched(consumer, sink.topics, settings, GROUP, stop, on_assign=on_assign,
-                      on_revoke=on_revoke)
-    processed = STAGE_RECORDS.labels(stage="sink")
-    try:
-        while not stop.is_set():
-            msgs = consumer.consume(settings.batch_size * 4, timeout=0.5)
-            now_ms = int(time.time() * 1000)
-            for m in records(msgs, "sink"):
-                sink.add(m, now_ms)
-            SINK_WAITING.set(sink.waiting())
-            if sink.ends_wanted():
-                sink.new_rows_from(consumer, consumer.assignment())
-            if not sink.pending():
-                continue
-            try:
-                sink.flush()
-                processed.inc(len(msgs))
-            except (psycopg.DataError, psycopg.errors.ProgramLimitExceeded) as exc:
-                if sink.refused():
-                    log.warning("sink: PostgreSQL refused a value in the batch (%s); reading"
-                                " it again with every row checked", exc)
-                else:
-                    log.error("sink: PostgreSQL refused a batch whose rows all passed the"
-                              " check (%s); retrying", exc)
-                sink.discard()
-                _rewind_to_stored(consumer, sink, stop, retry_s)
-            except (psycopg.OperationalError, psycopg.InterfaceError, OSError,
-                    ServiceUnavailable) as exc:
-                log.warning("sink: PostgreSQL write failed (%s); rewinding and retrying", exc)
-                sink.discard()
-                _rewind_to_stored(consumer, sink, stop, retry_s)
-        if sink.pending() or sink.waiting():  # stopping: write the rows still waiting
-            try:
-                sink.flush(everything=True)
-            except (psycopg.Error, OSError, ServiceUnavailable) as exc:
-                log.warning("sink: last flush failed (%s); its rows are read again at the"
-                            " next start", exc)
-    finally:
-        consumer.close()
-        sink.close()
-
-
-def _rewind_to_stored(
-    consumer: Consumer, sink: PostgresSink, stop: threading.Event, retry_s: float
-) -> None:
-    while not stop.is_set():
-        time.sleep(retry_s)
-        try:
-            for tp in sink.stored_offsets(consumer.assignment()):
-                consumer.seek(tp)
-            sink.new_rows_from(consumer, consumer.assignment())
-            log.info("sink: PostgreSQL is back; resumed from stored offsets")
-            return
-        except (psycopg.Error, OSError, ServiceUnavailable) as exc:
-            log.warning("sink: still waiting for PostgreSQL: %s", exc)
-            sink.discard()
-        except KafkaException as exc:  # seek on a partition not yet fetching
-            log.warning("sink: seek failed (%s); reassigning", exc)
-            consumer.assign(sink.stored_offsets(consumer.assignment()))
-            sink.new_rows_from(consumer, consumer.assignment())
-            return
-
