@@ -31,7 +31,7 @@ import datetime as dt
 import functools
 import hashlib
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 import psycopg
@@ -90,6 +90,9 @@ class PostgresSink:
         # of a batch PostgreSQL refused for a value in it (:meth:`refused`).
         self._checked: dict[Partition, int] = {}
         self._indexed: dict[str, frozenset[str]] = {}  # per table, read when connecting
+        # The sink's own dead letters per reason, counted in ``webhook_dlq_total`` once the
+        # flush holding them commits: a batch read again after a rewind counts once.
+        self._dead: Counter[str] = Counter()
         self._deliveries = settings.topic(TOPICS.deliveries.base)
         self._by_topic = {
             settings.topic(TOPICS.deliveries.base): ("Delivery", TABLES["deliveries"]),
@@ -146,7 +149,7 @@ class PostgresSink:
             if topic == self._deliveries:
                 self._waiting.passed(tp, offset)
             self._rows["dead_letters"].append(self._undecodable(msg, exc, now_ms))
-            DLQ_TOTAL.labels(stage="sink", reason=exc.reason).inc()
+            self._dead[exc.reason] += 1
 
     def add_record(self, topic: str, partition: int, offset: int, value: Any) -> None:
         """One decoded record read from ``topic``; its offset is stored with the rows at the
@@ -300,6 +303,9 @@ class PostgresSink:
                         [(self.group, t, p, self._waiting.stored((t, p), o))
                          for (t, p), o in self._offsets.items()],
                     )
+        except BaseException:
+            self._dead.clear()
+            raise
         finally:
             self._intents.clear()
             self._rows.clear()
@@ -313,6 +319,9 @@ class PostgresSink:
         self._offsets.clear()
         for name, n in written.items():
             SINK_ROWS.labels(table=name).inc(n)
+        for reason, n in self._dead.items():
+            DLQ_TOTAL.labels(stage="sink", reason=reason).inc(n)
+        self._dead.clear()
         return written
 
     def forget(self, partitions: list[TopicPartition]) -> None:
@@ -334,6 +343,7 @@ class PostgresSink:
         self._suppressed.clear()
         self._intents.clear()
         self._offsets.clear()
+        self._dead.clear()
         self._waiting.clear()
         if self._conn is not None:
             try:

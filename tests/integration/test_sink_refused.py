@@ -69,6 +69,8 @@ def test_values_postgresql_refuses_are_dead_lettered_and_the_rest_written(
         if i % 5 == 2 and i // 5 < len(hostile):
             t, value, _ = hostile[i // 5]
             p.produce(topic[t], value, ep.encode())
+        if i == 1:  # dead-lettered on the first read, before the refused batch is re-read
+            p.produce(topic[TOPICS.attempts.base], b"not avro", ep.encode())
     assert p.flush(60) == 0
 
     sink = stack.start("sink", "sink")
@@ -139,3 +141,14 @@ def test_values_postgresql_refuses_are_dead_lettered_and_the_rest_written(
     log = sink.tail(4000)
     assert "reading it again with every row checked" in log
     assert "Traceback" not in log and "ERROR" not in log, log
+    # Each refused row counted once, though its batch was read twice (refused, then
+    # checked row by row): the counter moves when the flush holding the letter commits.
+    page = sink.metrics() or ""
+
+    def counted(reason: str) -> list[float]:
+        return [float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+                if line.startswith("webhook_dlq_total{") and 'stage="sink"' in line
+                and f'reason="{reason}"' in line]
+
+    assert counted("invalid_record") == [len(hostile)], (counted("invalid_record"), hostile)
+    assert counted("undecodable") == [1.0], counted("undecodable")
