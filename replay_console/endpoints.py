@@ -314,7 +314,8 @@ async def test_send(settings: Settings, endpoint: Endpoint, *,
                     ) -> dict[str, Any]:
     """Render a sample delivery for ``endpoint`` (plus an optional override) through the
     real render and sign path, send it through the real transport (SSRF guard included)
-    and return the exact request (signatures redacted) and the receiver's response.
+    and return the exact request (signatures and the endpoint's custom header values
+    redacted) and the receiver's response.
     ``lookup`` is the console's DNS seam, used by the transport too when given."""
     import asyncio
 
@@ -330,8 +331,14 @@ async def test_send(settings: Settings, endpoint: Endpoint, *,
     except RenderError as exc:
         return {"ok": False, "stage": "render", "error": str(exc)}
     signatures = _signatures(d, ep, dict(req.headers), now_ms)
+    # The endpoint's own custom header values (an API key) are shown only to admins, on the
+    # endpoint's page: masked here by name, and wherever a receiver echoes one back.
+    custom = {k.lower() for k in ep.config.headers}
+    secrets = signatures | {v for k, v in req.headers.items()
+                            if k.lower() in custom and len(v) >= _ECHO_MIN}
     request = {"method": req.method, "url": req.url,
-               "headers": {k: _redact(v, signatures) for k, v in req.headers.items()},
+               "headers": {k: REDACTED if k.lower() in custom else _redact(v, signatures)
+                           for k, v in req.headers.items()},
                "body": req.body.decode("utf-8", "replace")}
     resolve = None
     if lookup is not None:
@@ -346,13 +353,14 @@ async def test_send(settings: Settings, endpoint: Endpoint, *,
     response = {"status": result.http.status, "error_class": result.http.error_class,
                 "blocked": result.blocked, "wire_ms": round(result.wire_ms, 1),
                 "body_excerpt": _redact((result.excerpt or b"").decode("utf-8", "replace"),
-                                        signatures)}
+                                        secrets)}
     ok = result.blocked is None and result.http.status is not None \
         and 200 <= result.http.status < 300
     return {"ok": ok, "stage": "send", "request": request, "response": response}
 
 
 REDACTED = "[redacted]"
+_ECHO_MIN = 6  # a custom header value this long or longer is masked where it is echoed
 
 
 def _signatures(d: Any, ep: Endpoint, headers: dict[str, str], now_ms: int) -> set[str]:

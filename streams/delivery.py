@@ -21,7 +21,7 @@ from postbacks.core.endpoint import Endpoint
 from postbacks.core.intents import INTENT
 from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.core.override import OverrideError, apply_override, parse_override
-from postbacks.core.redact import redact_request
+from postbacks.core.redact import NO_REDACTION, Redaction, redact_request
 from postbacks.core.render import RenderedRequest, RenderError, render
 from postbacks.core.retry import DeadLetter, RetryPolicy, ScheduleRetry, next_step
 from postbacks.core.validators import check_response, effective_validator
@@ -84,7 +84,7 @@ class Deliverer:
 
     # -- records -------------------------------------------------------------------------
     def attempt(self, out: list[Item], d: DeliveryRecord, now_ms: int, result: str,
-                req: RenderedRequest | None, redact: tuple[str, ...] = (),
+                req: RenderedRequest | None, redact: Redaction = NO_REDACTION,
                 **kw: object) -> None:
         child(ATTEMPTS_TOTAL, result).inc()
         shown = None if req is None else redact_request(req, redact)
@@ -148,7 +148,7 @@ class Deliverer:
             self.dead_letter(out, raw, exc, "render_failed", now_ms, d)
             self.outcome(out, d, "suppressed", now_ms, f"render_failed: {exc}")
             return Attempted(unhealthy=False)
-        redact = ep.config.redact_fields
+        redact = Redaction.of(ep.config.redact_fields, ep.config.headers)
         ids: dict[str, object] = dict(attempt_id=new_id("att", now_ms),
                                       agent_instance=self.instance)
         if self.intents is not None:
@@ -209,7 +209,7 @@ class Deliverer:
                 return Attempted(unhealthy=True)
         raise AssertionError(f"unhandled verdict {verdict!r}")
 
-    async def _intend(self, d: DeliveryRecord, req: RenderedRequest, redact: tuple[str, ...],
+    async def _intend(self, d: DeliveryRecord, req: RenderedRequest, redact: Redaction,
                       queue_ms: float, ids: dict[str, object]) -> None:
         """The attempt's intent, stored before the request goes out (core/intents.py)."""
         assert self.intents is not None

@@ -1,4 +1,6 @@
-"""Redaction of what the attempt log stores: configured PII fields in the body and query.
+"""Redaction of what the attempt log stores: configured PII fields in the body and query,
+and the values of the endpoint's own custom headers (an API key, a partner token: shown
+only to admins, on the endpoint's page).
 
 The exact bytes are signed and sent; only the stored copy is masked. Signature headers are
 masked by :mod:`postbacks.core.outcomes`.
@@ -6,6 +8,8 @@ masked by :mod:`postbacks.core.outcomes`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -13,9 +17,25 @@ import orjson
 
 from postbacks.core.render import RenderedRequest
 
-__all__ = ["MASK", "redact_request"]
+__all__ = ["MASK", "NO_REDACTION", "Redaction", "redact_request"]
 
 MASK = "[redacted]"
+
+
+@dataclass(frozen=True, slots=True)
+class Redaction:
+    """What the stored copy of a request masks: ``fields`` (names in a JSON or form body
+    and in the query) and the values of ``headers`` (lower-case names)."""
+
+    fields: tuple[str, ...] = ()
+    headers: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, fields: Iterable[str], headers: Iterable[str]) -> Redaction:
+        return cls(tuple(fields), frozenset(h.lower() for h in headers))
+
+
+NO_REDACTION = Redaction()
 
 
 def _walk(value: Any, fields: frozenset[str]) -> Any:
@@ -31,10 +51,15 @@ def _query(q: str, fields: frozenset[str]) -> str:
     return urlencode([(k, MASK if k in fields else v) for k, v in pairs])
 
 
-def redact_request(req: RenderedRequest, fields: tuple[str, ...]) -> RenderedRequest:
-    if not fields:
+def redact_request(req: RenderedRequest,
+                   redaction: Redaction | tuple[str, ...]) -> RenderedRequest:
+    r = redaction if isinstance(redaction, Redaction) else Redaction(redaction)
+    if not r.fields and not r.headers:
         return req
-    names = frozenset(fields)
+    headers = {k: (MASK if k.lower() in r.headers else v) for k, v in req.headers.items()}
+    if not r.fields:
+        return RenderedRequest(req.method, req.url, headers, req.body)
+    names = frozenset(r.fields)
     parts = urlsplit(req.url)
     url = urlunsplit(parts._replace(query=_query(parts.query, names))) if parts.query else req.url
     body = req.body
@@ -46,4 +71,4 @@ def redact_request(req: RenderedRequest, fields: tuple[str, ...]) -> RenderedReq
             body = b"[unparseable body redacted]"
     elif body and "x-www-form-urlencoded" in ctype:
         body = _query(body.decode("utf-8", "replace"), names).encode()
-    return RenderedRequest(req.method, url, dict(req.headers), body)
+    return RenderedRequest(req.method, url, headers, body)

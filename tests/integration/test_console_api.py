@@ -568,6 +568,15 @@ def test_no_dns_answer_or_header_value_reaches_the_wrong_role(
                        body={"config": {"headers": {"X-Api-Key": "new-sekrit"}}})
         assert r.status == 200, r.text
         assert "sekrit" not in sup.get(f"/api/v1/audit?target_id={w['ep_a']}").text
+        # nor in the exact request a test-send shows (masked by name, for every role)
+        from postbacks.core.signing import generate_secret
+
+        assert admin.post(f"/api/v1/endpoints/{w['ep_a']}/secrets",
+                          body={"secret": generate_secret()}).status == 200
+        r = sup.post(f"/api/v1/endpoints/{w['ep_a']}/test-send", body={})
+        assert r.status == 200, r.text
+        assert r.json()["request"]["headers"]["X-Api-Key"] == "[redacted]", r.text
+        assert "new-sekrit" not in r.text
 
 
 def test_json_booleans_promote_and_release_all(settings: Settings, namespace: str) -> None:

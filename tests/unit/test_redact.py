@@ -43,3 +43,22 @@ def test_attempt_records_never_store_signatures_or_credentials() -> None:
     assert rec["request_headers"]["webhook-signature"] == "[redacted]"
     assert rec["request_headers"]["authorization"] == "[redacted]"
     assert rec["request_body"] == b"{}"
+
+
+def test_the_endpoints_custom_header_values_are_masked_whatever_their_case() -> None:
+    from postbacks.core.redact import Redaction
+
+    req = RenderedRequest("POST", "https://p.example/cb?email=a%40b.c",
+                          {"content-type": "application/json", "X-Api-Key": "k-live-123",
+                           "x-partner-token": "t0k", "idempotency-key": "dlv_1"},
+                          b'{"email":"a@b.c"}')
+    only_headers = redact_request(req, Redaction.of((), ("x-api-key", "X-Partner-Token")))
+    assert only_headers.headers == {"content-type": "application/json", "X-Api-Key": MASK,
+                                    "x-partner-token": MASK, "idempotency-key": "dlv_1"}
+    assert only_headers.body == req.body and only_headers.url == req.url
+    both = redact_request(req, Redaction.of(("email",), ("X-API-KEY",)))
+    assert both.headers["X-Api-Key"] == MASK and both.headers["x-partner-token"] == "t0k"
+    assert b"a@b.c" not in both.body and "a%40b.c" not in both.url
+    rec = make_attempt(make_delivery(), now_ms=1, result="delivered", req=only_headers)
+    assert "k-live-123" not in str(rec["request_headers"]) and "t0k" not in str(rec)
+    assert req.headers["X-Api-Key"] == "k-live-123"  # the request as sent is untouched
