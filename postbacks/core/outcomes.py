@@ -9,6 +9,23 @@ from postbacks.records import AttemptRecord, DeadLetterRecord, DeliveryRecord, O
 __all__ = ["REDACTED_HEADERS", "make_attempt", "make_dead_letter", "make_outcome"]
 
 REDACTED_HEADERS = frozenset({"webhook-signature", "authorization", "x-partner-signature"})
+# What an attempt record keeps of its request: the record must fit one Kafka message
+# (1 MB) whatever the conversion carried, so a longer body or header value is cut, saying
+# how long it was. The request as sent is whole.
+STORED_BODY_BYTES = 64 * 1024
+STORED_TEXT_CHARS = 8 * 1024
+
+
+def _cut_text(v: str) -> str:
+    if len(v) <= STORED_TEXT_CHARS:
+        return v
+    return v[:STORED_TEXT_CHARS] + f"...[cut: {len(v):,} characters]"
+
+
+def _cut_body(b: bytes | None) -> bytes | None:
+    if b is None or len(b) <= STORED_BODY_BYTES:
+        return b
+    return b[:STORED_BODY_BYTES] + f"...[cut: {len(b):,} bytes]".encode()
 
 
 def make_attempt(
@@ -21,7 +38,8 @@ def make_attempt(
     """One attempt's record; ``attempt_id`` given when its intent already carried one (the
     intent and the attempt share it), ``agent_instance`` names the agent process."""
     headers = {} if req is None else {
-        k: ("[redacted]" if k.lower() in REDACTED_HEADERS else v) for k, v in req.headers.items()
+        k: ("[redacted]" if k.lower() in REDACTED_HEADERS else _cut_text(v))
+        for k, v in req.headers.items()
     }
     return AttemptRecord(
         attempt_id=attempt_id or new_id("att", now_ms),
@@ -34,14 +52,14 @@ def make_attempt(
         result=result,
         status_code=status,
         error_class=error_class,
-        error_message=error_message,
+        error_message=error_message[:2000] if error_message else error_message,
         queue_ms=queue_ms,
         platform_ms=platform_ms,
         wire_ms=wire_ms,
         request_method=req.method if req else "",
-        request_url=req.url if req else "",
+        request_url=_cut_text(req.url) if req else "",
         request_headers=headers,
-        request_body=req.body if req else None,
+        request_body=_cut_body(req.body) if req else None,
         response_excerpt=excerpt,
         agent_instance=agent_instance,
     )

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -169,6 +170,38 @@ def run_stage(
         consumer.close()
 
 
+class _Producing(Protocol):
+    def produce(self, topic: str, value: bytes | None, key: bytes | None) -> None: ...
+    def poll(self, timeout: float) -> int: ...
+
+
+def produce_or_dead_letter(producer: _Producing, stage: str, topic: str, dlq_topic: str,
+                           key: bytes | None, value: bytes | None) -> None:
+    """Produce one output record (waiting while the local queue is full). A record over
+    the producer's message size (a stage's output grown past the limit from an input just
+    under it) is dead-lettered instead (``too_large``, its first bytes kept): one record
+    the broker would refuse must not fail the batch, and with it the partition, for ever."""
+    while True:
+        try:
+            producer.produce(topic, value, key)
+            return
+        except BufferError:
+            producer.poll(0.05)
+        except KafkaException as exc:
+            kerr = exc.args[0] if exc.args else None
+            if not isinstance(kerr, KafkaError) or kerr.code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                raise
+            log.error("%s: a record for %s of %d bytes is over the message size limit: "
+                      "dead-lettered", stage, topic, len(value or b"") + len(key or b""))
+            dl = fit_dead_letter(make_dead_letter(
+                topic=topic, partition=-1, offset=-1, key=key, value=value, stage=stage,
+                exc=ValueError(f"an output record for {topic} of {len(value or b''):,} bytes"
+                               " is over the message size limit; not produced"),
+                reason="too_large", now_ms=int(time.time() * 1000)))
+            DLQ_TOTAL.labels(stage=stage, reason="too_large").inc()
+            value, key, topic = codec_for("DeadLetter").encode(dl), dl["original_key"], dlq_topic
+
+
 def commit_batch(
     stage: str, settings: Settings, consumer: Consumer, txn: TxnProducer,
     out: Output, offsets: Mapping[tuple[str, int], int | tuple[int, str]],
@@ -193,12 +226,8 @@ def _commit_batch(
     retrying(f"{stage}: begin", producer.begin_transaction, deadline)
     try:
         for topic_base, key, value in out.items:
-            while True:
-                try:
-                    producer.produce(settings.topic(topic_base), value, key)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+            produce_or_dead_letter(producer, stage, settings.topic(topic_base),
+                                   settings.topic(TOPICS.dlq.base), key, value)
         positions = [TopicPartition(t, p, o) if isinstance(o, int)
                      else TopicPartition(t, p, o[0], metadata=o[1])
                      for (t, p), o in offsets.items()]

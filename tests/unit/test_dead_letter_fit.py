@@ -84,3 +84,54 @@ def test_a_record_without_key_or_value_stays_without() -> None:
     dl, size = _letter(None, b"x" * (2 * LIMIT))
     assert dl["original_key"] is None and size <= LIMIT
     assert str(dl["error_message"]).startswith("original bytes cut")
+
+
+class Producer:
+    """librdkafka's answers to produce(): the queue full once, then a record over the
+    message size refused (MSG_SIZE_TOO_LARGE), as confluent_kafka raises them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.sent: list[tuple[str, bytes | None, bytes | None]] = []
+        self.full_once = True
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        if self.full_once:
+            self.full_once = False
+            raise BufferError("queue full")
+        if len(value or b"") + len(key or b"") > self.limit:
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+        self.sent.append((topic, key, value))
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+
+def test_an_output_over_the_message_size_is_dead_lettered_not_fatal() -> None:
+    from postbacks.kafka.stage import produce_or_dead_letter
+
+    p = Producer(limit=1_000_000)
+    produce_or_dead_letter(p, "agent", "retry.1m", "dlq", b"ep_1", b"x" * 10)
+    produce_or_dead_letter(p, "agent", "retry.1m", "dlq", b"ep_1", b"y" * 1_200_000)
+    assert p.sent[0] == ("retry.1m", b"ep_1", b"x" * 10)
+    topic, key, value = p.sent[1]
+    assert topic == "dlq" and key == b"ep_1" and len(value or b"") < 1_000_000
+    dl = codec_for("DeadLetter").decode(value)
+    assert dl["reason"] == "too_large" and dl["stage"] == "agent"
+    assert dl["origin_topic"] == "retry.1m" and "1,200,000 bytes" in dl["error_message"]
+    assert (dl["original_value"] or b"").startswith(b"yyyy")
+
+
+def test_other_produce_errors_still_fail_the_batch() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from postbacks.kafka.stage import produce_or_dead_letter
+
+    class Fenced(Producer):
+        def produce(self, topic: str, value: bytes | None, key: bytes | None) -> None:
+            raise KafkaException(KafkaError(KafkaError._FENCED))
+
+    with pytest.raises(KafkaException):
+        produce_or_dead_letter(Fenced(10), "agent", "t", "dlq", None, b"v")

@@ -99,3 +99,30 @@ def test_sign_is_hmac_sha256_for_every_key_length(key_len: int) -> None:
             want = hmac_mod.new(key, b"msg_x.1700000000." + body, hashlib.sha256).digest()
             got = sign(key, "msg_x", 1700000000, body)
             assert got == "v1," + base64.b64encode(want).decode()
+
+
+def test_a_url_macro_too_long_is_a_render_error_and_a_long_body_is_cut_in_the_record() -> None:
+    from postbacks.core.outcomes import STORED_BODY_BYTES, make_attempt
+    from postbacks.core.render import MAX_URL_BYTES
+    from tests.unit.factories import make_conversion
+
+    ep = Endpoint("ep_1", "app_1", "https://example.test/cb?p={snapshot.p}", frozenset({"*"}),
+                  provider="v2", secrets=(SigningSecret("s1", decode_secret(generate_secret()),
+                                                        NOW_MS - 1000, None),))
+
+    def with_p(n: int) -> object:
+        return make_delivery(conversion=make_conversion(source_snapshot={"p": "/" * n}))
+
+    assert len(render(with_p(1000), ep, now_ms=NOW_MS).url) < MAX_URL_BYTES  # type: ignore[arg-type]
+    with pytest.raises(RenderError, match=r"rendered URL is .* over the 16,384"):
+        render(with_p(333_160), ep, now_ms=NOW_MS)  # type: ignore[arg-type]
+    from postbacks.core.render import RenderedRequest
+
+    req = RenderedRequest("POST", "https://example.test/" + "u" * 20_000,
+                          {"x-long": "h" * 20_000}, b"x" * 900_000)
+    rec = make_attempt(make_delivery(), now_ms=NOW_MS, result="delivered", req=req)
+    assert len(rec["request_url"]) < 8300 and rec["request_url"].endswith(" characters]")
+    assert len(rec["request_headers"]["x-long"]) < 8300
+    stored = rec["request_body"] or b""
+    assert len(stored) < STORED_BODY_BYTES + 64 and stored.endswith(b" bytes]")
+    assert stored.startswith(req.body[:1000])
