@@ -78,7 +78,11 @@ IDLE_TIMEOUT_S = 30.0
 _DNS_CACHE_MAX = 4096
 
 # Dropped when a hop changes origin (as browsers do) or switches to a body-less GET.
-_CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+# A redirect to another origin carries only these of the request's headers: the endpoint's
+# own custom headers (an API key) and any credential stay with the origin they were for.
+_CROSS_ORIGIN_KEPT = frozenset({"content-type", "user-agent", "idempotency-key",
+                                "postback-attempt", "webhook-id", "webhook-timestamp",
+                                "webhook-signature"})
 _BODY_HEADERS = frozenset({"content-type", "content-length", "content-encoding"})
 
 
@@ -197,17 +201,22 @@ def _vet(url: str, *, allow_loopback: bool) -> URL | _Refused:
     """The URL to request, or why it must not be requested."""
     try:
         target = URL(url)
-    except (ValueError, TypeError) as exc:
+        # Decoded lazily, and encoded again by the resolver: a name IDNA refuses (an empty
+        # label, one over 63 characters, a bad xn-- label) is refused here, not mid-send.
+        host = target.host
+        if target.raw_host:
+            target.raw_host.encode("idna")
+    except (ValueError, TypeError) as exc:  # UnicodeError is a ValueError
         return _Refused("invalid_url", f"invalid_url: {exc}")
     reason = url_blocked_reason(url, allow_loopback=allow_loopback)
     if reason is not None:
         return _Refused("blocked_address", reason)
-    if target.scheme not in ALLOWED_SCHEMES or not target.host:
+    if target.scheme not in ALLOWED_SCHEMES or not host:
         return _Refused("invalid_url", f"invalid_url: {url!r}")
     if target.user is not None or target.password is not None:
         return _Refused("blocked_address", "userinfo in URL not allowed")
     # The host exactly as it will be resolved (yarl applies IDNA, e.g. full-width digits).
-    reason = host_blocked_reason(target.host, allow_loopback=allow_loopback)
+    reason = host_blocked_reason(host, allow_loopback=allow_loopback)
     if reason is not None:
         return _Refused("blocked_address", reason)
     return target
@@ -289,7 +298,7 @@ class HttpTransport:
                     return _refused(_Refused("blocked_address", reason), start)
                 if _origin(previous) != _origin(target):
                     headers = {k: v for k, v in headers.items()
-                               if k.lower() not in _CREDENTIAL_HEADERS}
+                               if k.lower() in _CROSS_ORIGIN_KEPT}
             reply = await self._exchange(method, target, headers, body)
             if isinstance(reply, SendResult):
                 return SendResult(reply.http, _ms(start), None, reply.blocked)
@@ -339,6 +348,8 @@ class HttpTransport:
             return SendResult(HttpResult(None, "blocked_address"), 0.0, None, str(exc))
         except InvalidRequest as exc:
             return SendResult(HttpResult(None, "invalid_request"), 0.0, None, str(exc))
+        except UnicodeError as exc:  # a host name the resolver cannot encode
+            return SendResult(HttpResult(None, "invalid_url"), 0.0, None, f"invalid_url: {exc}")
         except TimeoutError:
             return SendResult(HttpResult(None, "timeout"), 0.0, None)
         except OSError:

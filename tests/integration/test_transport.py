@@ -66,14 +66,19 @@ async def receiver() -> AsyncIterator[Receiver]:
         n = int(request.match_info["n"])
         return await _redirect_to(307, f"/loop/{n + 1}")(request)
 
+    async def to(request: web.Request) -> web.Response:  # a 307 to ?u=
+        return await _redirect_to(307, request.query["u"])(request)
+
     routes = [
         web.route("*", "/ok", ok),
+        web.route("*", "/to", to),
         web.route("*", "/landing", ok),
         web.route("*", "/to-metadata",
                   _redirect_to(302, "http://169.254.169.254/latest/meta-data")),
         web.route("*", "/to-private", _redirect_to(302, "http://10.0.0.1/")),
         web.route("*", "/to-hex-metadata", _redirect_to(307, "http://0xa9fea9fe/")),
         web.route("*", "/moved", _redirect_to(302, "/landing")),
+        web.route("*", "/to-bad-name", _redirect_to(302, "http://xn--/")),
         web.route("*", "/loop/{n}", loop),
     ]
     app = web.Application(middlewares=[record])
@@ -132,7 +137,11 @@ def test_localhost_is_refused_by_the_vetting_resolver() -> None:
     assert rec.seen == []
 
 
-@pytest.mark.parametrize("url", ["http://[::1:{port}/", "http://127.0.0.1:99999/"])
+@pytest.mark.parametrize("url", ["http://[::1:{port}/", "http://127.0.0.1:99999/",
+                                 # names IDNA refuses: they used to raise out of send()
+                                 "https://a..b.example.com/cb",
+                                 "https://" + "a" * 64 + ".example.com/cb",
+                                 "https://xn--zz-.example.com/cb"])
 def test_unparseable_url_is_a_permanent_invalid_url(url: str) -> None:
     result, rec = asyncio.run(_send(lambda r: url.format(port=r.port), allow_loopback=True))
     assert result.http == HttpResult(None, "invalid_url")
@@ -174,6 +183,13 @@ def test_redirect_to_internal_address_is_refused(path: str, reason: str) -> None
     assert result.blocked is not None and reason in result.blocked
     assert result.wire_ms < TIMEOUT_S * 1000 / 2  # refused, not timed out connecting
     assert [s.path for s in rec.seen] == [path]
+
+
+def test_redirect_to_a_name_idna_refuses_is_a_permanent_invalid_url() -> None:
+    result, rec = asyncio.run(
+        _send(lambda r: r.url("/to-bad-name"), allow_loopback=True, follow_redirects=True))
+    assert result.http == HttpResult(None, "invalid_url"), result
+    assert [s.path for s in rec.seen] == ["/to-bad-name"]
 
 
 # (d) redirects are not followed unless asked ----------------------------------------------
@@ -230,3 +246,37 @@ def test_a_hostname_resolving_to_a_private_address_is_refused(answer: list[str])
     _assert_blocked(result)
     assert asked == ["publisher.example"]
     assert "publisher.example: refused" in (result.blocked or "")
+
+
+def test_a_redirect_to_another_origin_carries_no_custom_or_credential_header() -> None:
+    got: list[dict[str, str]] = []
+
+    async def run() -> None:
+        async def land(request: web.Request) -> web.Response:
+            got.append(dict(request.headers))
+            return web.Response(text="ok")
+
+        other = web.Application()
+        other.add_routes([web.route("*", "/landing", land)])
+        runner = web.AppRunner(other)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        there = f"http://127.0.0.1:{runner.addresses[0][1]}/landing"
+        try:
+            async with receiver() as rec, HttpTransport(timeout_s=TIMEOUT_S,
+                                                        allow_loopback=True) as t:
+                req = RenderedRequest("POST", rec.url(f"/to?u={there}"), {
+                    "content-type": "application/json", "X-Api-Key": "k-live",
+                    "Authorization": "Bearer b", "webhook-id": "msg_1",
+                    "idempotency-key": "msg_1"}, b"{}")
+                result = await t.send(req, follow_redirects=True)
+                assert result.http.status == 200, result
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(run())
+    assert len(got) == 1
+    names = {k.lower() for k in got[0]}
+    assert "x-api-key" not in names and "authorization" not in names, got
+    assert {"webhook-id", "idempotency-key", "content-type"} <= names

@@ -72,3 +72,21 @@ def test_sample_delivery_renders_through_the_real_path() -> None:
     ep = _ep("v2", "https://pub.example/cb?s={snapshot.sub_id}&e={event_type}")
     req = render(sample_delivery(ep, now_ms=NOW_MS), ep, now_ms=NOW_MS)
     assert req.url == "https://pub.example/cb?s=sample&e=conversion"
+
+
+@pytest.mark.parametrize("url", ["https://a..b.example.com/cb",
+                                 "https://" + "a" * 64 + ".example.com/cb",
+                                 "https://xn--zz-.example.com/cb"])
+def test_a_host_name_idna_refuses_is_a_problem_on_save(url: str) -> None:
+    from postbacks.core.providers.base import url_problems
+
+    assert any("is not a valid DNS name" in p for p in url_problems(url)), url
+
+
+@pytest.mark.parametrize("url", ["https://{snapshot.sub}.example.com/cb",
+                                 "https://bücher.example/cb", "http://[::1]:8080/x",
+                                 "https://1.2.3.4/cb?x={conversion_id}"])
+def test_templated_idn_and_literal_hosts_stay_valid(url: str) -> None:
+    from postbacks.core.providers.base import url_problems
+
+    assert url_problems(url) == []

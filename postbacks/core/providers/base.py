@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 from urllib.parse import urlsplit
 
+from yarl import URL
+
 from postbacks.core.endpoint import Endpoint, ValidatorSpec, active_keys
 from postbacks.core.macros import RenderError
 from postbacks.core.signing import signature_header
@@ -166,6 +168,13 @@ def url_problems(url: str) -> list[str]:
         problems.append(f"URL scheme must be http or https, not {parts.scheme!r}")
     if not host:
         problems.append("URL has no host")
+    else:
+        try:  # as the transport reads and resolves it (IDNA both ways)
+            target = URL(url)
+            _ = target.host
+            (target.raw_host or "").encode("idna")
+        except (ValueError, TypeError) as exc:  # UnicodeError is a ValueError
+            problems.append(f"URL host {host!r} is not a valid DNS name: {exc}")
     return problems
 
 
