@@ -9,7 +9,7 @@ with :func:`spec_problems` when the endpoint is saved.
 =================  ===================================================================
 ``status_only``    passes any 2xx (the default; no parameters)
 ``non_empty_body`` passes when the body is non-blank after stripping whitespace
-``body_matches``   ``{"pattern": <regex>}``; passes when ``re.search`` finds it in the
+``body_matches``   ``{"pattern": <regex>}``; passes when ``regex.search`` finds it in the
                    body (decoded UTF-8, undecodable bytes replaced)
 ``json_field``     ``{"field": "a.b", "op": "exists"|"equals"|"not_equals",
                    "value": <json>}``; the body must be a JSON object. ``op`` defaults
@@ -27,13 +27,13 @@ broken validator holds deliveries visibly rather than passing them silently.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import orjson
+import regex
 
 from postbacks.core.endpoint import Endpoint, ValidatorSpec
 from postbacks.core.providers import get_provider, provider_names
@@ -78,15 +78,27 @@ def _body_matches_problems(params: Params) -> list[str]:
     if not isinstance(pattern, str) or not pattern:
         return ["body_matches needs a non-empty 'pattern'"]
     try:
-        re.compile(pattern)
-    except re.error as exc:
+        regex.compile(pattern)
+    except regex.error as exc:
         return [f"body_matches pattern is not a valid regex: {exc}"]
     return []
 
 
+# The receiver chooses the body a pattern runs on, in the agent's event loop: a pattern
+# that backtracks (``(a|aa)+$``) on a body made for it could hold every lane for seconds.
+# The search stops after this long, and the response fails validation, saying why.
+MATCH_TIMEOUT_S = 0.05
+
+
 def _body_matches(params: Params, body: bytes) -> str | None:
     pattern: str = params["pattern"]
-    if re.search(pattern, body.decode("utf-8", errors="replace")):
+    try:
+        found = regex.search(pattern, body.decode("utf-8", errors="replace"),
+                             timeout=MATCH_TIMEOUT_S)
+    except TimeoutError:
+        return (f"body_matches gave up after {MATCH_TIMEOUT_S * 1000:.0f} ms on a "
+                f"{len(body):,}-byte body: pattern {pattern!r} backtracks too much")
+    if found:
         return None
     return f"body does not match {pattern!r}"
 

@@ -110,3 +110,10 @@ def _ep(provider: str, validator: dict[str, Any] | None = None) -> Endpoint:
 ])
 def test_effective_validator(ep: Endpoint, kind: str) -> None:
     assert effective_validator(ep).kind == kind
+
+
+def test_a_backtracking_pattern_on_a_body_made_for_it_gives_up_within_its_time() -> None:
+    spec = ValidatorSpec("body_matches", {"pattern": r"^(a|aa)+$"})
+    assert check_response(spec, 200, b"a" * 20) is None  # an ordinary body still matches
+    reason = check_response(spec, 200, b"a" * 60 + b"b")  # ~1e12 paths for re: hours
+    assert reason is not None and "gave up after 50 ms" in reason, reason
