@@ -245,6 +245,7 @@ class HttpTransport:
         self._timeout_s = timeout_s
         self._allow_loopback = allow_loopback
         self._limit = limit
+        self._inflight = asyncio.Semaphore(limit)
         self._client = client
         self._resolver = VettingResolver(allow_loopback, lookup=lookup)
         self._pool: Wire | None = None
@@ -252,6 +253,7 @@ class HttpTransport:
 
     async def __aenter__(self) -> HttpTransport:
         self._pool = open_wire(self._client, limit=self._limit, idle_timeout_s=IDLE_TIMEOUT_S)
+        self._inflight = asyncio.Semaphore(self._limit)  # bound to this loop on first use
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -269,18 +271,23 @@ class HttpTransport:
         (which classifies as permanent). One deadline covers the whole chain: a receiver
         answering each hop just inside the timeout cannot stretch the send to hops x it.
         """
-        start = time.perf_counter()
-        task = asyncio.current_task()
-        assert task is not None
-        deadline = self._deadlines.arm(task)
-        try:
-            return await self._send(req, follow_redirects, max_redirects, start)
-        except asyncio.CancelledError:
-            if self._deadlines.timed_out(deadline):
-                return SendResult(HttpResult(None, "timeout"), _ms(start), None)
-            raise  # the caller cancelled (too)
-        finally:
-            self._deadlines.disarm(deadline)
+        # Waiting for one of the ``limit`` requests in flight is not the receiver's time:
+        # the deadline starts once this send holds one. Otherwise endpoints that hang, with
+        # enough lanes to fill the limit, would time out every other endpoint's sends and
+        # open their breakers.
+        async with self._inflight:
+            start = time.perf_counter()
+            task = asyncio.current_task()
+            assert task is not None
+            deadline = self._deadlines.arm(task)
+            try:
+                return await self._send(req, follow_redirects, max_redirects, start)
+            except asyncio.CancelledError:
+                if self._deadlines.timed_out(deadline):
+                    return SendResult(HttpResult(None, "timeout"), _ms(start), None)
+                raise  # the caller cancelled (too)
+            finally:
+                self._deadlines.disarm(deadline)
 
     async def _send(self, req: RenderedRequest, follow_redirects: bool, max_redirects: int,
                     start: float) -> SendResult:

@@ -9,6 +9,7 @@ Needs no Kafka or PostgreSQL.
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -280,3 +281,48 @@ def test_a_redirect_to_another_origin_carries_no_custom_or_credential_header() -
     names = {k.lower() for k in got[0]}
     assert "x-api-key" not in names and "authorization" not in names, got
     assert {"webhook-id", "idempotency-key", "content-type"} <= names
+
+
+def test_sends_waiting_for_a_slot_behind_hanging_ones_do_not_time_out() -> None:
+    """Four lanes of an endpoint that never answers keep the transport's four slots busy,
+    re-sending as each send times out. Sends to a healthy endpoint wait for a slot, and
+    each one's deadline starts only once it holds one: none of them times out."""
+
+    async def run() -> collections.Counter[object]:
+        async def hang(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            await r.read(65536)
+            await asyncio.sleep(5)
+            w.close()
+
+        async def fast(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            await r.read(65536)
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            await w.drain()
+            w.close()
+
+        bad = await asyncio.start_server(hang, "127.0.0.1", 0)
+        good = await asyncio.start_server(fast, "127.0.0.1", 0)
+        bad_url = f"http://127.0.0.1:{bad.sockets[0].getsockname()[1]}/"
+        good_url = f"http://127.0.0.1:{good.sockets[0].getsockname()[1]}/"
+        results: collections.Counter[object] = collections.Counter()
+        stop = asyncio.Event()
+        async with HttpTransport(timeout_s=1.0, allow_loopback=True, limit=4) as t:
+            async def hostile() -> None:
+                while not stop.is_set():
+                    await t.send(_post(bad_url))
+
+            async def healthy() -> None:
+                for _ in range(3):
+                    r = await t.send(_post(good_url))
+                    results[r.http.status or r.http.error_class] += 1
+
+            lanes = [asyncio.create_task(hostile()) for _ in range(4)]
+            await asyncio.sleep(0.1)
+            await asyncio.gather(*(healthy() for _ in range(3)))
+            stop.set()
+            await asyncio.gather(*lanes)
+        for server in (bad, good):
+            server.close()
+        return results
+
+    assert asyncio.run(run()) == {200: 9}
