@@ -30,7 +30,13 @@ from postbacks.core.override import Override, apply_override, override_diff
 from postbacks.ids import new_id
 from postbacks.settings import Settings
 from replay_console.auth import Principal, may
-from replay_console.endpoints import check_reach, check_target, load_endpoint, save_endpoint
+from replay_console.endpoints import (
+    check_edit,
+    check_reach,
+    check_target,
+    load_endpoint,
+    save_endpoint,
+)
 from replay_console.queries import DeliveryFilter, NotFound, count_deliveries, filter_sql
 from replay_console.rules import ActionError, Lookup, audit, require
 
@@ -202,6 +208,7 @@ def create_replay(
         diff = override_diff(ep, override)
         if not diff:
             raise ActionError("the edit changes nothing compared with the endpoint's config")
+        check_edit(p, ep, override)  # 403: what a support may not change
         edited = apply_override(ep, override)
         from postbacks.core.endpoint_check import endpoint_problems
 
@@ -332,6 +339,7 @@ def preview_edit(conn: psycopg.Connection[Any], settings: Settings, p: Principal
     ep = load_endpoint(conn, d["endpoint_id"])
     if override.url is not None:
         check_reach(p, ep, override.url)
+    check_edit(p, ep, override)
     return d, override_diff(ep, override)
 
 

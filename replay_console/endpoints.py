@@ -33,6 +33,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from postbacks.core.endpoint import Endpoint, EndpointConfig
+from postbacks.core.macros import find_macros
 from postbacks.core.override import Override, apply_override
 from postbacks.core.ssrf import blocked_reason, parse_host_literal, url_blocked_reason
 from postbacks.errors import ConfigError
@@ -119,6 +120,32 @@ def check_reach(p: Principal, endpoint: Endpoint, url: str) -> None:
         f"test_hosts ({listed}) only; {host or url[:80]!r} needs a reviewer or an admin "
         f"(ask one to send it, or an admin to add the host to test_hosts)", 403,
         host=host, allowed=[own, *endpoint.config.test_hosts])
+
+
+def check_edit(p: Principal, endpoint: Endpoint, override: Override) -> None:
+    """Refuse (403) an edit that ``p`` may not make: a role outside :data:`WIDE_REACH` may
+    retarget a replay (another scheme, host, port or path, to a host :func:`check_reach`
+    allows) but not change what it tells the receiver: the query and the macros of the
+    endpoint's URL stay as they are, and fields and aliases need a reviewer. A replay is
+    signed with the live secret and skips the anomaly gate, so a literal payout in a query,
+    or an alias moving another value into the payout's field, would be paid as sent."""
+    if p.role in WIDE_REACH:
+        return
+    why: list[str] = []
+    if override.fields is not None or override.aliases:
+        why.append("fields and aliases")
+    if override.url is not None:
+        old, new = urlsplit(endpoint.url), urlsplit(override.url)
+        if new.query != old.query:
+            why.append("the URL's query")
+        if sorted(find_macros(new.path)) != sorted(find_macros(old.path)):
+            why.append("the macros in the URL's path")
+    if why:
+        raise ActionError(
+            f"a {p.role} may retarget an edit and replay (scheme, host, port, path) but not "
+            f"change {' or '.join(why)}: that changes what the receiver is told, money "
+            "included, and a replay skips the anomaly gate; ask a reviewer or an admin", 403,
+            changed=why)
 
 
 # --- endpoints --------------------------------------------------------------------------

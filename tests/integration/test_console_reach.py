@@ -167,3 +167,46 @@ def test_test_hosts_is_validated_on_save(settings: Settings, namespace: str) -> 
         r = admin.post(path, body={"config": {"test_hosts": ["Staging.Test.", "10.0.0.1"]}})
         assert r.status == 200, r.text
         assert admin.get(path).json()["config"]["test_hosts"] == ["staging.test", "10.0.0.1"]
+
+
+def test_support_may_retarget_an_edit_but_not_change_what_the_receiver_is_told(
+        settings: Settings, namespace: str) -> None:
+    """A replay is signed with the live secret and skips the anomaly gate: support may move
+    it to an allowed host, but a literal payout in the query, a path without the
+    template's macros, or fields and aliases need a reviewer (403, audited)."""
+    ns = namespace
+    app, ep = f"app_{ns}", f"ep_{ns}"
+    with connect(settings.database_url) as conn:
+        upsert_endpoint(conn, endpoint_id=ep, app_id=app, provider="v2",
+                        url="https://own.test/cb/{conversion_id}?p={payout_usd}",
+                        config=EndpointConfig.from_json({"test_hosts": ["allowed.test"]}))
+        conn.commit()
+    for n in (1, 2):
+        insert_deliveries(settings, [held_delivery(ns, n, endpoint=ep, app=app)],
+                          status="dead_lettered")
+    path = f"/api/v1/deliveries/dlv_{ns}_1/replay"
+    with console_server(settings, lookup=_lookup) as port:
+        sup = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
+        for override, words in [
+            ({"url": "https://own.test/cb/{conversion_id}?p=99999.00"}, "query"),
+            ({"url": "https://allowed.test/cb/123?p={payout_usd}"}, "path"),
+            ({"aliases": {"occurred_at": "payout_usd"}}, "aliases"),
+            ({"fields": ["conversion_id"]}, "fields"),
+        ]:
+            r = sup.post(path, body={"override": override})
+            assert r.status == 403 and words in r.json()["error"], (override, r.text)
+        page = Client(port)
+        page.sign_in(token(settings, f"sup2-{ns}", "support"))
+        r = page.post(f"/deliveries/dlv_{ns}_1/replay", form={
+            "csrf": page.csrf, "url": "https://own.test/cb/{conversion_id}?p=1"})
+        assert r.status == 403 and "query" in r.text  # the diff page too
+        r = sup.post(path, body={"override": {
+            "url": "https://allowed.test/v2/cb/{conversion_id}?p={payout_usd}"}})
+        assert r.status == 202, r.text
+        rev = Client(port, bearer=token(settings, f"rev-{ns}", "reviewer"))
+        r = rev.post(f"/api/v1/deliveries/dlv_{ns}_2/replay", body={"override": {
+            "url": "https://other.test/cb/{conversion_id}?p={payout_usd}&src=fix"}})
+        assert r.status == 202, r.text
+    refused = _refusals(settings, f"support:sup-{ns}")  # the first of a minute's
+    assert [a for a, _t, _ in refused] == ["refused.edit_replay"], refused
+    assert "query" in refused[0][2]["reason"]
