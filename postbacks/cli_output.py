@@ -4,13 +4,28 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
-__all__ = ["fail", "iso", "print_json", "print_table", "usd"]
+__all__ = ["fail", "iso", "print_json", "print_table", "shown", "usd"]
+
+# Control characters a terminal acts on (ESC starts sequences that move the cursor, rewrite
+# lines, set the title or the clipboard; CR overwrites a line; BEL ...), C1 included.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL_OR_NEWLINE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def shown(text: object, *, lines: bool = True) -> str:
+    """Text from outside (a receiver's response, a URL, an error message, a name) as it
+    may reach a terminal: every control character written as a ``\\xNN`` escape, so an
+    answer crafted for an operator's terminal prints as text; newlines and tabs kept when
+    ``lines`` (else escaped too: one table cell, one line)."""
+    pattern = _CONTROL if lines else _CONTROL_OR_NEWLINE
+    return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
 
 
 def fail(args: argparse.Namespace, message: str, code: int) -> int:
@@ -32,8 +47,8 @@ def usd(micros: int | None) -> str:
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    cells = [[str(h) for h in headers], *[["-" if c is None else str(c) for c in r]
-                                          for r in rows]]
+    cells = [[str(h) for h in headers], *[["-" if c is None else shown(c, lines=False)
+                                           for c in r] for r in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for r in cells:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

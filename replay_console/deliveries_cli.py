@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Any, cast
 
-from postbacks.cli_output import fail, iso, print_json, print_table, usd
+from postbacks.cli_output import fail, iso, print_json, print_table, shown, usd
 from postbacks.settings import Settings
 
 __all__ = ["add_parser"]
@@ -76,22 +76,27 @@ def _show(settings: Settings, args: argparse.Namespace) -> int:
     if args.json:
         print_json(d)
         return 0
-    print(f"{d['delivery_id']}  {d['status']}  endpoint {d['endpoint_id']}  app {d['app_id']}")
-    print(f"idempotency key {d['idempotency_key']}  attempts {d['attempt_count']}  "
-          f"payout {usd(d['payout_usd_micros'])}  created {iso(d['created_at_ms'])}")
+    # Every value may come from outside (a producer, a receiver): shown() escapes what a
+    # terminal would act on.
+    print(shown(f"{d['delivery_id']}  {d['status']}  endpoint {d['endpoint_id']}  "
+                f"app {d['app_id']}", lines=False))
+    print(shown(f"idempotency key {d['idempotency_key']}  attempts {d['attempt_count']}  "
+                f"payout {usd(d['payout_usd_micros'])}  created {iso(d['created_at_ms'])}",
+                lines=False))
     if d.get("hold_reason"):
-        print(f"held: {d['hold_reason']} since {iso(d.get('held_at_ms'))}")
+        print(shown(f"held: {d['hold_reason']} since {iso(d.get('held_at_ms'))}", lines=False))
     for a in d["attempts"]:
-        print(f"\n#{a['attempt_no']} {a['trigger']} {a['result']} "
-              f"{a['status_code'] or ''} {iso(a['attempted_at_ms'])}"
-              f"{' ' + (a['error_class'] or '') if a['error_class'] else ''}")
-        print(f"  > {a['request_method']} {a['request_url']}")
+        print("\n" + shown(f"#{a['attempt_no']} {a['trigger']} {a['result']} "
+                           f"{a['status_code'] or ''} {iso(a['attempted_at_ms'])}"
+                           f"{' ' + (a['error_class'] or '') if a['error_class'] else ''}",
+                           lines=False))
+        print(shown(f"  > {a['request_method']} {a['request_url']}", lines=False))
         for k, v in sorted(a["request_headers"].items()):
-            print(f"  > {k}: {v}")
+            print(shown(f"  > {k}: {v}", lines=False))
         if a["request_body"]:
-            print(f"  > {a['request_body']}")
+            print(f"  > {shown(a['request_body'])}")
         if a["response_excerpt"]:
-            print(f"  < {a['response_excerpt']}")
+            print(f"  < {shown(a['response_excerpt'])}")
     print("\noutcomes: " + ", ".join(f"{o['kind']}@{iso(o['occurred_at_ms'])}"
                                       for o in d["outcomes"]))
     return 0

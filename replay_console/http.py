@@ -138,6 +138,8 @@ class Console:
         """The security headers every response carries (pages, API, errors, static)."""
         for k, v in _HEADERS.items():
             response.headers.setdefault(k, v)
+        if request.path.startswith("/api/"):  # signed-in data (and a new secret, once)
+            response.headers.setdefault("Cache-Control", "no-store")
         if self.is_tls(request):
             response.headers["Strict-Transport-Security"] = HSTS
 

@@ -55,6 +55,8 @@ def test_every_response_carries_the_security_headers(settings: Settings,
         for what, r in replies.items():
             _assert_strict(r.headers, what)
             assert "strict-transport-security" not in r.headers, what  # plain HTTP
+        for what in ("api 401", "api", "api 404", "api 400", "page", "page 404"):
+            assert replies[what].headers.get("cache-control") == "no-store", what
         css = replies["static"]
         assert css.status == 200 and css.headers["content-type"].startswith("text/css")
         assert "body {" in css.text
