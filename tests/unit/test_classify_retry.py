@@ -22,6 +22,9 @@ from postbacks.core.retry import DeadLetter, RetryPolicy, ScheduleRetry, next_st
         (HttpResult(404), Permanent("http_404")),
         (HttpResult(400), Permanent("http_400")),
         (HttpResult(301), Permanent("http_301")),
+        (HttpResult(599), Retryable("http_599")),
+        (HttpResult(600), Permanent("http_600")),  # no class: not a server error
+        (HttpResult(999, retry_after_s=5), Permanent("http_999")),
     ],
 )
 def test_classification(result: HttpResult, verdict: object) -> None:
