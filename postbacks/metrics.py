@@ -22,6 +22,7 @@ __all__ = [
     "ANOMALY_ENDPOINT_SPAN_OBSERVED",
     "ANOMALY_ENDPOINT_SPAN_SCORE",
     "ANOMALY_GLOBAL_WATERMARK",
+    "ANOMALY_RETRO_BURST",
     "ANOMALY_SIGNALS",
     "ANOMALY_SPAN_EXPECTED",
     "ANOMALY_SPAN_OBSERVED",
@@ -161,6 +162,11 @@ ANOMALY_SPAN_EXPECTED = Gauge(
     "Seasonal expectation of the same rolling span, by scope and span (minutes)",
     ["scope", "span"],
 )
+ANOMALY_RETRO_BURST = Gauge(
+    "postbacks_anomaly_retro_burst",
+    "The retrodated burst (aggregator instance): retrodated deliveries in the last 15"
+    " event-time minutes (observed) and the count that halts the global scope under the"
+    " global retrodating row's enforce (threshold)", ["quantity"])
 ANOMALY_CUSUM = Gauge(
     "postbacks_anomaly_cusum",
     "The rolling detector's CUSUM statistic (log-likelihood ratio) by scope and arm"

@@ -130,6 +130,7 @@ class PayoutPartialRecord(TypedDict):
     window_start: int
     total_micros: int
     count: int
+    retrodated: int  # v3 (0 when read from an older writer)
     source_offset: int
     produced_at: int
 

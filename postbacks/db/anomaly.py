@@ -59,6 +59,7 @@ _PARAM_DETECTOR = {
     "k": Detector.VALUE_RATE,
     "h": Detector.VALUE_RATE,
     "window_ms": Detector.RETRODATING,
+    "burst_count": Detector.RETRODATING,
 }
 _HELD_LOCK = 7_424_611_001  # pg advisory lock serialising held-cohort resolutions
 
@@ -126,14 +127,15 @@ def _check_actor(actor: str) -> None:
 
 def validate_params(detector: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """Checked, normalised params: ``multiple`` (float >= 1), ``floor_micros`` (int >= 0),
-    ``k`` and ``h`` (float > 0) for value_rate, ``window_ms`` (int > 0) for retrodating;
-    anything else is a ValueError."""
+    ``k`` and ``h`` (float > 0) for value_rate, ``window_ms`` (int > 0) and
+    ``burst_count`` (int 0..10,000,000, global rows only: the retrodated burst) for
+    retrodating; anything else is a ValueError."""
     out: dict[str, Any] = {}
     for key, value in params.items():
         owner = _PARAM_DETECTOR.get(key)
         if owner is None:
             raise ValueError(f"unknown param {key!r}: allowed are multiple, floor_micros, k, h "
-                             "(value_rate) and window_ms (retrodating)")
+                             "(value_rate), window_ms and burst_count (retrodating)")
         if owner != detector:
             raise ValueError(f"param {key!r} configures {owner.value}, not {detector}")
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -153,6 +155,8 @@ def validate_params(detector: str, params: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"floor_micros must be >= 0, not {value}")
         elif key == "window_ms" and value <= 0:
             raise ValueError(f"window_ms must be > 0, not {value}")
+        elif key == "burst_count" and not 0 <= value <= 10_000_000:
+            raise ValueError(f"burst_count must be 0 (off) .. 10,000,000, not {value}")
         else:
             out[key] = value
     return out

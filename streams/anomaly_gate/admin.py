@@ -152,6 +152,11 @@ def set_mode_cmd(settings: Settings, args: argparse.Namespace) -> int:
         params["h"] = args.h
     if args.window_days is not None:
         params["window_ms"] = round(args.window_days * _MS_PER_DAY)
+    if args.burst_count is not None:
+        if args.scope != "global":
+            return fail(args, "--burst-count goes with --scope global (the burst is a "
+                        "global halt)", 2)
+        params["burst_count"] = args.burst_count
     with connect(settings.database_url) as conn:
         try:
             row = set_mode(conn, scope=args.scope, scope_key=key, detector=args.detector,
@@ -250,6 +255,10 @@ def add_parser(subparsers: Any) -> None:
                     "default 12.5; `postbacks anomaly calibrate` recommends one)")
     sp.add_argument("--window-days", type=float,
                     help="retrodating: hold when created - completed exceeds this")
+    sp.add_argument("--burst-count", type=int,
+                    help="retrodating, global: halt the global scope when this many "
+                    "retrodated deliveries (default 50; 0: never) come within 15 event-time "
+                    "minutes, over twice their usual count (see docs/containment.md)")
     sp.add_argument("--note", help="why (recorded in the audit log)")
     sp.set_defaults(func=set_mode_cmd)
 

@@ -26,6 +26,15 @@ from postbacks.codec import codec_for
 from postbacks.core.anomaly import GLOBAL_SCOPE, Detector, HaltState, Mode, Trip
 from postbacks.core.anomaly.persist import NOTHING, Value
 from postbacks.core.anomaly.profile import MINUTE_MS
+from postbacks.core.anomaly.retro_burst import (
+    NO_BURST,
+    BurstResult,
+    BurstState,
+    close_minute,
+    format_burst,
+    judge,
+    parse_burst,
+)
 from postbacks.core.anomaly.rolling import (
     RollingOver,
     RollingResult,
@@ -44,6 +53,7 @@ from postbacks.errors import DeadLetterError
 from postbacks.metrics import (
     ANOMALY_CUSUM,
     ANOMALY_GLOBAL_WATERMARK,
+    ANOMALY_RETRO_BURST,
     ANOMALY_SIGNALS,
     ANOMALY_SPAN_EXPECTED,
     ANOMALY_SPAN_OBSERVED,
@@ -72,7 +82,9 @@ UNHEARD_GRACE_MS = 10_000  # partitions never heard from hold windows open this 
 SCORED_OPEN_MINUTES = 10
 
 
-def _ints(raw: object, n: int, what: str) -> list[tuple[int, ...]]:
+def _ints(raw: object, n: int, what: str, short: int | None = None) -> list[tuple[int, ...]]:
+    """Items of ``n`` ints; an item of ``short`` ints (written before the retrodated count
+    was kept) reads with a 0 appended."""
     if not isinstance(raw, str):
         raise ValueError(f"global state: {what!r} must be a string")
     out = []
@@ -81,6 +93,8 @@ def _ints(raw: object, n: int, what: str) -> list[tuple[int, ...]]:
             values = tuple(int(x) for x in item.split(":"))
         except ValueError:
             raise ValueError(f"global state: bad {what} item {item!r}") from None
+        if short is not None and len(values) == short:
+            values = (*values, 0)
         if len(values) != n:
             raise ValueError(f"global state: bad {what} item {item!r}")
         out.append(values)
@@ -128,9 +142,13 @@ class GlobalAggregator:
         self.loaded = False
         self.state: RollingState = empty()
         self.offset = NOTHING
-        # p -> (minute start, total, count, source offset, sent at)
-        self.parts: dict[int, tuple[int, int, int, int, int]] = {}
-        self.windows: dict[int, tuple[int, int]] = {}  # open minute start -> (total, count)
+        # p -> (minute start, total, count, source offset, sent at, retrodated)
+        self.parts: dict[int, tuple[int, int, int, int, int, int]] = {}
+        # open minute start -> (total, count, retrodated)
+        self.windows: dict[int, tuple[int, int, int]] = {}
+        self.burst: BurstState = NO_BURST  # the retrodated burst's closed minutes
+        self.last_burst: BurstResult | None = None
+        self._burst_signalled: int | None = None
         self._codec = codec_for("PayoutPartial")
         self._signalled: int | None = None
         self._dirty = False
@@ -150,6 +168,7 @@ class GlobalAggregator:
             return
         raw = get(GLOBAL_ROLL)
         self.state, self.offset, self.parts, self.windows = empty(), NOTHING, {}, {}
+        self.burst = NO_BURST
         self._first_sent = None
         self.halted, self.since = False, None
         if raw is not None:
@@ -157,9 +176,11 @@ class GlobalAggregator:
                 if not isinstance(raw, dict) or type(raw.get("o")) is not int:
                     raise ValueError("global state: not an object with an offset")
                 self.state = from_dict(raw["s"])
-                self.parts = {v[0]: (v[1], v[2], v[3], v[4], v[5])
-                              for v in _ints(raw.get("parts", ""), 6, "parts")}
-                self.windows = {w: (t, c) for w, t, c in _ints(raw.get("wins", ""), 3, "wins")}
+                self.parts = {v[0]: (v[1], v[2], v[3], v[4], v[5], v[6])
+                              for v in _ints(raw.get("parts", ""), 7, "parts", short=6)}
+                self.windows = {w: (t, c, r) for w, t, c, r
+                                in _ints(raw.get("wins", ""), 4, "wins", short=3)}
+                self.burst = parse_burst(raw["burst"]) if "burst" in raw else NO_BURST
                 first = raw.get("first")
                 self._first_sent = first if type(first) is int else None
                 since = raw.get("since")
@@ -169,6 +190,7 @@ class GlobalAggregator:
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("unreadable global state (%s): starting it afresh", exc)
                 self.state, self.offset, self.parts, self.windows = empty(), NOTHING, {}, {}
+                self.burst = NO_BURST
         self.loaded = True
 
     def window_total(self, window_start: int) -> int:
@@ -196,6 +218,7 @@ class GlobalAggregator:
                 continue
             p, w, total, count = (pp["partition"], pp["window_start"], pp["total_micros"],
                                   pp["count"])
+            retro = pp.get("retrodated", 0)
             src, sent = pp["source_offset"], pp["produced_at"]
             last = self.parts.get(p)
             if last is not None and (src <= last[3] or w < last[0]):
@@ -203,12 +226,13 @@ class GlobalAggregator:
             same = last is not None and w == last[0]
             dv = total - last[1] if last is not None and same else total
             dc = count - last[2] if last is not None and same else count
-            self.parts[p] = (w, total, count, src, sent)
+            dr = retro - last[5] if last is not None and same else retro
+            self.parts[p] = (w, total, count, src, sent, retro)
             closed = self._closed_before()
             target = w if closed is None or w >= closed else closed
-            if dv > 0 or dc > 0:
-                t0, c0 = self.windows.get(target, (0, 0))
-                self.windows[target] = (t0 + max(dv, 0), c0 + max(dc, 0))
+            if dv > 0 or dc > 0 or dr > 0:
+                t0, c0, r0 = self.windows.get(target, (0, 0, 0))
+                self.windows[target] = (t0 + max(dv, 0), c0 + max(dc, 0), r0 + max(dr, 0))
         if not moved:
             return []
         self._close()
@@ -229,24 +253,60 @@ class GlobalAggregator:
         if len(self.parts) < self.partitions and newest - first < UNHEARD_GRACE_MS:
             return  # a partition not heard from yet may still bring these minutes money
         watermark = min(v[0] for v in self.parts.values() if v[4] >= newest - ACTIVE_MS)
-        s = self.state
+        s, b, policy = self.state, self.burst, self.config.retro_burst
         for w in sorted(x for x in self.windows if x < watermark):
-            total, count = self.windows.pop(w)
+            total, count, retro = self.windows.pop(w)
             s = rolling_add(s, w, total, count)
+            b = close_minute(b, w // MINUTE_MS, retro, policy)
         if s.minute is not None:
             s = advance(s, watermark // MINUTE_MS)
             ANOMALY_GLOBAL_WATERMARK.set((s.minute or 0) * MINUTE_MS / 1000)
-        self.state = s
+        if b.minute is not None and b.minute < watermark // MINUTE_MS - 1:
+            b = close_minute(b, watermark // MINUTE_MS - 1, 0, policy)  # quiet minutes
+        self.state, self.burst = s, b
 
     def _evaluate(self) -> Trip | None:
-        mode = self.config.global_mode
-        if mode is Mode.OFF:
-            self.last = None
+        mode, retro_mode = self.config.global_mode, self.config.global_retro_mode
+        if mode is Mode.OFF and retro_mode is Mode.OFF:
+            self.last = self.last_burst = None
             return None
         self._rearm()
+        trip = self._burst(retro_mode) if retro_mode is not Mode.OFF else None
+        if mode is Mode.OFF:
+            self.last = None
+            return trip
+        return trip or self._rolling(mode)
+
+    def _burst(self, mode: Mode) -> Trip | None:
+        """The retrodated burst over the span ending at the newest open minute (the open
+        minutes before it closed into a copy, as the rolling score adds them)."""
+        b, policy = self.burst, self.config.retro_burst
+        opens = sorted(self.windows)[:SCORED_OPEN_MINUTES]
+        for w in opens[:-1]:
+            b = close_minute(b, w // MINUTE_MS, self.windows[w][2], policy)
+        last = opens[-1] if opens else None
+        r = self.last_burst = judge(b, None if last is None else last // MINUTE_MS,
+                                    0 if last is None else self.windows[last][2], policy,
+                                    since_minute=self.since)
+        ANOMALY_RETRO_BURST.labels("observed").set(r.observed)
+        ANOMALY_RETRO_BURST.labels("threshold").set(r.threshold)
+        if not r.over:
+            return None
+        end = last // MINUTE_MS if last is not None else (b.minute or 0)
+        start_ms = (end - r.seen + 1) * MINUTE_MS
+        if self._burst_signalled != start_ms:
+            self._burst_signalled = start_ms
+            ANOMALY_SIGNALS.labels("retrodated_burst", mode.value).inc()
+        if mode is Mode.ENFORCE and self.halts.halts.get(GLOBAL_SCOPE) is not HaltState.TRIPPED:
+            log.warning("retrodated burst over its threshold: %s", r.describe())
+            return Trip("global", "*", Detector.RETRODATING, r.observed, r.usual, start_ms,
+                        r.describe())
+        return None
+
+    def _rolling(self, mode: Mode) -> Trip | None:
         s = self.state
         for w in sorted(self.windows)[:SCORED_OPEN_MINUTES]:  # as far as they are known
-            total, count = self.windows[w]
+            total, count, _retro = self.windows[w]
             s = rolling_add(s, w, total, count)
         r = self.last = evaluate(s, self.config.global_rolling, since_minute=self.since)
         self._gauges(r)
@@ -284,13 +344,14 @@ class GlobalAggregator:
         """The table write for the state changed since the last call (before a commit)."""
         if not self._dirty or not self.loaded:
             return []
-        parts = ";".join(f"{p}:{w}:{t}:{c}:{o}:{a}"
-                         for p, (w, t, c, o, a) in sorted(self.parts.items()))
-        wins = ";".join(f"{w}:{t}:{c}" for w, (t, c) in sorted(self.windows.items()))
+        parts = ";".join(f"{p}:{w}:{t}:{c}:{o}:{a}:{r}"
+                         for p, (w, t, c, o, a, r) in sorted(self.parts.items()))
+        wins = ";".join(f"{w}:{t}:{c}:{r}" for w, (t, c, r) in sorted(self.windows.items()))
         self._dirty = False
         return [(GLOBAL_ROLL, {"s": to_dict(self.state), "o": self.offset, "parts": parts,
                                "wins": wins, "first": self._first_sent,
-                               "since": self.since, "halted": self.halted})]
+                               "since": self.since, "halted": self.halted,
+                               "burst": format_burst(self.burst)})]
 
     def _gauges(self, r: RollingResult) -> None:
         if not isinstance(r, RollingOver | RollingWithin):

@@ -33,6 +33,7 @@ from postbacks.core.anomaly import (
     Trip,
     resolve_modes,
 )
+from postbacks.core.anomaly.retro_burst import BURST, BurstPolicy
 from postbacks.core.anomaly.rolling import ENDPOINT_ROLLING, GLOBAL_ROLLING, RollingThresholds
 
 __all__ = ["GateConfig", "HaltBook", "StateChange", "build_config"]
@@ -72,6 +73,7 @@ class GateConfig:
     global_rolling: RollingThresholds = GLOBAL_ROLLING  # what the global scope runs
     retrodating_window_ms: dict[str, int] = field(default_factory=dict)  # per endpoint
     global_retrodating_window_ms: int = RETRODATING_WINDOW_MS
+    retro_burst: BurstPolicy = BURST  # the global retrodating row's burst_count
     _cache: dict[str, GateModes] = field(default_factory=dict)
 
     def modes(self, endpoint_id: str) -> GateModes:
@@ -98,6 +100,11 @@ class GateConfig:
     def global_mode(self) -> Mode:
         return self.rows.get((GLOBAL_SCOPE, Detector.VALUE_RATE), Mode.OFF)
 
+    @property
+    def global_retro_mode(self) -> Mode:
+        """The global retrodating row's mode: the retrodated burst's too."""
+        return self.rows.get((GLOBAL_SCOPE, Detector.RETRODATING), Mode.OFF)
+
 
 def core_scope(scope: str, scope_key: str, global_key: str) -> Scope | None:
     """The core's scope for a stored row, or None for another deployment's global rows."""
@@ -118,6 +125,7 @@ def build_config(rows: Iterable[Any], global_key: str) -> tuple[GateConfig, list
     windows: dict[str, int] = {}
     g_roll = GLOBAL_ROLLING
     g_window = RETRODATING_WINDOW_MS
+    burst = BURST
     states: list[StateChange] = []
     for r in rows:
         scope = core_scope(r.scope, r.scope_key, global_key)
@@ -134,15 +142,19 @@ def build_config(rows: Iterable[Any], global_key: str) -> tuple[GateConfig, list
                 g_roll = _rolling(params, GLOBAL_ROLLING)
             else:
                 ep_th[scope[1]] = _rolling(params, ENDPOINT_ROLLING)
-        elif isinstance(params.get("window_ms"), int) and params["window_ms"] > 0:
-            if scope == GLOBAL_SCOPE:
-                g_window = params["window_ms"]
-            else:
-                windows[scope[1]] = params["window_ms"]
+        else:
+            if isinstance(params.get("window_ms"), int) and params["window_ms"] > 0:
+                if scope == GLOBAL_SCOPE:
+                    g_window = params["window_ms"]
+                else:
+                    windows[scope[1]] = params["window_ms"]
+            count = params.get("burst_count")
+            if scope == GLOBAL_SCOPE and type(count) is int and 0 <= count <= 10_000_000:
+                burst = BurstPolicy(floor=count)
         if scope[1] != ALL_ENDPOINTS or scope == GLOBAL_SCOPE:  # a default never halts
             states.append(StateChange(scope, det.value, HaltState(r.state),
                                       r.state_changed_at_ms or 0))
-    return GateConfig(modes, ep_th, g_roll, windows, g_window), states
+    return GateConfig(modes, ep_th, g_roll, windows, g_window, burst), states
 
 
 class HaltBook:

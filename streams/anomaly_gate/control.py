@@ -41,8 +41,11 @@ def breaker_state(trip: Trip, global_key: str, now_ms: int) -> tuple[bytes, Brea
     rec = breaker_record({
         "scope": trip.scope, "scope_key": key, "detector": trip.detector.value,
         "state": HaltState.TRIPPED.value, "changed_at": now_ms,
-        "reason": f"payout {trip.observed / 1e6:.2f} USD over baseline "
-                  f"{trip.baseline / 1e6:.2f} in window {trip.window_start_ms}"
+        "reason": (f"retrodated burst: {trip.observed} retrodated deliveries against "
+                   f"{trip.baseline:.1f} usual" if trip.detector is Detector.RETRODATING
+                   else f"payout {trip.observed / 1e6:.2f} USD over baseline "
+                   f"{trip.baseline / 1e6:.2f}")
+                  + f" in window {trip.window_start_ms}"
                   + ("" if trip.detail is None else f" ({trip.detail})"),
     }, observed=float(trip.observed), baseline=float(trip.baseline))
     return control_key(trip.scope, key, trip.detector.value), rec

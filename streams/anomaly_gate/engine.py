@@ -266,10 +266,12 @@ class GateEngine:
             # The partition's partial has an offset of its own: a kill -9 can land the
             # endpoint's state write and not the partial's (or the other way round), and
             # each must then count what it is missing.
+            retro = retrodated(conv["source_created_at"], conv["source_completed_at"],
+                               cfg.window_ms(ep))
             part, p_off = self._partial(rec.partition, get)
             if rec.offset > p_off:
-                if type(micros) is int:
-                    moved = accumulate(part, at, micros, self.window_ms)
+                if type(micros) is int:  # retrodated ones counted for the global burst
+                    moved = accumulate(part, at, micros, self.window_ms, retro is True)
                     if part.window_start not in (None, moved.window_start):
                         # the partition's window closed mid-batch: its final partial
                         out.partials.append((rec.partition, part, p_off))
@@ -288,8 +290,6 @@ class GateEngine:
                 scored = self.scores[ep] = evaluate(t.state, cfg.thresholds(ep), now_ms=at,
                                                     since_minute=t.since)
                 ep_rate = as_rate_result(scored)
-            retro = retrodated(conv["source_created_at"], conv["source_completed_at"],
-                               cfg.window_ms(ep))
             # A payout that cannot be counted cannot be judged by the global scope either
             # (the aggregator's): under its enforce it is held, naming the field.
             decision = decide(ep, modes, retro, ep_rate,

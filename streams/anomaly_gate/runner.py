@@ -287,6 +287,7 @@ class GateProcess:
         for partition, part, off in partials:
             rec = PayoutPartialRecord(partition=partition, window_start=part.window_start or 0,
                                       total_micros=part.total, count=part.count,
+                                      retrodated=part.retro,
                                       source_offset=off,
                                       produced_at=now_ms)
             self._produce(TOPICS.anomaly_partials.base, str(partition).encode(),

@@ -27,10 +27,11 @@ CONTROL = TOPICS.anomaly_control.base
 NO_CIRCUIT = {"opened_at": None, "ramp_started_at": None, "consecutive_failures": None}
 
 
-def _row(settings: Settings, key: str, detector: str = "value_rate") -> db.AnomalyRow | None:
+def _row(settings: Settings, key: str, detector: str = "value_rate",
+         scope: str = "endpoint") -> db.AnomalyRow | None:
     with connect(settings.database_url) as conn:
         rows = [r for r in db.load_rows(conn)
-                if (r.scope, r.scope_key, r.detector) == ("endpoint", key, detector)]
+                if (r.scope, r.scope_key, r.detector) == (scope, key, detector)]
     return rows[0] if rows else None
 
 
@@ -59,6 +60,9 @@ def _trip(settings: Settings, key: str, **kw: Any) -> bool:
     ({"params": {"floor_micros": 1.5}}, "must be an integer"),
     ({"params": {"floor_micros": "5"}}, "must be a number"),
     ({"detector": "retrodating", "params": {"window_ms": 0}}, "window_ms must be > 0"),
+    ({"detector": "retrodating", "params": {"burst_count": -1}}, "burst_count must be 0"),
+    ({"detector": "retrodating", "params": {"burst_count": 2.5}}, "must be an integer"),
+    ({"params": {"burst_count": 50}}, "configures retrodating, not value_rate"),
     ({"actor": ""}, "an actor is required"),
 ])
 def test_set_mode_validation(settings: Settings, namespace: str, over: dict[str, Any],
@@ -256,6 +260,9 @@ def test_cli_set_mode_and_status(
     assert run_cli(monkeypatch, settings, "anomaly", "set-mode", "--scope", "endpoint",
                    "--detector", "value_rate", "--mode", "off", "--actor", "a") == 2
     assert "--key" in capsys.readouterr().err
+    assert run_cli(monkeypatch, settings, *base, "--detector", "retrodating", "--mode",
+                   "enforce", "--burst-count", "80") == 2
+    assert "--burst-count goes with --scope global" in capsys.readouterr().err
 
     assert _trip(settings, key)
     assert run_cli(monkeypatch, settings, "anomaly", "status", "--json") == 0
@@ -277,7 +284,12 @@ def test_cli_global_scope_uses_the_configured_global_key(
     assert run_cli(monkeypatch, settings, "anomaly", "set-mode", "--scope", "global",
                    "--detector", "value_rate", "--mode", "enforce", "--multiple", "1.25",
                    "--actor", "alice") == 0
+    assert run_cli(monkeypatch, settings, "anomaly", "set-mode", "--scope", "global",
+                   "--detector", "retrodating", "--mode", "detect", "--burst-count", "80",
+                   "--actor", "alice") == 0
     capsys.readouterr()
+    retro = _row(settings, namespace, "retrodating", scope="global")
+    assert retro is not None and retro.params == {"burst_count": 80}
     with connect(settings.database_url) as conn:
         assert db.record_trip(conn, scope="global", scope_key=namespace, detector="value_rate",
                               reason="payout_rate_global", observed=1e10, baseline=2e9,
@@ -288,5 +300,6 @@ def test_cli_global_scope_uses_the_configured_global_key(
     assert msg.key() == f"global/{namespace}/value_rate".encode()
     assert decode("BreakerState", msg)["state"] == "closed"
     with connect(settings.database_url) as conn:
-        [row] = [r for r in db.load_rows(conn) if (r.scope, r.scope_key) == ("global", namespace)]
+        [row] = [r for r in db.load_rows(conn) if (r.scope, r.scope_key, r.detector)
+                 == ("global", namespace, "value_rate")]
     assert (row.mode, row.state, row.params) == ("enforce", "closed", {"multiple": 1.25})

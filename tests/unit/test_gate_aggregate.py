@@ -64,8 +64,9 @@ class Agg:
 
     @property
     def total(self) -> tuple[int, int]:
+        """The newest open minute's payout and count."""
         w = self.agg.windows
-        return w[max(w)] if w else (0, 0)
+        return w[max(w)][:2] if w else (0, 0)
 
 
 def _history(a: Agg, weeks: int = 2, per_min: int = 10) -> int:
@@ -224,7 +225,7 @@ def test_with_many_minutes_open_the_score_adds_only_the_oldest_few(
     a.feed(partial(0, T0 + 5000 * MIN, USD))
     assert added == [T0 + m * MIN for m in range(SCORED_OPEN_MINUTES)]
     a.feed(partial(1, T0 + MIN, 2 * USD, 2))
-    assert a.agg.windows[T0 + MIN] == (3 * USD, 3)  # the lagging money in its own minute
+    assert a.agg.windows[T0 + MIN] == (3 * USD, 3, 0)  # the lagging money in its minute
 
 
 def test_a_surge_read_from_a_backlog_with_partitions_far_apart_trips() -> None:
@@ -334,3 +335,85 @@ def test_an_instance_taking_over_after_the_close_re_arms_at_it() -> None:
         assert b.feed(partial(0, w + m * MIN, 10 * USD, 10)) == [], m
     assert b.agg.since == (w + MIN) // MIN + 1
     assert b.store[GLOBAL_ROLL]["halted"] is False
+
+
+# -- the retrodated burst (postbacks/core/anomaly/retro_burst.py) ---------------------------
+
+def retro_row(mode: str, params: dict[str, Any] | None = None) -> AnomalyRow:
+    return AnomalyRow("global", GKEY, "retrodating", mode, params or {}, "closed", None, None)
+
+
+def retro_partial(partition: int, window: int, count: int, retro: int) -> bytes:
+    return PARTIAL.encode({"partition": partition, "window_start": window,
+                           "total_micros": count * USD, "count": count, "retrodated": retro,
+                           "source_offset": next(_SOURCE), "produced_at": NOW})
+
+
+def _burst(a: Agg, per_min: int = 3, minutes: int = 12, start: int = T0) -> list[Trip]:
+    """Two partitions, 10 conversions a minute each, ``per_min`` of them retrodated in
+    each: a cumulative partial per minute and partition."""
+    trips: list[Trip] = []
+    for m in range(minutes):
+        trips += a.feed(retro_partial(0, start + m * MIN, 10, per_min),
+                        retro_partial(1, start + m * MIN, 10, per_min))
+    return trips
+
+
+def test_a_burst_of_retrodated_deliveries_halts_the_global_scope_under_enforce() -> None:
+    a = Agg(retro_row("enforce"), partitions=2)
+    trips = _burst(a)  # 6 a minute: the span reaches 50 in its ninth minute
+    assert len(trips) == 1, trips
+    t = trips[0]
+    assert (t.scope, t.detector, t.window_start_ms) == ("global", Detector.RETRODATING, T0)
+    assert t.observed >= 50 and t.detail is not None
+    assert t.detail.startswith("9-min span (retrodated burst): 54 retrodated deliveries")
+    assert a.agg.halts.halts == {GLOBAL_SCOPE: HaltState.TRIPPED}
+
+
+@pytest.mark.parametrize("rows", [(), (row("enforce"),), (retro_row("off"),),
+                                  (retro_row("enforce", {"burst_count": 0}),),
+                                  (retro_row("enforce", {"burst_count": 100}),)])
+def test_no_halt_without_the_global_retrodating_row_at_enforce_or_under_its_count(
+        rows: tuple[AnomalyRow, ...]) -> None:
+    a = Agg(*rows, partitions=2)
+    assert _burst(a) == []  # 72 retrodated in 12 minutes
+
+
+def test_under_detect_a_burst_is_a_signal_once_per_span_start() -> None:
+    def signals() -> float:
+        return REGISTRY.get_sample_value("postbacks_anomaly_signals_total",
+                                         {"reason": "retrodated_burst", "mode": "detect"}) or 0
+
+    before = signals()
+    a = Agg(retro_row("detect"), partitions=2)
+    assert _burst(a) == [] and a.agg.halts.halts == {}
+    assert signals() == before + 1
+    assert REGISTRY.get_sample_value("postbacks_anomaly_retro_burst",
+                                     {"quantity": "threshold"}) == 50
+
+
+def test_a_closed_burst_halt_does_not_trip_again_on_the_same_minutes() -> None:
+    a = Agg(retro_row("enforce"), partitions=2)
+    assert len(_burst(a, minutes=9)) == 1
+    a.agg.halts.apply(StateChange(GLOBAL_SCOPE, "retrodating", HaltState.CLOSED, NOW + 1))
+    assert _burst(a, per_min=0, minutes=6, start=T0 + 9 * MIN) == []  # quiet minutes after
+    assert _burst(a, per_min=5, minutes=4, start=T0 + 15 * MIN) == []  # 40 since the close
+    assert len(_burst(a, per_min=5, minutes=2, start=T0 + 19 * MIN)) == 1  # 60: a new one
+
+
+def test_the_burst_state_survives_a_restart_and_reads_the_older_form() -> None:
+    a = Agg(retro_row("enforce"), partitions=2)
+    assert _burst(a, minutes=6) == []  # 36 so far
+    restarted = Agg(retro_row("enforce"), store=a.store, partitions=2)
+    restarted.offset = a.offset
+    trips = _burst(restarted, minutes=3, start=T0 + 6 * MIN)
+    assert len(trips) == 1 and trips[0].observed == 54
+    old = json.loads(json.dumps(a.store[GLOBAL_ROLL]))  # as written before the burst
+    old["parts"] = ";".join(":".join(i.split(":")[:6]) for i in old["parts"].split(";"))
+    old["wins"] = ";".join(":".join(i.split(":")[:3]) for i in old["wins"].split(";") if i)
+    del old["burst"]
+    legacy = Agg(retro_row("enforce"), store={GLOBAL_ROLL: old}, partitions=2)
+    legacy.offset = restarted.offset
+    legacy.feed(retro_partial(0, T0 + 9 * MIN, 10, 0), retro_partial(1, T0 + 9 * MIN, 10, 0))
+    assert legacy.agg.loaded and legacy.agg.burst.minute == (T0 + 8 * MIN) // MIN
+    assert legacy.agg.parts[0][5] == 0  # the older form's partials read as none retrodated

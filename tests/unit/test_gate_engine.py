@@ -268,7 +268,7 @@ def test_restart_counts_each_payout_once(crashed_after: int) -> None:
     part, off = restarted.partials[0]
     assert (part, off) == clean.partials[0]
     assert (part.window_start, part.total, off) == (T0 + HOUR_MS, 121 * USD, 8)
-    assert store["p:0"] == {"w": T0 + HOUR_MS, "t": 121 * USD, "c": 4, "o": 8}
+    assert store["p:0"] == {"w": T0 + HOUR_MS, "t": 121 * USD, "c": 4, "r": 0, "o": 8}
     # every record, re-processed or new, was decided and emitted again
     assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == [
         f"dlv_{('ep_1', 'ep_2')[o % 2]}_{o}" for o in range(9)]
@@ -299,7 +299,7 @@ def test_unreadable_endpoint_state_starts_afresh_but_the_partial_counts_once() -
     out = run(restarted, store, _batch())
     assert out.dispatched == 8
     assert restarted.scopes["ep_1"].offset == 6  # re-counted from nothing
-    assert store["p:0"] == {"w": T0 + HOUR_MS, "t": 21 * USD, "c": 3, "o": 7}  # not re-counted
+    assert store["p:0"] == {"w": T0 + HOUR_MS, "t": 21 * USD, "c": 3, "r": 0, "o": 7}  # once
 
 
 def test_endpoint_trip_holds_that_endpoint_only() -> None:
@@ -537,3 +537,16 @@ def test_the_edges_of_a_countable_payout_are_counted() -> None:
                            rec(1, at=MIN_OCCURRED_AT_MS, payout_usd_micros=0, partition=1)])
     assert (out.dispatched, out.held) == (2, 0)
     assert engine.partials[0][0].total == 10**12
+
+
+@pytest.mark.parametrize("rows", [(), (row("endpoint", "ep_1", "retrodating", "off"),)])
+def test_the_partial_counts_retrodated_deliveries_whatever_the_mode(
+        rows: tuple[AnomalyRow, ...]) -> None:
+    """The aggregator's retrodated burst needs the count of every partition's minute, armed
+    or not (as payouts are counted before a value rate is armed)."""
+    engine = gate(*rows)
+    out = run(engine, {}, [rec(0, **RETRO), rec(1), rec(2, **RETRO),
+                           rec(3, source_completed_at=T0 - 7 * DAY_MS, source_created_at=T0)])
+    part, off = engine.partials[0]
+    assert (part.count, part.retro, off) == (4, 2, 3)  # exactly 7 days is not retrodated
+    assert [(p, sent.retro) for p, sent, _ in out.partials] == [(0, 2)]  # what goes out

@@ -30,7 +30,7 @@ def _load(value: object, what: str) -> Value:
 
 
 def dump_partial(p: PartitionPartial, offset: int) -> Value:
-    return {"w": p.window_start, "t": p.total, "c": p.count, "o": offset}
+    return {"w": p.window_start, "t": p.total, "c": p.count, "r": p.retro, "o": offset}
 
 
 def restore_partial(raw: object | None) -> tuple[PartitionPartial, int]:
@@ -39,7 +39,8 @@ def restore_partial(raw: object | None) -> tuple[PartitionPartial, int]:
         return PartitionPartial(), NOTHING
     v = _load(raw, "partition partial")
     w, total, count, off = v.get("w"), v.get("t"), v.get("c", 0), v.get("o")
+    retro = v.get("r", 0)  # written since the retrodated burst; 0 before
     if (not (w is None or type(w) is int) or type(total) is not int or type(off) is not int
-            or type(count) is not int):
+            or type(count) is not int or type(retro) is not int):
         raise ValueError("partition partial: bad fields")
-    return PartitionPartial(w, total, count), off
+    return PartitionPartial(w, total, count, retro), off
