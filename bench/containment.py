@@ -180,6 +180,8 @@ class Run:
                "endpoints": len(members) if sh.excess else 0, "campaigns": len(campaigns),
                "endpoint_excess_pct": 100 * sh.excess / share if sh.excess else 0.0,
                "normal_held_while_halted": halted_normal, "reason": reason,
+               "tripped_by": None if reason is None or not tripped else (
+                   "burst" if reason.startswith("retrodated burst") else "value rate"),
                "roll_up_past_cohort_at_close": caught_up,
                "paced_s": round(paced_s, 1)}
         progress(f"  {sh.name}: trip {trip} min, retro held {t.retro_held_pct}, "
@@ -193,7 +195,7 @@ def run_seed(seed: int, args: argparse.Namespace, base: Settings, plan: list[Pla
     with scratch_database(base.database_url, f"containment{seed}") as url:
         s = fresh(dataclasses.replace(base, database_url=url), f"cont{seed}")
         s = dataclasses.replace(s, anomaly_global_key=s.instance_id + "-g")
-        arm(s)
+        arm(s, burst=not args.no_burst)
         progress(f"seed {seed}: generating {args.weeks + 1} weeks for {args.apps} endpoints")
         run = Run(s, seed, args)
         hist_end = args.weeks * 7 * 1440
@@ -252,7 +254,8 @@ def _col(rows: list[dict[str, Any]], key: str, fmt: str) -> str:
 
 def report(runs: list[dict[str, Any]], plan: list[Placed]) -> None:
     print(f"\n{'shape':<17} {'trip min':>12} {'1st held min':>12} {'retro held %':>15} "
-          f"{'% dispatched':>17} {'endpoints':>9} {'campaigns':>9} {'excess/endpoint':>15}")
+          f"{'% dispatched':>17} {'endpoints':>9} {'campaigns':>9} {'excess/endpoint':>15} "
+          f"tripped by")
     for pl in plan:
         rows = [r["shapes"][pl.shape.name] for r in runs if pl.shape.name in r["shapes"]]
         if not rows:
@@ -262,7 +265,8 @@ def report(runs: list[dict[str, Any]], plan: list[Placed]) -> None:
               f"{_col(rows, 'retro_held_pct', '{:.1f}'):>15} "
               f"{_col(rows, 'dispatched_pct', '{:.2f}'):>17} "
               f"{_col(rows, 'endpoints', '{:.0f}'):>9} {_col(rows, 'campaigns', '{:.0f}'):>9} "
-              f"{_col(rows, 'endpoint_excess_pct', '+{:.0f}%'):>15}")
+              f"{_col(rows, 'endpoint_excess_pct', '+{:.0f}%'):>15} "
+              + "/".join(str(r.get("tripped_by") or "-") for r in rows))
     for key, what in (("normal_week_holds", "holds in the history (normal weeks)"),
                       ("control_holds", "holds in the controls"),
                       ("shape_week_holds_outside_halts",
@@ -294,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="wait per paced minute for the partials and the aggregator")
     ap.add_argument("--budget-min", type=float, default=60.0,
                     help="no shape starts after this many minutes of wall time")
+    ap.add_argument("--no-burst", action="store_true",
+                    help="arm the retrodating guard per endpoint instead of globally, so "
+                    "the retrodated burst is off and the value rate alone halts")
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" /
                     "containment-latest.json")
     args = ap.parse_args(argv)

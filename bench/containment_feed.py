@@ -35,23 +35,32 @@ def progress(msg: str) -> None:
     print(f"[containment] {msg}", file=sys.stderr, flush=True)
 
 
-def arm(s: Settings) -> None:
+def arm(s: Settings, burst: bool = True) -> None:
     """Global value rate at enforce (this run's global key), and the retrodating guard at
-    enforce for every endpoint (the endpoint row keyed ``*``)."""
+    enforce for every endpoint: through the global retrodating row, whose enforce arms the
+    retrodated burst too (its default count), or (``burst`` False) through the endpoint
+    row keyed ``*``, the value rate alone halting the global scope."""
     with connect(s.database_url) as conn:
         set_mode(conn, scope="global", scope_key=s.anomaly_global_key, detector="value_rate",
                  mode="enforce", actor="bench", note="containment bench")
-        set_mode(conn, scope="endpoint", scope_key="*", detector="retrodating",
-                 mode="enforce", actor="bench", note="containment bench: every endpoint")
+        if burst:
+            set_mode(conn, scope="global", scope_key=s.anomaly_global_key,
+                     detector="retrodating", mode="enforce", actor="bench",
+                     note="containment bench: the guard everywhere, and the burst")
+        else:
+            set_mode(conn, scope="endpoint", scope_key="*", detector="retrodating",
+                     mode="enforce", actor="bench", note="containment bench: every endpoint")
         conn.commit()
 
 
 def global_state(s: Settings) -> tuple[str, str | None]:
+    """The global scope: tripped (and why) when any of its rows is."""
     with connect(s.database_url) as conn:
-        row = conn.execute("SELECT state, state_reason FROM payout_anomaly_settings WHERE"
-                           " scope = 'global' AND scope_key = %s AND detector = 'value_rate'",
-                           (s.anomaly_global_key,)).fetchone()
-    return ("closed", None) if row is None else (row[0], row[1])
+        rows = conn.execute("SELECT state, state_reason FROM payout_anomaly_settings WHERE"
+                            " scope = 'global' AND scope_key = %s ORDER BY state DESC,"
+                            " state_changed_at", (s.anomaly_global_key,)).fetchall()
+    tripped = [r for r in rows if r[0] == "tripped"]
+    return ("tripped", tripped[0][1]) if tripped else ("closed", None)
 
 
 def watermark_reader(gate_log: Path) -> Callable[[], int | None]:
@@ -81,10 +90,14 @@ def close_global(s: Settings) -> None:
     """``postbacks anomaly close --scope global``: closed in PostgreSQL once the control
     topic has acknowledged the closed state."""
     with connect(s.database_url) as conn, conn.transaction():
-        row = close_halt(conn, scope="global", scope_key=s.anomaly_global_key,
-                         detector="value_rate", actor="bench-operator",
-                         note="containment bench: cohort over, resume")
-        publish_state(s, row, actor="bench-operator")
+        tripped = [r[0] for r in conn.execute(
+            "SELECT detector FROM payout_anomaly_settings WHERE scope = 'global' AND"
+            " scope_key = %s AND state = 'tripped'", (s.anomaly_global_key,))]
+        for detector in tripped:
+            row = close_halt(conn, scope="global", scope_key=s.anomaly_global_key,
+                             detector=detector, actor="bench-operator",
+                             note="containment bench: cohort over, resume")
+            publish_state(s, row, actor="bench-operator")
 
 
 class Feed:
