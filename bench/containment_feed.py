@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, Producer
 
 from bench.harness import send_record
 from postbacks.codec import codec_for
+from postbacks.core.anomaly.retro_burst import SUGGESTED_COUNT
 from postbacks.db.anomaly import close_halt, set_mode
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
@@ -37,15 +38,16 @@ def progress(msg: str) -> None:
 
 def arm(s: Settings, burst: bool = True) -> None:
     """Global value rate at enforce (this run's global key), and the retrodating guard at
-    enforce for every endpoint: through the global retrodating row, whose enforce arms the
-    retrodated burst too (its default count), or (``burst`` False) through the endpoint
+    enforce for every endpoint: through the global retrodating row, with the retrodated
+    burst at its suggested count (50), or (``burst`` False) through the endpoint
     row keyed ``*``, the value rate alone halting the global scope."""
     with connect(s.database_url) as conn:
         set_mode(conn, scope="global", scope_key=s.anomaly_global_key, detector="value_rate",
                  mode="enforce", actor="bench", note="containment bench")
         if burst:
             set_mode(conn, scope="global", scope_key=s.anomaly_global_key,
-                     detector="retrodating", mode="enforce", actor="bench",
+                     detector="retrodating", mode="enforce",
+                     params={"burst_count": SUGGESTED_COUNT}, actor="bench",
                      note="containment bench: the guard everywhere, and the burst")
         else:
             set_mode(conn, scope="endpoint", scope_key="*", detector="retrodating",

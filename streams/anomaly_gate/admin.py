@@ -257,8 +257,10 @@ def add_parser(subparsers: Any) -> None:
                     help="retrodating: hold when created - completed exceeds this")
     sp.add_argument("--burst-count", type=int,
                     help="retrodating, global: halt the global scope when this many "
-                    "retrodated deliveries (default 50; 0: never) come within 15 event-time "
-                    "minutes, over twice their usual count (see docs/containment.md)")
+                    "retrodated deliveries come within 15 event-time minutes, over twice "
+                    "their usual count (off unless set; 0 turns it off again; 50 suits "
+                    "about 50 conversions a minute at the quietest hour; see "
+                    "docs/containment.md)")
     sp.add_argument("--note", help="why (recorded in the audit log)")
     sp.set_defaults(func=set_mode_cmd)
 

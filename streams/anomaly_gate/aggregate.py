@@ -31,6 +31,7 @@ from postbacks.core.anomaly.retro_burst import (
     BurstResult,
     BurstState,
     close_minute,
+    forget_span,
     format_burst,
     judge,
     parse_burst,
@@ -82,9 +83,7 @@ UNHEARD_GRACE_MS = 10_000  # partitions never heard from hold windows open this 
 SCORED_OPEN_MINUTES = 10
 
 
-def _ints(raw: object, n: int, what: str, short: int | None = None) -> list[tuple[int, ...]]:
-    """Items of ``n`` ints; an item of ``short`` ints (written before the retrodated count
-    was kept) reads with a 0 appended."""
+def _ints(raw: object, n: int, what: str) -> list[tuple[int, ...]]:
     if not isinstance(raw, str):
         raise ValueError(f"global state: {what!r} must be a string")
     out = []
@@ -93,8 +92,6 @@ def _ints(raw: object, n: int, what: str, short: int | None = None) -> list[tupl
             values = tuple(int(x) for x in item.split(":"))
         except ValueError:
             raise ValueError(f"global state: bad {what} item {item!r}") from None
-        if short is not None and len(values) == short:
-            values = (*values, 0)
         if len(values) != n:
             raise ValueError(f"global state: bad {what} item {item!r}")
         out.append(values)
@@ -176,22 +173,38 @@ class GlobalAggregator:
                 if not isinstance(raw, dict) or type(raw.get("o")) is not int:
                     raise ValueError("global state: not an object with an offset")
                 self.state = from_dict(raw["s"])
-                self.parts = {v[0]: (v[1], v[2], v[3], v[4], v[5], v[6])
-                              for v in _ints(raw.get("parts", ""), 7, "parts", short=6)}
-                self.windows = {w: (t, c, r) for w, t, c, r
-                                in _ints(raw.get("wins", ""), 4, "wins", short=3)}
-                self.burst = parse_burst(raw["burst"]) if "burst" in raw else NO_BURST
+                # The retrodated counts are kept apart (``parts_r``, ``wins_r``), so a release
+                # from before them still reads this state whole after a rollback.
+                retro_p = {p: r for p, r in _ints(raw.get("parts_r", ""), 2, "parts_r")}
+                retro_w = {w: r for w, r in _ints(raw.get("wins_r", ""), 2, "wins_r")}
+                self.parts = {v[0]: (v[1], v[2], v[3], v[4], v[5], retro_p.get(v[0], 0))
+                              for v in _ints(raw.get("parts", ""), 6, "parts")}
+                self.windows = {w: (t, c, retro_w.get(w, 0))
+                                for w, t, c in _ints(raw.get("wins", ""), 3, "wins")}
                 first = raw.get("first")
                 self._first_sent = first if type(first) is int else None
                 since = raw.get("since")
                 self.since = since if type(since) is int else None
                 self.halted = raw.get("halted") is True
                 self.offset = raw["o"]
+                self.burst = self._load_burst(raw.get("burst"))
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("unreadable global state (%s): starting it afresh", exc)
                 self.state, self.offset, self.parts, self.windows = empty(), NOTHING, {}, {}
                 self.burst = NO_BURST
         self.loaded = True
+
+    @staticmethod
+    def _load_burst(raw: object) -> BurstState:
+        """The retrodated burst's state; unreadable (or absent) starts it afresh, and
+        leaves the rolling state and the offset as read."""
+        if raw is None:
+            return NO_BURST
+        try:
+            return parse_burst(raw)
+        except ValueError as exc:
+            log.error("unreadable retrodated burst state (%s): starting it afresh", exc)
+            return NO_BURST
 
     def window_total(self, window_start: int) -> int:
         return self.windows.get(window_start, (0, 0))[0]
@@ -230,6 +243,11 @@ class GlobalAggregator:
             self.parts[p] = (w, total, count, src, sent, retro)
             closed = self._closed_before()
             target = w if closed is None or w >= closed else closed
+            if target != w and w < target - (self.config.retro_burst.span - 1) * MINUTE_MS:
+                # A retrodated count for a minute out of the burst's span by event time (a
+                # partition that caught up): counted in no minute, so that a lagging
+                # partition's backlog cannot pile up into one minute and trip the burst.
+                dr = 0
             if dv > 0 or dc > 0 or dr > 0:
                 t0, c0, r0 = self.windows.get(target, (0, 0, 0))
                 self.windows[target] = (t0 + max(dv, 0), c0 + max(dc, 0), r0 + max(dr, 0))
@@ -257,12 +275,13 @@ class GlobalAggregator:
         for w in sorted(x for x in self.windows if x < watermark):
             total, count, retro = self.windows.pop(w)
             s = rolling_add(s, w, total, count)
-            b = close_minute(b, w // MINUTE_MS, retro, policy)
+            b = close_minute(b, w // MINUTE_MS, retro, policy, learn=not self.halted)
         if s.minute is not None:
             s = advance(s, watermark // MINUTE_MS)
             ANOMALY_GLOBAL_WATERMARK.set((s.minute or 0) * MINUTE_MS / 1000)
         if b.minute is not None and b.minute < watermark // MINUTE_MS - 1:
-            b = close_minute(b, watermark // MINUTE_MS - 1, 0, policy)  # quiet minutes
+            b = close_minute(b, watermark // MINUTE_MS - 1, 0, policy,  # quiet minutes
+                             learn=not self.halted)
         self.state, self.burst = s, b
 
     def _evaluate(self) -> Trip | None:
@@ -271,11 +290,16 @@ class GlobalAggregator:
             self.last = self.last_burst = None
             return None
         self._rearm()
+        if retro_mode is Mode.OFF:
+            self.last_burst = None
+            ANOMALY_RETRO_BURST.labels("observed").set(0)
+            ANOMALY_RETRO_BURST.labels("threshold").set(0)
         trip = self._burst(retro_mode) if retro_mode is not Mode.OFF else None
         if mode is Mode.OFF:
             self.last = None
             return trip
-        return trip or self._rolling(mode)
+        rolled = self._rolling(mode)  # its gauges and signals whatever the burst did
+        return trip or rolled
 
     def _burst(self, mode: Mode) -> Trip | None:
         """The retrodated burst over the span ending at the newest open minute (the open
@@ -337,6 +361,7 @@ class GlobalAggregator:
             if m is not None:
                 self.since = m + 1
                 self.state = reset_arms(self.state, self.since)
+                self.burst = forget_span(self.burst)
                 log.warning("global halt closed: the rolling spans judge from event time"
                             " %s (epoch ms) on", self.since * MINUTE_MS)
 
@@ -344,14 +369,16 @@ class GlobalAggregator:
         """The table write for the state changed since the last call (before a commit)."""
         if not self._dirty or not self.loaded:
             return []
-        parts = ";".join(f"{p}:{w}:{t}:{c}:{o}:{a}:{r}"
-                         for p, (w, t, c, o, a, r) in sorted(self.parts.items()))
-        wins = ";".join(f"{w}:{t}:{c}:{r}" for w, (t, c, r) in sorted(self.windows.items()))
+        parts = ";".join(f"{p}:{w}:{t}:{c}:{o}:{a}"
+                         for p, (w, t, c, o, a, _r) in sorted(self.parts.items()))
+        parts_r = ";".join(f"{p}:{v[5]}" for p, v in sorted(self.parts.items()) if v[5])
+        wins = ";".join(f"{w}:{t}:{c}" for w, (t, c, _r) in sorted(self.windows.items()))
+        wins_r = ";".join(f"{w}:{r}" for w, (_t, _c, r) in sorted(self.windows.items()) if r)
         self._dirty = False
         return [(GLOBAL_ROLL, {"s": to_dict(self.state), "o": self.offset, "parts": parts,
-                               "wins": wins, "first": self._first_sent,
-                               "since": self.since, "halted": self.halted,
-                               "burst": format_burst(self.burst)})]
+                               "parts_r": parts_r, "wins": wins, "wins_r": wins_r,
+                               "first": self._first_sent, "since": self.since,
+                               "halted": self.halted, "burst": format_burst(self.burst)})]
 
     def _gauges(self, r: RollingResult) -> None:
         if not isinstance(r, RollingOver | RollingWithin):

@@ -72,7 +72,7 @@ def test_a_burst_of_retrodated_deliveries_halts_the_global_scope(
     # Twelve a minute: the 15-minute span passes 30 in the second minute.
     tripped = next((m for m in range(10, 14) if minute(m, normal=8, retro=12) == "tripped"),
                    None)
-    state, reason = _retro_row(settings)
+    _state, reason = _retro_row(settings)
     assert tripped == 11, (tripped, reason)
     assert reason is not None and "retrodated burst:" in reason, reason
     assert "-min span (retrodated burst): 34 retrodated deliveries" in reason, reason

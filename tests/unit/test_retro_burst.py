@@ -18,7 +18,7 @@ from postbacks.core.anomaly.retro_burst import (
     parse_burst,
 )
 
-P = BurstPolicy()  # 15 minutes, floor 50, k 5, multiple 2, a week
+P = BurstPolicy(floor=50)  # 15 minutes, floor 50, k 5, multiple 2, a week
 
 
 def _fed(counts: list[int], first: int = 1000, policy: BurstPolicy = P) -> BurstState:
@@ -44,7 +44,7 @@ def test_the_span_against_the_floor(closed: list[int], open_count: int, over: bo
 
 def test_the_usual_rate_is_learnt_from_minutes_that_left_the_span() -> None:
     s = _fed([10] * (20 * 1440))  # 20 days of 10 a minute: late approvals are normal here
-    assert s.rate == pytest.approx(10, rel=0.1)
+    assert s.usual() == pytest.approx(10, rel=0.01)
     r = judge(s, 1000 + 20 * 1440, 10, P)
     assert r.usual == pytest.approx(150, rel=0.1)
     # twice the usual, and 5 deviations over it: about 300
@@ -60,7 +60,7 @@ def test_a_gap_closes_as_zeros_and_late_counts_land_in_the_newest_minute() -> No
     late = close_minute(s, 1003, 2, P)
     assert late.ring[-1] == 9 and late.minute == 1010
     far = close_minute(s, 1010 + 10 * 1440, 1, P)  # ten days later: the ring is zeros
-    assert far.ring == (0,) * 13 + (1,) and far.rate < s.rate + 1
+    assert far.ring == (0,) * 13 + (1,) and far.usual() < 0.01
 
 
 def test_a_close_starts_the_span_again() -> None:
@@ -89,3 +89,20 @@ def test_describe_names_the_span_and_the_counts() -> None:
     r = judge(_fed([4] * 14), 1014, 6, P)
     assert r.describe() == ("15-min span (retrodated burst): 62 retrodated deliveries "
                             "against 0.0 usual, threshold 50")
+
+
+def test_the_usual_rate_has_no_start_up_bias() -> None:
+    """Four late approvals a minute from the start: usual from the first hour on, never a
+    burst over a rate of zero (the exponential mean alone would read 0.02 after an hour)."""
+    s = NO_BURST
+    for m in range(3 * 1440):
+        s = close_minute(s, m, 4, P)
+        if m >= 15:
+            assert not judge(s, m + 1, 4, P).over, m
+    assert s.usual() == pytest.approx(4)
+    assert judge(_fed([4] * 60), 1060, 4, P).usual == pytest.approx(60)
+
+
+def test_the_default_policy_is_off() -> None:
+    assert BurstPolicy().floor == 0
+    assert not judge(_fed([100] * 14), 1014, 100, BurstPolicy()).over
