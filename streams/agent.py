@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -224,6 +225,9 @@ async def _drain(loop: asyncio.AbstractEventLoop, kafka: ThreadPoolExecutor,
 
 def run_agent(settings: Settings, stop: threading.Event) -> None:
     check_broker(settings)
+    # uvloop resolves names on libuv's thread pool, 4 threads unless this says otherwise
+    # before its first use: four names whose DNS hangs would stall every other lookup.
+    os.environ.setdefault("UV_THREADPOOL_SIZE", "32")
     import uvloop
 
     uvloop.run(_run(settings, stop))

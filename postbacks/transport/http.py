@@ -74,6 +74,10 @@ EXCERPT_BYTES = 256
 BODY_BYTES = BODY_LIMIT  # 64 KiB
 
 DNS_TTL_S = 30.0
+# A name that did not resolve is not asked again for this long: a broken delegation makes
+# each lookup hang for the resolver's whole timeout on one of the few threads that serve
+# every lookup, and every delivery to that endpoint would ask again.
+DNS_FAILED_TTL_S = 5.0
 IDLE_TIMEOUT_S = 30.0
 _DNS_CACHE_MAX = 4096
 
@@ -106,7 +110,8 @@ class VettingResolver:
 
     IP literals (any form :func:`parse_host_literal` knows) are judged without DNS.
     Raises :class:`BlockedAddress` when every address is refused (that verdict is cached
-    too), ``socket.gaierror`` when the name does not resolve (not cached).
+    too), ``socket.gaierror`` when the name does not resolve (cached for
+    :data:`DNS_FAILED_TTL_S`).
     """
 
     def __init__(self, allow_loopback: bool, *, ttl_s: float = DNS_TTL_S,
@@ -115,10 +120,16 @@ class VettingResolver:
         self._ttl = ttl_s
         self._dns = lookup or _system_lookup
         self._cache: dict[str, tuple[float, tuple[str, ...] | str]] = {}
+        self._failed: dict[str, tuple[float, OSError]] = {}
         self._pending: dict[str, asyncio.Task[tuple[str, ...] | str]] = {}
 
     async def resolve(self, host: str) -> tuple[str, ...]:
         loop = asyncio.get_running_loop()
+        failed = self._failed.get(host)
+        if failed is not None:
+            if failed[0] > loop.time():
+                raise failed[1]
+            del self._failed[host]
         hit = self._cache.get(host)
         if hit is None or hit[0] <= loop.time():
             task = self._pending.get(host)
@@ -134,6 +145,13 @@ class VettingResolver:
 
     def _settled(self, host: str, task: asyncio.Task[tuple[str, ...] | str]) -> None:
         self._pending.pop(host, None)
+        exc = None if task.cancelled() else task.exception()
+        if isinstance(exc, OSError):
+            now = asyncio.get_running_loop().time()
+            if len(self._failed) >= _DNS_CACHE_MAX:
+                self._failed = {h: e for h, e in self._failed.items() if e[0] > now}
+            if len(self._failed) < _DNS_CACHE_MAX:
+                self._failed[host] = (now + DNS_FAILED_TTL_S, exc)
         if not task.cancelled() and task.exception() is None:
             if len(self._cache) >= _DNS_CACHE_MAX:
                 now = asyncio.get_running_loop().time()

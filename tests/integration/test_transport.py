@@ -326,3 +326,28 @@ def test_sends_waiting_for_a_slot_behind_hanging_ones_do_not_time_out() -> None:
         return results
 
     assert asyncio.run(run()) == {200: 9}
+
+
+@pytest.mark.parametrize(("ttl_s", "asked"), [(5.0, 1), (0.0, 3)])
+def test_a_name_that_does_not_resolve_is_not_asked_again_for_a_while(
+        monkeypatch: pytest.MonkeyPatch, ttl_s: float, asked: int) -> None:
+    import socket
+
+    from postbacks.transport import http
+
+    monkeypatch.setattr(http, "DNS_FAILED_TTL_S", ttl_s)
+    calls: list[str] = []
+
+    async def lookup(host: str) -> list[str]:
+        calls.append(host)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    async def run() -> list[SendResult]:
+        async with HttpTransport(timeout_s=TIMEOUT_S, allow_loopback=False,
+                                 lookup=lookup) as t:
+            return [await t.send(_post("https://broken-delegation.example/cb"))
+                    for _ in range(3)]
+
+    results = asyncio.run(run())
+    assert [r.http.error_class for r in results] == ["connection_error"] * 3
+    assert len(calls) == asked
