@@ -30,14 +30,9 @@ from postbacks.core.override import Override, apply_override, override_diff
 from postbacks.ids import new_id
 from postbacks.settings import Settings
 from replay_console.auth import Principal, may
-from replay_console.endpoints import (
-    check_edit,
-    check_reach,
-    check_target,
-    load_endpoint,
-    save_endpoint,
-)
+from replay_console.endpoints import load_endpoint, save_endpoint
 from replay_console.queries import DeliveryFilter, NotFound, count_deliveries, filter_sql
+from replay_console.reach import check_edit, check_reach, check_target
 from replay_console.rules import ActionError, Lookup, audit, require
 
 __all__ = [

@@ -1,16 +1,12 @@
-"""Console actions on endpoints: the SSRF check of a typed URL, validated edits (step-up
-for a URL), secret rotation, and test-send through the real render, sign and transport.
+"""Console actions on endpoints: validated edits (step-up for a URL), secret rotation, and
+test-send through the real render, sign and transport (where a user may send:
+:mod:`replay_console.reach`).
 
 Step-up: a URL change that passes every check is not saved at once. The answer is 409
 with ``step_up: true`` and a ``confirmation`` code (:func:`replay_console.auth.issue_step_up`:
 signed, bound to the principal's token, the endpoint and the new URL, valid five minutes,
 single use); the change is saved when the same change comes back with that code in
 ``confirmation``. A wrong, expired or spent code is refused (403).
-
-Reach (:func:`check_reach`): a test-send or an edit & replay to a URL whose host is not
-the endpoint's own (the host of its stored URL) nor in its ``test_hosts`` config is
-refused (403) for support; a reviewer or an admin may target any host. The SSRF check
-applies to everyone, before the reach.
 
 Test-send shows no live signature: the receiver gets the request signed with the
 endpoint's active secrets (it verifies as a real delivery would), but the request the
@@ -20,132 +16,34 @@ signature in the receiver's response excerpt is redacted too."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from postbacks.core.endpoint import Endpoint, EndpointConfig
-from postbacks.core.macros import find_macros
 from postbacks.core.override import Override, apply_override
-from postbacks.core.ssrf import blocked_reason, parse_host_literal, url_blocked_reason
 from postbacks.errors import ConfigError
 from postbacks.settings import Settings
 from replay_console.auth import STEP_UP_S, Principal, issue_step_up, spend_step_up
 from replay_console.queries import NotFound, masked_config
+from replay_console.reach import check_target
 from replay_console.rules import ActionError, Lookup, audit, require
 
 __all__ = [
     "REDACTED",
-    "WIDE_REACH",
     "add_secret",
     "audit_test_send",
-    "check_reach",
-    "check_target",
     "create_endpoint",
     "load_endpoint",
     "load_for_test_send",
     "save_endpoint",
     "test_send",
 ]
-
-
-# --- SSRF check of a URL someone typed --------------------------------------------------
-
-def _system_lookup(host: str) -> list[str]:
-    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    return [str(i[4][0]) for i in infos]
-
-
-def check_target(url: str, *, allow_loopback: bool, lookup: Lookup | None = None
-                       ) -> str | None:
-    """Why ``url`` may not be a postback target, or None. Stricter than the transport
-    (which connects only to the allowed addresses of a name): a URL is refused on save
-    when its host resolves to ANY refused address, or does not resolve."""
-    problem = url_blocked_reason(url, allow_loopback=allow_loopback)
-    if problem:
-        return f"{url}: {problem}"
-    host = urlsplit(url).hostname or ""
-    if parse_host_literal(host) is not None:
-        return None  # an allowed literal (url_blocked_reason judged it)
-    try:
-        addresses = (lookup or _system_lookup)(host)
-    except (OSError, UnicodeError) as exc:
-        return f"{url}: host {host!r} does not resolve ({exc})"
-    if not addresses:
-        return f"{url}: host {host!r} does not resolve"
-    for a in addresses:
-        why = blocked_reason(a, allow_loopback=allow_loopback)
-        if why:
-            return f"{url}: host {host!r} resolves to {a}, refused ({why})"
-    return None
-
-
-# --- reach: which hosts a role may send a test or an edited replay to ------------------
-
-WIDE_REACH = ("reviewer", "admin")  # may target any host that passes the SSRF check
-
-
-def _host(url: str) -> str:
-    try:
-        host = (urlsplit(url).hostname or "").lower().rstrip(".")
-    except ValueError:
-        return ""
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return host
-
-
-def check_reach(p: Principal, endpoint: Endpoint, url: str) -> None:
-    """Refuse (403) a send to ``url`` on ``endpoint``'s behalf that ``p`` may not make: a
-    role outside :data:`WIDE_REACH` may target only the host of the endpoint's stored URL
-    and the hosts of its ``test_hosts`` config."""
-    if p.role in WIDE_REACH:
-        return
-    own = _host(endpoint.url)
-    host = _host(url)
-    if host and (host == own or host in endpoint.config.test_hosts):
-        return
-    listed = ", ".join(endpoint.config.test_hosts) or "none"
-    raise ActionError(
-        f"a {p.role} may send to the endpoint's own host ({own or 'none'}) or its "
-        f"test_hosts ({listed}) only; {host or url[:80]!r} needs a reviewer or an admin "
-        f"(ask one to send it, or an admin to add the host to test_hosts)", 403,
-        host=host, allowed=[own, *endpoint.config.test_hosts])
-
-
-def check_edit(p: Principal, endpoint: Endpoint, override: Override) -> None:
-    """Refuse (403) an edit that ``p`` may not make: a role outside :data:`WIDE_REACH` may
-    retarget a replay (another scheme, host, port or path, to a host :func:`check_reach`
-    allows) but not change what it tells the receiver: the query and the macros of the
-    endpoint's URL stay as they are, and fields and aliases need a reviewer. A replay is
-    signed with the live secret and skips the anomaly gate, so a literal payout in a query,
-    or an alias moving another value into the payout's field, would be paid as sent."""
-    if p.role in WIDE_REACH:
-        return
-    why: list[str] = []
-    if override.fields is not None or override.aliases:
-        why.append("fields and aliases")
-    if override.url is not None:
-        old, new = urlsplit(endpoint.url), urlsplit(override.url)
-        if new.query != old.query:
-            why.append("the URL's query")
-        if sorted(find_macros(new.path)) != sorted(find_macros(old.path)):
-            why.append("the macros in the URL's path")
-    if why:
-        raise ActionError(
-            f"a {p.role} may retarget an edit and replay (scheme, host, port, path) but not "
-            f"change {' or '.join(why)}: that changes what the receiver is told, money "
-            "included, and a replay skips the anomaly gate; ask a reviewer or an admin", 403,
-            changed=why)
 
 
 # --- endpoints --------------------------------------------------------------------------

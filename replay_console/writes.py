@@ -16,6 +16,7 @@ from aiohttp import web
 from replay_console import actions as act
 from replay_console import endpoints as eps
 from replay_console import queries as q
+from replay_console import reach
 from replay_console import suppressions as sup
 from replay_console.auth import issue_step_up, may
 from replay_console.forms import (
@@ -266,14 +267,14 @@ def send_test(c: Console) -> Handler:
         body = await body_of(request)
         override = override_from(body)
         if override is not None and override.url is not None:
-            why = await asyncio.to_thread(eps.check_target, override.url,
+            why = await asyncio.to_thread(reach.check_target, override.url,
                                           allow_loopback=c.settings.allow_loopback_targets,
                                           lookup=c.lookup)
             if why:
                 raise Problem(400, f"test-send refused: {why}")
         ep = await c.pool.run(lambda conn: eps.load_for_test_send(conn, c.settings, p, eid))
         if override is not None and override.url is not None:
-            eps.check_reach(p, ep, override.url)  # 403 (audited) past the allowed hosts
+            reach.check_reach(p, ep, override.url)  # 403 (audited) past the allowed hosts
         sent = await eps.test_send(c.settings, ep, override=override, lookup=c.lookup)
 
         await c.pool.run(lambda conn: eps.audit_test_send(conn, p, eid, sent))

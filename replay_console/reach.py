@@ -1,0 +1,114 @@
+"""Where a console user may send on an endpoint's behalf, and what an edit may change.
+
+The SSRF check of a URL someone typed (:func:`check_target`) applies to everyone first.
+Reach (:func:`check_reach`): a test-send or an edit & replay to a URL whose host is not
+the endpoint's own (the host of its stored URL) nor in its ``test_hosts`` config is
+refused (403) for support; a reviewer or an admin may target any host. Edit rights
+(:func:`check_edit`): support may retarget an edit and replay, not change what it tells
+the receiver (the query, the macros of the path, fields, aliases)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+from postbacks.core.endpoint import Endpoint
+from postbacks.core.macros import find_macros
+from postbacks.core.override import Override
+from postbacks.core.ssrf import blocked_reason, parse_host_literal, url_blocked_reason
+from replay_console.auth import Principal
+from replay_console.rules import ActionError, Lookup
+
+__all__ = ["WIDE_REACH", "check_edit", "check_reach", "check_target"]
+
+
+# --- SSRF check of a URL someone typed --------------------------------------------------
+
+def _system_lookup(host: str) -> list[str]:
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return [str(i[4][0]) for i in infos]
+
+
+def check_target(url: str, *, allow_loopback: bool, lookup: Lookup | None = None
+                       ) -> str | None:
+    """Why ``url`` may not be a postback target, or None. Stricter than the transport
+    (which connects only to the allowed addresses of a name): a URL is refused on save
+    when its host resolves to ANY refused address, or does not resolve."""
+    problem = url_blocked_reason(url, allow_loopback=allow_loopback)
+    if problem:
+        return f"{url}: {problem}"
+    host = urlsplit(url).hostname or ""
+    if parse_host_literal(host) is not None:
+        return None  # an allowed literal (url_blocked_reason judged it)
+    try:
+        addresses = (lookup or _system_lookup)(host)
+    except (OSError, UnicodeError) as exc:
+        return f"{url}: host {host!r} does not resolve ({exc})"
+    if not addresses:
+        return f"{url}: host {host!r} does not resolve"
+    for a in addresses:
+        why = blocked_reason(a, allow_loopback=allow_loopback)
+        if why:
+            return f"{url}: host {host!r} resolves to {a}, refused ({why})"
+    return None
+
+
+# --- reach: which hosts a role may send a test or an edited replay to ------------------
+
+WIDE_REACH = ("reviewer", "admin")  # may target any host that passes the SSRF check
+
+
+def _host(url: str) -> str:
+    try:
+        host = (urlsplit(url).hostname or "").lower().rstrip(".")
+    except ValueError:
+        return ""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host
+
+
+def check_reach(p: Principal, endpoint: Endpoint, url: str) -> None:
+    """Refuse (403) a send to ``url`` on ``endpoint``'s behalf that ``p`` may not make: a
+    role outside :data:`WIDE_REACH` may target only the host of the endpoint's stored URL
+    and the hosts of its ``test_hosts`` config."""
+    if p.role in WIDE_REACH:
+        return
+    own = _host(endpoint.url)
+    host = _host(url)
+    if host and (host == own or host in endpoint.config.test_hosts):
+        return
+    listed = ", ".join(endpoint.config.test_hosts) or "none"
+    raise ActionError(
+        f"a {p.role} may send to the endpoint's own host ({own or 'none'}) or its "
+        f"test_hosts ({listed}) only; {host or url[:80]!r} needs a reviewer or an admin "
+        f"(ask one to send it, or an admin to add the host to test_hosts)", 403,
+        host=host, allowed=[own, *endpoint.config.test_hosts])
+
+
+def check_edit(p: Principal, endpoint: Endpoint, override: Override) -> None:
+    """Refuse (403) an edit that ``p`` may not make: a role outside :data:`WIDE_REACH` may
+    retarget a replay (another scheme, host, port or path, to a host :func:`check_reach`
+    allows) but not change what it tells the receiver: the query and the macros of the
+    endpoint's URL stay as they are, and fields and aliases need a reviewer. A replay is
+    signed with the live secret and skips the anomaly gate, so a literal payout in a query,
+    or an alias moving another value into the payout's field, would be paid as sent."""
+    if p.role in WIDE_REACH:
+        return
+    why: list[str] = []
+    if override.fields is not None or override.aliases:
+        why.append("fields and aliases")
+    if override.url is not None:
+        old, new = urlsplit(endpoint.url), urlsplit(override.url)
+        if new.query != old.query:
+            why.append("the URL's query")
+        if sorted(find_macros(new.path)) != sorted(find_macros(old.path)):
+            why.append("the macros in the URL's path")
+    if why:
+        raise ActionError(
+            f"a {p.role} may retarget an edit and replay (scheme, host, port, path) but not "
+            f"change {' or '.join(why)}: that changes what the receiver is told, money "
+            "included, and a replay skips the anomaly gate; ask a reviewer or an admin", 403,
+            changed=why)
