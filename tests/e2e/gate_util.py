@@ -61,7 +61,9 @@ class GateFeed:
         now = int(time.time() * 1000)
         return now - now % HOUR_MS - weeks * 168 * HOUR_MS
 
-    def send(self, endpoint_id: str, occurred_at: int, payout: int | None, **conv: Any) -> str:
+    def send(self, endpoint_id: str, occurred_at: int, payout: int | None,
+             partition: int | None = None, **conv: Any) -> str:
+        """One delivery; ``partition``: onto that partition (else by the endpoint's key)."""
         self.n += 1
         conv.setdefault("source_created_at", occurred_at)
         conv.setdefault("source_completed_at", occurred_at - 60_000)
@@ -74,8 +76,13 @@ class GateFeed:
                           created_at=occurred_at, enqueued_at=None)
         while True:
             try:
-                self.producer.produce(self.s.topic(TOPICS.deliveries.base),
-                                      _DELIVERY.encode(d), endpoint_id.encode())
+                if partition is None:
+                    self.producer.produce(self.s.topic(TOPICS.deliveries.base),
+                                          _DELIVERY.encode(d), endpoint_id.encode())
+                else:
+                    self.producer.produce(self.s.topic(TOPICS.deliveries.base),
+                                          _DELIVERY.encode(d), endpoint_id.encode(),
+                                          partition=partition)
                 break
             except BufferError:
                 self.producer.poll(0.05)

@@ -9,6 +9,7 @@ burst that tripped it does not trip it again. No history is needed: the floor is
 
 from __future__ import annotations
 
+import re
 import time
 
 from postbacks.db.anomaly import set_mode
@@ -17,6 +18,7 @@ from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
 from tests.e2e.gate_util import GateFeed
 from tests.integration.anomaly_helpers import run_cli
+from topics import TOPICS
 
 MIN = 60_000
 DAY = 1440 * MIN
@@ -39,7 +41,10 @@ def test_a_burst_of_retrodated_deliveries_halts_the_global_scope(
                  detector="retrodating", mode="enforce", params={"burst_count": 30},
                  actor="test", note="e2e: the retrodated burst")
         conn.commit()
-    eps = [f"ep_{namespace}_{i}" for i in range(4)]
+    # One endpoint per partition, each sent to every minute, so every partition moves on
+    # and the roll-up closes each minute as the next one begins.
+    parts = TOPICS.deliveries.partitions
+    eps = [f"ep_{namespace}_{p}" for p in range(parts)]
     feed = GateFeed(settings)
     stack.start("gate", "gate")
     wait_for(lambda: "gate running" in stack.procs["gate"].tail(400), 60, what="the gate")
@@ -47,33 +52,50 @@ def test_a_burst_of_retrodated_deliveries_halts_the_global_scope(
     t0 = now - now % MIN - 30 * MIN
     sent = 0
 
-    def minute(m: int, normal: int, retro: int) -> str:
+    def gauge(pattern: str) -> float | None:
+        page = stack.procs["gate"].metrics() or ""
+        got = re.search(pattern + r" (\S+)$", page, re.M)
+        return None if got is None else float(got.group(1))
+
+    def observed() -> float | None:
+        return gauge(r'^postbacks_anomaly_retro_burst\{quantity="observed"\}')
+
+    def watermark_ms() -> float:
+        return 1000 * (gauge(r"^postbacks_anomaly_global_watermark_seconds") or 0)
+
+    def minute(m: int, normal: int, retro: int, in_span: int) -> str:
+        """Send minute ``m``; once the aggregator has counted it (its span holds
+        ``in_span`` retrodated deliveries), the global retrodating row's state. At 30 or
+        more it must trip: the state once the trip is in PostgreSQL."""
         nonlocal sent
         at = t0 + m * MIN
         for i in range(normal):
-            feed.send(eps[i % 4], at + i * 1000, PAY)
+            feed.send(eps[i % parts], at + i * 1000, PAY, partition=i % parts)
         for i in range(retro):
-            feed.send(eps[i % 4], at + 500 + i * 1000, PAY, source_completed_at=at - 8 * DAY,
-                      source_created_at=at)
+            feed.send(eps[i % parts], at + 500 + i * 1000, PAY, partition=i % parts,
+                      source_completed_at=at - 8 * DAY, source_created_at=at)
         sent += normal + retro
         feed.wait_outputs(sent)
-        deadline = time.monotonic() + 3.0  # partials -> aggregator -> PostgreSQL
-        while time.monotonic() < deadline and _retro_row(settings)[0] != "tripped":
-            time.sleep(0.1)
+        if m:  # the minutes before closed: every partition heard, or its grace over
+            wait_for(lambda: watermark_ms() >= at, 30, what=f"minute {m} open in the roll-up",
+                     progress=watermark_ms)
+        wait_for(lambda: observed() == in_span, 30, what=f"{in_span} in the burst's span",
+                 progress=observed)
+        if in_span >= 30:
+            wait_for(lambda: _retro_row(settings)[0] == "tripped", 30, what="the trip")
         return _retro_row(settings)[0]
 
     # Ten minutes with one retrodated delivery each: each held, nothing halted.
     for m in range(10):
-        assert minute(m, normal=8, retro=1) == "closed", m
+        assert minute(m, normal=8, retro=1, in_span=m + 1) == "closed", m
     held = feed.held()
     assert [d["hold_reason"] for d in held] == ["retrodated"] * 10
     assert feed.dispatched_count() == 80
 
     # Twelve a minute: the 15-minute span passes 30 in the second minute.
-    tripped = next((m for m in range(10, 14) if minute(m, normal=8, retro=12) == "tripped"),
-                   None)
+    assert minute(10, normal=8, retro=12, in_span=22) == "closed"
+    assert minute(11, normal=8, retro=12, in_span=34) == "tripped"
     _state, reason = _retro_row(settings)
-    assert tripped == 11, (tripped, reason)
     assert reason is not None and "retrodated burst:" in reason, reason
     assert "-min span (retrodated burst): 34 retrodated deliveries" in reason, reason
     log = stack.procs["gate"].tail(2000)
@@ -81,7 +103,7 @@ def test_a_burst_of_retrodated_deliveries_halts_the_global_scope(
 
     # Halted: a delivery that is not retrodated is held too.
     before = len(feed.held())
-    did = feed.send(eps[0], t0 + 12 * MIN, PAY)
+    did = feed.send(eps[0], t0 + 12 * MIN, PAY, partition=0)
     feed.wait_held(before + 1)
     assert [d["hold_reason"] for d in feed.held() if d["delivery_id"] == did] == [
         "halted_global"]
@@ -94,7 +116,7 @@ def test_a_burst_of_retrodated_deliveries_halts_the_global_scope(
              what="the gate reading the close")
     sent += 1
     dispatched = feed.dispatched_count()
-    for m in range(13, 16):
-        assert minute(m, normal=8, retro=0) == "closed", m
+    for m in range(13, 16):  # the span judges from the close on: nothing in it
+        assert minute(m, normal=8, retro=0, in_span=0) == "closed", m
     assert feed.dispatched_count() == dispatched + 24  # nothing halted any more
     assert "global halt closed: the rolling spans judge from" in stack.procs["gate"].tail(400)

@@ -289,9 +289,15 @@ def test_sends_waiting_for_a_slot_behind_hanging_ones_do_not_time_out() -> None:
     each one's deadline starts only once it holds one: none of them times out."""
 
     async def run() -> collections.Counter[object]:
+        holding = asyncio.Event()
+        hung: list[int] = []
+
         async def hang(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             await r.read(65536)
-            await asyncio.sleep(5)
+            hung.append(1)
+            if len(hung) >= 4:
+                holding.set()
+            await asyncio.sleep(5)  # the receiver that never answers in time
             w.close()
 
         async def fast(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -317,7 +323,7 @@ def test_sends_waiting_for_a_slot_behind_hanging_ones_do_not_time_out() -> None:
                     results[r.http.status or r.http.error_class] += 1
 
             lanes = [asyncio.create_task(hostile()) for _ in range(4)]
-            await asyncio.sleep(0.1)
+            await asyncio.wait_for(holding.wait(), 10)  # the four hold every slot
             await asyncio.gather(*(healthy() for _ in range(3)))
             stop.set()
             await asyncio.gather(*lanes)
