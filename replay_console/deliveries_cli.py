@@ -147,7 +147,7 @@ def _replay(settings: Settings, args: argparse.Namespace) -> int:
                 return fail(args, f"{exc}{hint}", 1 if exc.status != 400 else 2)
         conn.commit()
     for what, before, after in job.diff:
-        print(f"  {what}: {before} -> {after}", file=sys.stderr)
+        print(shown(f"  {what}: {before} -> {after}", lines=False), file=sys.stderr)
     skipped = ", ".join(f"{n} {s}" for s, n in sorted(job.skipped.items()))
     print(f"queued replay {job.job_id}: {job.total} deliveries"
           + (f" (not replayable, left out: {skipped})" if skipped else ""), file=sys.stderr)
@@ -190,7 +190,8 @@ def _rerender(settings: Settings, args: argparse.Namespace) -> int:
             for x in pv["deliveries"]:
                 first = (f"{x['request']['method']} {x['request']['url']}" if x["renders"]
                          else f"still fails: {x['error']}")
-                print(f"{x['delivery_id']}	{x['status']}	{first}")
+                print("\t".join(shown(v, lines=False)
+                                for v in (x["delivery_id"], x["status"], first)))
             skipped = ", ".join(f"{n} {s}" for s, n in sorted(pv["skipped"].items()))
             print(f"{pv['replayable']} to re-render: {pv['renders']} render now, "
                   f"{pv['still_failing']} still fail"

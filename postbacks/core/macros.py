@@ -38,6 +38,7 @@ __all__ = [
     "get_macro",
     "iso_utc",
     "macro_names",
+    "macro_sequence",
 ]
 
 SNAPSHOT_PREFIX = "snapshot."
@@ -162,6 +163,13 @@ def find_macros(template: str) -> list[str]:
     registry here (see :func:`get_macro`).
     """
     return list(dict.fromkeys(text for is_macro, text in _parse(template) if is_macro))
+
+
+def macro_sequence(template: str) -> list[str]:
+    """Every placeholder of ``template`` in order, repeats included (:class:`RenderError`
+    on malformed braces): two templates with the same sequence put the same values in the
+    same places."""
+    return [text for is_macro, text in _parse(template) if is_macro]
 
 
 def expand(template: str, d: DeliveryRecord, *, quote: Callable[[str], str]) -> str:

@@ -86,7 +86,8 @@ _DNS_CACHE_MAX = 4096
 # own custom headers (an API key) and any credential stay with the origin they were for.
 _CROSS_ORIGIN_KEPT = frozenset({"content-type", "user-agent", "idempotency-key",
                                 "postback-attempt", "webhook-id", "webhook-timestamp",
-                                "webhook-signature"})
+                                "webhook-signature", "x-partner-signature",
+                                "x-partner-timestamp"})
 _BODY_HEADERS = frozenset({"content-type", "content-length", "content-encoding"})
 
 
@@ -128,7 +129,7 @@ class VettingResolver:
         failed = self._failed.get(host)
         if failed is not None:
             if failed[0] > loop.time():
-                raise failed[1]
+                raise failed[1].with_traceback(None)  # no frames kept from raise to raise
             del self._failed[host]
         hit = self._cache.get(host)
         if hit is None or hit[0] <= loop.time():

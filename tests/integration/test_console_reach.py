@@ -190,11 +190,17 @@ def test_support_may_retarget_an_edit_but_not_change_what_the_receiver_is_told(
         for override, words in [
             ({"url": "https://own.test/cb/{conversion_id}?p=99999.00"}, "query"),
             ({"url": "https://allowed.test/cb/123?p={payout_usd}"}, "path"),
+            ({"url": "https://own.test/cb/{conversion_id}/{conversion_id}?p={payout_usd}"},
+             "path"),  # a macro repeated: the same names, not the same places
             ({"aliases": {"occurred_at": "payout_usd"}}, "aliases"),
             ({"fields": ["conversion_id"]}, "fields"),
         ]:
             r = sup.post(path, body={"override": override})
             assert r.status == 403 and words in r.json()["error"], (override, r.text)
+        for broken in ("https://own.test/cb/{conversion_id?p={payout_usd}",
+                       "http://[own.test/cb"):  # refused by the edit's own check: a 400
+            r = sup.post(path, body={"override": {"url": broken}})
+            assert r.status == 400, (broken, r.text)
         page = Client(port)
         page.sign_in(token(settings, f"sup2-{ns}", "support"))
         r = page.post(f"/deliveries/dlv_{ns}_1/replay", form={
