@@ -270,7 +270,7 @@ def test_a_redirect_to_another_origin_carries_no_custom_or_credential_header() -
                 req = RenderedRequest("POST", rec.url(f"/to?u={there}"), {
                     "content-type": "application/json", "X-Api-Key": "k-live",
                     "Authorization": "Bearer b", "webhook-id": "msg_1",
-                    "idempotency-key": "msg_1"}, b"{}")
+                    "x-partner-signature": "abc", "idempotency-key": "msg_1"}, b"{}")
                 result = await t.send(req, follow_redirects=True)
                 assert result.http.status == 200, result
         finally:
@@ -280,7 +280,7 @@ def test_a_redirect_to_another_origin_carries_no_custom_or_credential_header() -
     assert len(got) == 1
     names = {k.lower() for k in got[0]}
     assert "x-api-key" not in names and "authorization" not in names, got
-    assert {"webhook-id", "idempotency-key", "content-type"} <= names
+    assert {"webhook-id", "x-partner-signature", "idempotency-key", "content-type"} <= names
 
 
 def test_sends_waiting_for_a_slot_behind_hanging_ones_do_not_time_out() -> None:
