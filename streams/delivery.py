@@ -88,6 +88,9 @@ class Deliverer:
                 **kw: object) -> None:
         child(ATTEMPTS_TOTAL, result).inc()
         shown = None if req is None else redact_request(req, redact)
+        excerpt = kw.get("excerpt")
+        if isinstance(excerpt, bytes):  # a receiver echoing the endpoint's API key
+            kw["excerpt"] = redact.scrub(excerpt)
         rec = make_attempt(d, now_ms=now_ms, result=result, req=shown, **kw)  # type: ignore[arg-type]
         out.append((TOPICS.attempts.base, d["endpoint_id"].encode(), self._att.encode(rec)))
 

@@ -8,7 +8,7 @@ masked by :mod:`postbacks.core.outcomes`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -17,22 +17,36 @@ import orjson
 
 from postbacks.core.render import RenderedRequest
 
-__all__ = ["MASK", "NO_REDACTION", "Redaction", "redact_request"]
+__all__ = ["ECHO_MIN", "MASK", "NO_REDACTION", "Redaction", "redact_request"]
 
 MASK = "[redacted]"
+ECHO_MIN = 6  # a custom header value this long or longer is masked where it is echoed
 
 
 @dataclass(frozen=True, slots=True)
 class Redaction:
     """What the stored copy of a request masks: ``fields`` (names in a JSON or form body
-    and in the query) and the values of ``headers`` (lower-case names)."""
+    and in the query) and the values of ``headers`` (lower-case names); ``secrets``: those
+    values (6 characters or more), masked too where a receiver echoes one in its
+    response (:meth:`scrub`)."""
 
     fields: tuple[str, ...] = ()
     headers: frozenset[str] = frozenset()
+    secrets: tuple[bytes, ...] = ()
 
     @classmethod
-    def of(cls, fields: Iterable[str], headers: Iterable[str]) -> Redaction:
-        return cls(tuple(fields), frozenset(h.lower() for h in headers))
+    def of(cls, fields: Iterable[str], headers: Mapping[str, str]) -> Redaction:
+        secrets = sorted({v.encode() for v in headers.values() if len(v) >= ECHO_MIN},
+                         key=len, reverse=True)
+        return cls(tuple(fields), frozenset(h.lower() for h in headers), tuple(secrets))
+
+    def scrub(self, body: bytes | None) -> bytes | None:
+        """``body`` (a response excerpt) with every secret value in it masked."""
+        if not body or not self.secrets:
+            return body
+        for value in self.secrets:
+            body = body.replace(value, MASK.encode())
+        return body
 
 
 NO_REDACTION = Redaction()

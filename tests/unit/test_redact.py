@@ -52,13 +52,23 @@ def test_the_endpoints_custom_header_values_are_masked_whatever_their_case() -> 
                           {"content-type": "application/json", "X-Api-Key": "k-live-123",
                            "x-partner-token": "t0k", "idempotency-key": "dlv_1"},
                           b'{"email":"a@b.c"}')
-    only_headers = redact_request(req, Redaction.of((), ("x-api-key", "X-Partner-Token")))
+    custom = {"x-api-key": "k-live-123", "X-Partner-Token": "t0k"}
+    only_headers = redact_request(req, Redaction.of((), custom))
     assert only_headers.headers == {"content-type": "application/json", "X-Api-Key": MASK,
                                     "x-partner-token": MASK, "idempotency-key": "dlv_1"}
     assert only_headers.body == req.body and only_headers.url == req.url
-    both = redact_request(req, Redaction.of(("email",), ("X-API-KEY",)))
+    both = redact_request(req, Redaction.of(("email",), {"X-API-KEY": "k-live-123"}))
     assert both.headers["X-Api-Key"] == MASK and both.headers["x-partner-token"] == "t0k"
     assert b"a@b.c" not in both.body and "a%40b.c" not in both.url
     rec = make_attempt(make_delivery(), now_ms=1, result="delivered", req=only_headers)
     assert "k-live-123" not in str(rec["request_headers"]) and "t0k" not in str(rec)
     assert req.headers["X-Api-Key"] == "k-live-123"  # the request as sent is untouched
+
+
+def test_a_receiver_echoing_the_api_key_has_it_masked_in_the_stored_excerpt() -> None:
+    from postbacks.core.redact import Redaction
+
+    r = Redaction.of((), {"X-Api-Key": "k-live-123", "X-Short": "abc"})
+    assert r.scrub(b'{"you sent":"k-live-123","x":"abc"}') == (
+        b'{"you sent":"[redacted]","x":"abc"}')  # a value under 6 characters stays
+    assert r.scrub(None) is None and Redaction().scrub(b"k-live-123") == b"k-live-123"
