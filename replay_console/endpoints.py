@@ -27,6 +27,7 @@ from psycopg.types.json import Jsonb
 
 from postbacks.core.endpoint import Endpoint, EndpointConfig
 from postbacks.core.override import Override, apply_override
+from postbacks.core.redact import MASK, Redaction, redact_request
 from postbacks.errors import ConfigError
 from postbacks.settings import Settings
 from replay_console.auth import STEP_UP_S, Principal, issue_step_up, spend_step_up
@@ -257,13 +258,11 @@ async def test_send(settings: Settings, endpoint: Endpoint, *,
         return {"ok": False, "stage": "render", "error": str(exc)}
     signatures = _signatures(d, ep, dict(req.headers), now_ms)
     # The endpoint's own custom header values (an API key) are shown only to admins, on the
-    # endpoint's page: masked here by name, and wherever a receiver echoes one back.
-    custom = {k.lower() for k in ep.config.headers}
-    secrets = signatures | {v for k, v in req.headers.items()
-                            if k.lower() in custom and len(v) >= _ECHO_MIN}
+    # endpoint's page: masked as the attempt log masks them (by name, and where echoed).
+    custom = Redaction.of((), ep.config.headers)
+    shown = redact_request(req, custom)
     request = {"method": req.method, "url": req.url,
-               "headers": {k: REDACTED if k.lower() in custom else _redact(v, signatures)
-                           for k, v in req.headers.items()},
+               "headers": {k: _redact(v, signatures) for k, v in shown.headers.items()},
                "body": req.body.decode("utf-8", "replace")}
     resolve = None
     if lookup is not None:
@@ -277,15 +276,14 @@ async def test_send(settings: Settings, endpoint: Endpoint, *,
         result = await t.send(req, follow_redirects=ep.config.follow_redirects)
     response = {"status": result.http.status, "error_class": result.http.error_class,
                 "blocked": result.blocked, "wire_ms": round(result.wire_ms, 1),
-                "body_excerpt": _redact((result.excerpt or b"").decode("utf-8", "replace"),
-                                        secrets)}
+                "body_excerpt": _redact((custom.scrub(result.excerpt) or b"")
+                                        .decode("utf-8", "replace"), signatures)}
     ok = result.blocked is None and result.http.status is not None \
         and 200 <= result.http.status < 300
     return {"ok": ok, "stage": "send", "request": request, "response": response}
 
 
-REDACTED = "[redacted]"
-_ECHO_MIN = 6  # a custom header value this long or longer is masked where it is echoed
+REDACTED = MASK
 
 
 def _signatures(d: Any, ep: Endpoint, headers: dict[str, str], now_ms: int) -> set[str]:

@@ -45,6 +45,7 @@ from typing import Any
 from yarl import URL
 
 from postbacks.core.classify import HttpResult
+from postbacks.core.providers import get_provider, provider_names
 from postbacks.core.render import RenderedRequest
 from postbacks.core.ssrf import (
     ALLOWED_SCHEMES,
@@ -82,12 +83,11 @@ IDLE_TIMEOUT_S = 30.0
 _DNS_CACHE_MAX = 4096
 
 # Dropped when a hop changes origin (as browsers do) or switches to a body-less GET.
-# A redirect to another origin carries only these of the request's headers: the endpoint's
-# own custom headers (an API key) and any credential stay with the origin they were for.
-_CROSS_ORIGIN_KEPT = frozenset({"content-type", "user-agent", "idempotency-key",
-                                "postback-attempt", "webhook-id", "webhook-timestamp",
-                                "webhook-signature", "x-partner-signature",
-                                "x-partner-timestamp"})
+# A redirect to another origin carries only the headers a provider sets itself (identity,
+# signatures, content type): the endpoint's own custom headers (an API key) and any
+# credential stay with the origin they were for.
+_CROSS_ORIGIN_KEPT = frozenset({"user-agent"}).union(
+    *(get_provider(name).reserved_headers for name in provider_names()))
 _BODY_HEADERS = frozenset({"content-type", "content-length", "content-encoding"})
 
 
