@@ -97,7 +97,9 @@ def test_a_burst_of_retrodated_deliveries_halts_the_global_scope(
     assert minute(11, normal=8, retro=12, in_span=34) == "tripped"
     _state, reason = _retro_row(settings)
     assert reason is not None and "retrodated burst:" in reason, reason
-    assert "-min span (retrodated burst): 34 retrodated deliveries" in reason, reason
+    # It trips on the first partial batch that reaches 30: between 30 and all 34 of them.
+    got = re.search(r"-min span \(retrodated burst\): (\d+) retrodated deliveries", reason)
+    assert got is not None and 30 <= int(got.group(1)) <= 34, reason
     log = stack.procs["gate"].tail(2000)
     assert "retrodated burst over its threshold" in log and "ERROR" not in log, log[-2000:]
 
