@@ -12,6 +12,8 @@ highest score a threshold must stay above; then the recommended ``k`` (that scor
 a labelled incident (``--incident-start``/``--incident-end``), when it would have tripped.
 ``--apply`` writes the recommended ``k`` to the global row (audited; the mode is kept, and
 a missing row is created in ``detect``: nothing enforces without an explicit decision).
+The same minutes' retrodated deliveries give the retrodated burst's ``burst_count``
+(calibrate_burst.py; ``--apply-burst``).
 """
 
 from __future__ import annotations
@@ -20,15 +22,18 @@ import argparse
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from postbacks.cli_output import fail, print_json
-from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS
+from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS, retrodated
+from postbacks.core.anomaly.modes import ALL_ENDPOINTS
 from postbacks.core.anomaly.recommend import MIN_H, Calibration, calibrate, recommend
 from postbacks.core.anomaly.rolling import RollingThresholds
 from postbacks.core.instants import MIN_OCCURRED_AT_MS
 from postbacks.settings import Settings
+from streams.anomaly_gate.calibrate_burst import apply_burst, burst_report
 from streams.anomaly_gate.calibrate_common import (
     apply,
     iso,
@@ -38,56 +43,75 @@ from streams.anomaly_gate.calibrate_common import (
     read_range,
 )
 from streams.anomaly_gate.calibrate_endpoints import run_endpoints
+from streams.anomaly_gate.config import GateConfig, build_config
 
 __all__ = ["add_arguments", "run"]
 
 _DAY_MS = 86_400_000
-Minutes = dict[int, list[int]]  # minute -> [payout micros, count]
+Minutes = dict[int, list[int]]  # minute -> [payout micros, count, retrodated count]
 
 
-def _from_db(settings: Settings, since: int, until: int) -> Minutes:
+def _from_db(settings: Settings, since: int, until: int, cfg: GateConfig) -> Minutes:
     from postbacks.db.connect import connect
 
+    own = cfg.retrodating_window_ms  # per endpoint ("*": every endpoint without its own)
+    eps = [e for e in own if e != ALL_ENDPOINTS]
     out: Minutes = {}
     with connect(settings.database_url) as conn:
         cur = conn.execute(
-            "SELECT (snapshot->>'occurred_at')::bigint / 60000 AS m,"
-            " sum(payout_usd_micros)::bigint, count(*) FROM deliveries"
-            " WHERE payout_usd_micros BETWEEN 0 AND %s"
-            " AND snapshot->>'occurred_at' ~ '^[0-9]+$'"
-            " AND (snapshot->>'occurred_at')::bigint >= %s"
-            " AND (snapshot->>'occurred_at')::bigint < %s GROUP BY 1",
-            (MAX_PAYOUT_MICROS, max(since, MIN_OCCURRED_AT_MS), until))
-        for m, micros, n in cur:
-            out[int(m)] = [int(micros), int(n)]
+            "SELECT (d.snapshot->>'occurred_at')::bigint / 60000 AS m,"
+            " sum(d.payout_usd_micros)::bigint, count(*),"
+            " count(*) FILTER (WHERE d.snapshot->>'source_created_at' ~ '^[0-9]{1,15}$'"
+            "  AND d.snapshot->>'source_completed_at' ~ '^[0-9]{1,15}$'"
+            "  AND (d.snapshot->>'source_created_at')::bigint"
+            "   - (d.snapshot->>'source_completed_at')::bigint > coalesce(w.window_ms, %s))"
+            " FROM deliveries d"
+            " LEFT JOIN unnest(%s::text[], %s::bigint[]) AS w(endpoint_id, window_ms)"
+            "  ON w.endpoint_id = d.endpoint_id"
+            " WHERE d.payout_usd_micros BETWEEN 0 AND %s"
+            " AND d.snapshot->>'occurred_at' ~ '^[0-9]+$'"
+            " AND (d.snapshot->>'occurred_at')::bigint >= %s"
+            " AND (d.snapshot->>'occurred_at')::bigint < %s GROUP BY 1",
+            (cfg.window_ms(ALL_ENDPOINTS), eps, [own[e] for e in eps], MAX_PAYOUT_MICROS,
+             max(since, MIN_OCCURRED_AT_MS), until))
+        for m, micros, n, retro in cur:
+            out[int(m)] = [int(micros), int(n), int(retro)]
     return out
 
 
-def _from_file(path: str, since: int, until: int, progress: Callable[[int], None]) -> Minutes:
+def _add(out: Minutes, rec: Mapping[str, Any], window_ms: int) -> bool:
+    """Count one conversion in its minute; False when the gate would not count it."""
+    got = minute_of(rec.get("occurred_at"), rec.get("payout_usd_micros"))
+    if got is None:
+        return False
+    cell = out[got[0]]
+    cell[0] += got[1]
+    cell[1] += 1
+    if retrodated(rec.get("source_created_at"), rec.get("source_completed_at"),
+                  window_ms) is True:
+        cell[2] += 1
+    return True
+
+
+def _from_file(path: str, since: int, until: int, cfg: GateConfig,
+               progress: Callable[[int], None]) -> Minutes:
     from streams.anomaly_gate.history import read_jsonl
 
-    out: Minutes = defaultdict(lambda: [0, 0])
+    out: Minutes = defaultdict(lambda: [0, 0, 0])
     for n, ev in enumerate(read_jsonl(path), 1):
-        got = minute_of(ev.get("occurred_at"), ev.get("payout_usd_micros"))
-        if got is not None and since <= got[0] * 60_000 < until:
-            cell = out[got[0]]
-            cell[0] += got[1]
-            cell[1] += 1
+        at = minute_of(ev.get("occurred_at"), ev.get("payout_usd_micros"))
+        if at is not None and since <= at[0] * 60_000 < until:
+            _add(out, ev, cfg.window_ms(str(ev.get("endpoint_id") or ALL_ENDPOINTS)))
         if n % 250_000 == 0:
             progress(n)
     return dict(out)
 
 
-def _from_topic(settings: Settings, since: int, until: int,
+def _from_topic(settings: Settings, since: int, until: int, cfg: GateConfig,
                 progress: Callable[[int], None]) -> Minutes:
-    out: Minutes = defaultdict(lambda: [0, 0])
+    out: Minutes = defaultdict(lambda: [0, 0, 0])
     for n, d in enumerate(read_range(settings, since, until), 1):
-        conv = d.get("conversion") or {}
-        got = minute_of(conv.get("occurred_at"), conv.get("payout_usd_micros"))
-        if got is not None:
-            cell = out[got[0]]
-            cell[0] += got[1]
-            cell[1] += 1
+        _add(out, d.get("conversion") or {}, cfg.window_ms(str(d.get("endpoint_id"))))
         if n % 250_000 == 0:
             progress(n)
     return dict(out)
@@ -98,22 +122,31 @@ def _series(minutes: Minutes) -> Iterator[tuple[int, int, int]]:
         yield m, minutes[m][0], minutes[m][1]
 
 
-def _current(settings: Settings, offline: bool) -> tuple[RollingThresholds, str | None]:
-    """The global row's rolling thresholds now, and its mode (None: no row)."""
-    from streams.anomaly_gate.config import build_config
+@dataclass(frozen=True, slots=True)
+class _Now:
+    """The gate's configuration now, and the global rows' modes (None: no row)."""
 
+    cfg: GateConfig
+    mode: str | None  # the value_rate row's
+    retro_mode: str | None  # the retrodating row's
+
+
+def _current(settings: Settings, offline: bool) -> _Now:
     if offline:
         cfg, _ = build_config([], settings.anomaly_global_key)
-        return cfg.global_rolling, None
+        return _Now(cfg, None, None)
     from postbacks.db.anomaly import load_rows
     from postbacks.db.connect import connect
 
     with connect(settings.database_url) as conn:
         rows = load_rows(conn)
     cfg, _ = build_config(rows, settings.anomaly_global_key)
-    mode = next((r.mode for r in rows if r.scope == "global" and r.detector == "value_rate"
-                 and r.scope_key == settings.anomaly_global_key), None)
-    return cfg.global_rolling, mode
+
+    def mode(detector: str) -> str | None:
+        return next((r.mode for r in rows if r.scope == "global" and r.detector == detector
+                     and r.scope_key == settings.anomaly_global_key), None)
+
+    return _Now(cfg, mode("value_rate"), mode("retrodating"))
 
 
 def _report(cal: Calibration, title: str) -> None:
@@ -140,8 +173,14 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         return fail(args, "--incident-start and --incident-end go together, start first", 2)
     if args.margin < 0 or args.h_margin < 0:
         return fail(args, "--margin and --h-margin must be >= 0", 2)
-    if args.apply and not (args.actor and args.actor.strip()):
-        return fail(args, "--apply needs --actor (who is making this change)", 2)
+    if (args.apply or args.apply_burst) and not (args.actor and args.actor.strip()):
+        return fail(args, "--apply and --apply-burst need --actor (who is making this "
+                    "change)", 2)
+    if args.burst_margin < 0:
+        return fail(args, "--burst-margin must be >= 0", 2)
+    if args.apply_burst and args.scope == "endpoint":
+        return fail(args, "--apply-burst is for the global scope: the retrodated burst "
+                    "halts the global scope only", 2)
     if args.top < 1:
         return fail(args, "--top must be >= 1", 2)
     if args.scope == "endpoint":
@@ -155,19 +194,21 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             print(f"[calibrate] {n:,} records read, {time.perf_counter() - t0:.1f}s",
                   file=sys.stderr, flush=True)
 
+    now_cfg = _current(settings, offline=bool(args.file) and not (args.apply
+                                                                   or args.apply_burst))
     if args.file:
-        minutes = _from_file(args.file, since, until, progress)
+        minutes = _from_file(args.file, since, until, now_cfg.cfg, progress)
         source = f"file {args.file}"
     elif args.topic:
-        minutes = _from_topic(settings, since, until, progress)
+        minutes = _from_topic(settings, since, until, now_cfg.cfg, progress)
         source = "topic deliveries.v1"
     else:
-        minutes = _from_db(settings, since, until)
+        minutes = _from_db(settings, since, until, now_cfg.cfg)
         source = "PostgreSQL deliveries"
     if not minutes:
         return fail(args, f"no payouts in {source} between {iso(since)} and {iso(until)}",
                     1)
-    current, mode = _current(settings, offline=bool(args.file) and not args.apply)
+    current, mode = now_cfg.cfg.global_rolling, now_cfg.mode
     incident = None if inc_start is None or inc_end is None else (inc_start, inc_end)
 
     def scan(th: RollingThresholds, what: str) -> Calibration:
@@ -205,17 +246,34 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             print(f"incident, {label}: " + ("never tripped" if at is None else
                   f"tripped at {iso(at)}, {(at - incident[0]) / 60_000:.0f} min after its "
                   "start"))
+
+    def burst_tick(n: int, at: int) -> None:
+        if not args.quiet:
+            print(f"[calibrate] retrodated burst: {n:,} minutes (event time {iso(at)}), "
+                  f"{time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
+
+    burst, burst_json = burst_report(
+        ((m, minutes[m][2]) for m in sorted(minutes) if minutes[m][2]),
+        now_cfg.cfg.retro_burst, now_cfg.cfg.window_ms(ALL_ENDPOINTS), args.burst_margin,
+        incident, burst_tick)
     if args.json:
         print_json({"current": asdict(cal.thresholds), "recommended": asdict(rec),
                     "needed": None if need is None else asdict(need),
                     "needed_h": None if need_h is None else asdict(need_h),
                     "days": [asdict(d) for d in cal.days.values()],
                     "incident_trip_ms": {"current": cal.incident_trip_ms,
-                                         "recommended": again.incident_trip_ms}})
+                                         "recommended": again.incident_trip_ms},
+                    "burst": burst_json})
     if args.apply:
-        return apply(settings, args, "global", settings.anomaly_global_key, rec, mode,
-                     "the global scope follows it")
-    print("\n(not applied: --apply --actor YOU writes it, audited)")
+        rc = apply(settings, args, "global", settings.anomaly_global_key, rec, mode,
+                   "the global scope follows it")
+        if rc:
+            return rc
+    if args.apply_burst:
+        return apply_burst(settings, args, burst, now_cfg.retro_mode)
+    if not args.apply:
+        print("\n(not applied: --apply --actor YOU writes k and h, --apply-burst the "
+              "burst_count; audited)")
     return 0
 
 
@@ -249,6 +307,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--apply", action="store_true",
                     help="write the recommended k and h to the global value_rate row, or with "
                     "--scope endpoint the endpoints' default row (audited)")
+    ap.add_argument("--burst-margin", type=float, default=0.5,
+                    help="global scope: the retrodated burst's recommended burst_count is the "
+                    "busiest span's count times 1 + this (default 0.5)")
+    ap.add_argument("--apply-burst", action="store_true",
+                    help="global scope: write the recommended burst_count to the global "
+                    "retrodating row (audited; its mode kept, a new row in detect)")
     ap.add_argument("--actor", help="who you are (with --apply)")
     ap.add_argument("--note", help="why (with --apply; recorded in the audit log)")
     ap.add_argument("--json", action="store_true", help="also print the report as JSON")
