@@ -14,7 +14,11 @@ value, a text too long for its column's index: records from another producer tha
 stages, which check their own) fails its whole batch. The sink then rewinds, and re-reads
 that batch checking every row (:mod:`sinks.refusals`): a row with such a value becomes a
 dead-letter row (reason ``invalid_record``, the column named) and the rest are written.
-Rows are checked only then, so the check costs nothing in steady traffic.
+Rows are checked only then, so the check costs nothing in steady traffic. A refusal the
+check does not know (a constraint or trigger an operator added, a value no check
+foresaw) fails the checked batch again; the sink then reads it once more trying each row
+on its own, in a transaction rolled back (:meth:`PostgresSink.probe`): a row PostgreSQL
+refuses becomes a dead-letter row carrying PostgreSQL's message, and the rest are written.
 
 Delivery rows wait for their first outcome (and a ``delivered`` one for the attempt it
 reports) before they are written, already projected (:mod:`sinks.waiting`); the
@@ -57,15 +61,19 @@ from postbacks.settings import Settings
 from sinks import projection
 from sinks.intents import IntentBook
 from sinks.refusals import feed_problem, indexed_columns, row_problems
-from sinks.tables import STAGING_DDL, TABLES, column_types, ts_from_ms, use_orjson
+from sinks.tables import STAGING_DDL, TABLES, Table, column_types, ts_from_ms, use_orjson
 from sinks.waiting import Partition, WaitingRows
 from topics import TOPICS
 
-__all__ = ["GROUP", "PostgresSink"]
+__all__ = ["GROUP", "REFUSALS", "PostgresSink"]
 
 log = logging.getLogger(__name__)
 
 GROUP = "postbacks-sink"
+# What PostgreSQL says of a value or a row it will not store (rather than of itself or the
+# connection): a batch refused so is read again checked, then row by row.
+REFUSALS: tuple[type[psycopg.Error], ...] = (
+    psycopg.DataError, psycopg.IntegrityError, psycopg.errors.ProgramLimitExceeded)
 
 class PostgresSink:
     """``add()`` decoded rows, ``flush()`` them with the offsets in one transaction."""
@@ -89,6 +97,9 @@ class PostgresSink:
         # Partitions whose rows are checked before they are noted, up to an offset: those
         # of a batch PostgreSQL refused for a value in it (:meth:`refused`).
         self._checked: dict[Partition, int] = {}
+        # Partitions whose rows are each tried on their own before they are noted, up to an
+        # offset: those of a checked batch PostgreSQL refused again (:meth:`probe`).
+        self._probed: dict[Partition, int] = {}
         self._indexed: dict[str, frozenset[str]] = {}  # per table, read when connecting
         # The sink's own dead letters per reason, counted in ``webhook_dlq_total`` once the
         # flush holding them commits: a batch read again after a rewind counts once.
@@ -170,6 +181,10 @@ class PostgresSink:
             if problems:
                 raise InvalidRecord(f"{table.name}: a value PostgreSQL refuses: "
                                     + "; ".join(problems))
+        if self._probed and offset < self._probed.get((topic, partition), -1):
+            why = self._try_row(table, row)
+            if why is not None:
+                raise InvalidRecord(f"{table.name}: PostgreSQL refuses the row: {why}")
         self._offsets[(topic, partition)] = offset + 1
         if table.name == "attempts" and self._intents.add(value):
             return  # an intent: kept apart until its attempt's record comes
@@ -198,6 +213,29 @@ class PostgresSink:
                 self._checked[tp] = end
                 new = True
         return new
+
+    def probe(self) -> bool:
+        """PostgreSQL refused again a batch whose rows were all checked: its partitions'
+        rows are each tried on their own when read again, up to where the batch ended.
+        False when every one of them was tried already (the refusal is not a row's)."""
+        new = False
+        for tp, end in self._offsets.items():
+            if end > self._probed.get(tp, -1):
+                self._probed[tp] = end
+                new = True
+        return new
+
+    def _try_row(self, table: Table, row: tuple[Any, ...]) -> str | None:
+        """Write one row in a transaction rolled back: PostgreSQL's refusal, or None."""
+        conn = self.conn()
+        try:
+            with conn.transaction():
+                table.write(conn, [row], types=self._types[table.name], direct=False)
+                raise psycopg.Rollback()
+        except REFUSALS as exc:
+            first = str(exc).strip().splitlines()
+            return f"{type(exc).__name__}: {first[0] if first else ''}"[:500]
+        return None
 
     def _undecodable(self, msg: Message, exc: DeadLetterError, now_ms: int) -> tuple[Any, ...]:
         # The id comes from the record (where it was read, its bytes and timestamp): read
@@ -316,6 +354,8 @@ class PostgresSink:
             stored = self._waiting.stored(tp, o)
             if self._checked.get(tp, stored + 1) <= stored:  # stored past the refused batch
                 del self._checked[tp]
+            if self._probed.get(tp, stored + 1) <= stored:
+                del self._probed[tp]
         self._offsets.clear()
         for name, n in written.items():
             SINK_ROWS.labels(table=name).inc(n)

@@ -2,7 +2,8 @@
 assignment) feeding :class:`~sinks.postgres.PostgresSink`, which stores rows and offsets in
 one PostgreSQL transaction. While PostgreSQL is down it rewinds to the offsets stored there,
 waits and retries; a batch PostgreSQL refuses for a value in it is read again with every row
-checked (:mod:`sinks.refusals`)."""
+checked (:mod:`sinks.refusals`), and if it is refused again, once more with each row tried on
+its own (:meth:`~sinks.postgres.PostgresSink.probe`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from postbacks.kafka.clients import check_broker, make_consumer, records
 from postbacks.kafka.watchdog import subscribe_watched
 from postbacks.metrics import SINK_WAITING, STAGE_RECORDS
 from postbacks.settings import Settings
-from sinks.postgres import GROUP, PostgresSink
+from sinks.postgres import GROUP, REFUSALS, PostgresSink
 
 __all__ = ["run_sink"]
 
@@ -71,13 +72,17 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
             try:
                 sink.flush()
                 processed.inc(len(msgs))
-            except (psycopg.DataError, psycopg.errors.ProgramLimitExceeded) as exc:
+            except REFUSALS as exc:
                 if sink.refused():
                     log.warning("sink: PostgreSQL refused a value in the batch (%s); reading"
                                 " it again with every row checked", exc)
+                elif sink.probe():
+                    log.warning("sink: PostgreSQL refused a batch whose rows all passed the"
+                                " check (%s); reading it again with each row tried on its"
+                                " own", exc)
                 else:
-                    log.error("sink: PostgreSQL refused a batch whose rows all passed the"
-                              " check (%s); retrying", exc)
+                    log.error("sink: PostgreSQL refused a batch whose rows it takes one by"
+                              " one (%s); retrying", exc)
                 sink.discard()
                 _rewind_to_stored(consumer, sink, stop, retry_s)
             except (psycopg.OperationalError, psycopg.InterfaceError, OSError,
