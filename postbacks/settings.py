@@ -152,6 +152,8 @@ class Settings:
     console_bulk_max: int = 50_000  # at most this many deliveries in one bulk replay
     console_replay_rate_per_endpoint: float = 10.0  # replays published per endpoint per second
     console_replay_rate_total: float = 1000.0  # ... and in all
+    console_test_sends_per_endpoint: int = 6  # test-sends per endpoint per minute
+    console_test_sends_per_user: int = 30  # ... per signed-in user (or token) per minute
     # Proxies (comma-separated IPs or CIDRs) whose X-Forwarded-Proto the console believes
     # (the session cookie's Secure flag, HSTS); empty = believe no one.
     console_trusted_proxies: str = ""
@@ -256,7 +258,8 @@ def _validate(s: Settings) -> None:
             raise ConfigError(f"{env_name(name)} must be > 0")
     for name in ("retry_max_attempts", "failing_after", "breaker_failure_threshold",
                  "endpoint_max_queue", "max_buffered", "commit_interval_ms",
-                 "console_bulk_confirm_above", "console_bulk_max"):
+                 "console_bulk_confirm_above", "console_bulk_max",
+                 "console_test_sends_per_endpoint", "console_test_sends_per_user"):
         if getattr(s, name) < 1:
             raise ConfigError(f"{env_name(name)} must be >= 1")
     if not 1 <= s.txn_retry_backoff_ms <= 1000:

@@ -28,6 +28,7 @@ from replay_console.forms import is_api
 from replay_console.pool import ConnPool
 from replay_console.problem import Problem
 from replay_console.rules import Lookup
+from replay_console.throttle import ActionLimit
 
 __all__ = ["ACTION", "COOKIE", "COOKIE_VALUE", "CSP", "LOCAL_PATH", "PRINCIPAL", "Console",
            "Handler", "counted", "doing", "done", "me", "not_for_publishers", "problem",
@@ -108,6 +109,9 @@ class Console:
         self.key = (hashlib.sha256(b"postbacks-console-session|" + configured.encode()).digest()
                     if configured else secrets.token_bytes(32))
         self.env = _env()
+        self.test_sends = ActionLimit(  # this instance's own counts
+            "test-send", per_target=settings.console_test_sends_per_endpoint,
+            per_actor=settings.console_test_sends_per_user)
         self.trusted_proxies = tuple(
             ipaddress.ip_network(part, strict=False)
             for part in (x.strip() for x in settings.console_trusted_proxies.split(","))

@@ -35,7 +35,7 @@ from aiohttp import web
 from psycopg.types.json import Jsonb
 
 __all__ = ["AUDIT_PER_MINUTE", "LIMIT", "MAX_KEYS", "PREFIX_CHARS", "WINDOW_S",
-           "RefusalAudit", "SignInThrottle", "Throttled", "client_address"]
+           "ActionLimit", "RefusalAudit", "SignInThrottle", "Throttled", "client_address"]
 
 log = logging.getLogger("postbacks.console")
 
@@ -47,11 +47,13 @@ AUDIT_PER_MINUTE = 1_000
 
 
 class Throttled(Exception):
-    """Too many failed sign-ins under a key: answer 429 with ``Retry-After``."""
+    """Too many failed sign-ins under a key (or too many of an action): answer 429 with
+    ``Retry-After``."""
 
-    def __init__(self, retry_after_s: int) -> None:
-        super().__init__(f"too many failed sign-ins from this address or for this token: "
-                         f"try again in {retry_after_s} s")
+    def __init__(self, retry_after_s: int,
+                 what: str = "too many failed sign-ins from this address or for this token"
+                 ) -> None:
+        super().__init__(f"{what}: try again in {retry_after_s} s")
         self.retry_after_s = retry_after_s
 
 
@@ -92,8 +94,9 @@ class SignInThrottle:
         prefix = presented.strip()[:PREFIX_CHARS]
         return (f"addr:{address}",) + ((f"prefix:{prefix}",) if prefix else ())
 
-    def check(self, keys: Sequence[str], *, now: float | None = None) -> None:
-        """Raise :class:`Throttled` when any key is at the limit."""
+    def check(self, keys: Sequence[str], *, now: float | None = None,
+              what: str | None = None) -> None:
+        """Raise :class:`Throttled` when any key is at the limit (``what``: its message)."""
         t = time.monotonic() if now is None else now
         wait = 0.0
         with self._lock:
@@ -108,7 +111,8 @@ class SignInThrottle:
                 elif len(q) >= self.limit:
                     wait = max(wait, q[0] + self.window_s - t)
         if wait > 0:
-            raise Throttled(max(1, math.ceil(wait)))
+            raise (Throttled(max(1, math.ceil(wait))) if what is None
+                   else Throttled(max(1, math.ceil(wait)), what))
 
     def failed(self, keys: Sequence[str], *, now: float | None = None) -> None:
         """Count one failed sign-in under each key."""
@@ -125,6 +129,30 @@ class SignInThrottle:
 
     def __len__(self) -> int:
         return len(self._fails)
+
+
+class ActionLimit:
+    """At most ``per_target`` uses of an action per target and ``per_actor`` per actor
+    within ``window_s`` (test-sends: the console must not become a way to flood a
+    publisher's endpoint, nor one user's way to flood many). Counted in this process."""
+
+    def __init__(self, action: str, *, per_target: int, per_actor: int,
+                 window_s: float = 60.0, max_keys: int = MAX_KEYS) -> None:
+        self.action = action
+        self._target = SignInThrottle(limit=per_target, window_s=window_s, max_keys=max_keys)
+        self._actor = SignInThrottle(limit=per_actor, window_s=window_s, max_keys=max_keys)
+
+    def take(self, target: str, actor: str, *, now: float | None = None) -> None:
+        """Count one use, or raise :class:`Throttled` (nothing counted) at either limit."""
+        t = time.monotonic() if now is None else now
+        self._target.check((target,), now=t, what=(
+            f"too many {self.action}s to this endpoint (at most {self._target.limit} in "
+            f"{self._target.window_s:g} s)"))
+        self._actor.check((actor,), now=t, what=(
+            f"too many {self.action}s by you (at most {self._actor.limit} in "
+            f"{self._actor.window_s:g} s)"))
+        self._target.failed((target,), now=t)
+        self._actor.failed((actor,), now=t)
 
 
 _NAME = re.compile(r"[^a-z]+")

@@ -275,6 +275,7 @@ def send_test(c: Console) -> Handler:
         ep = await c.pool.run(lambda conn: eps.load_for_test_send(conn, c.settings, p, eid))
         if override is not None and override.url is not None:
             reach.check_reach(p, ep, override.url)  # 403 (audited) past the allowed hosts
+        c.test_sends.take(eid, p.token_id)  # 429 (audited) past the limits
         sent = await eps.test_send(c.settings, ep, override=override, lookup=c.lookup)
 
         await c.pool.run(lambda conn: eps.audit_test_send(conn, p, eid, sent))
