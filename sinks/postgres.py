@@ -16,9 +16,10 @@ that batch checking every row (:mod:`sinks.refusals`): a row with such a value b
 dead-letter row (reason ``invalid_record``, the column named) and the rest are written.
 Rows are checked only then, so the check costs nothing in steady traffic. A refusal the
 check does not know (a constraint or trigger an operator added, a value no check
-foresaw) fails the checked batch again; the sink then reads it once more trying each row
-on its own, in a transaction rolled back (:meth:`PostgresSink.probe`): a row PostgreSQL
-refuses becomes a dead-letter row carrying PostgreSQL's message, and the rest are written.
+foresaw) fails the checked batch again; the sink then reads it once more and writes it
+row by row, each in a savepoint (:mod:`sinks.careful`, :meth:`PostgresSink.careful`): a
+row PostgreSQL refuses becomes a dead-letter row carrying PostgreSQL's message, and the
+rest are written.
 
 Delivery rows wait for their first outcome (and a ``delivered`` one for the attempt it
 reports) before they are written, already projected (:mod:`sinks.waiting`); the
@@ -33,15 +34,14 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import hashlib
 import logging
+import time
 from collections import Counter, defaultdict
 from typing import Any
 
 import psycopg
 from confluent_kafka import (
     OFFSET_BEGINNING,
-    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaException,
     Message,
@@ -54,26 +54,25 @@ from postbacks.db.connect import connect
 from postbacks.db.endpoint_health import record_batch
 from postbacks.db.migrate import ensure_attempt_partitions
 from postbacks.errors import DeadLetterError, InvalidRecord
-from postbacks.ids import new_id
 from postbacks.kafka.leaders import until_leader_known
 from postbacks.metrics import DLQ_TOTAL, SINK_ROWS
 from postbacks.settings import Settings
 from sinks import projection
+from sinks.careful import REFUSALS, Origin, undecodable_letter, write_carefully
 from sinks.intents import IntentBook
 from sinks.refusals import feed_problem, indexed_columns, row_problems
-from sinks.tables import STAGING_DDL, TABLES, Table, column_types, ts_from_ms, use_orjson
+from sinks.tables import STAGING_DDL, TABLES, column_types, use_orjson
 from sinks.waiting import Partition, WaitingRows
 from topics import TOPICS
 
 __all__ = ["GROUP", "REFUSALS", "PostgresSink"]
 
+_TOPIC_OF = {"deliveries": TOPICS.deliveries, "attempts": TOPICS.attempts,
+             "outcomes": TOPICS.outcomes, "dead_letters": TOPICS.dlq}
+
 log = logging.getLogger(__name__)
 
 GROUP = "postbacks-sink"
-# What PostgreSQL says of a value or a row it will not store (rather than of itself or the
-# connection): a batch refused so is read again checked, then row by row.
-REFUSALS: tuple[type[psycopg.Error], ...] = (
-    psycopg.DataError, psycopg.IntegrityError, psycopg.errors.ProgramLimitExceeded)
 
 class PostgresSink:
     """``add()`` decoded rows, ``flush()`` them with the offsets in one transaction."""
@@ -97,9 +96,11 @@ class PostgresSink:
         # Partitions whose rows are checked before they are noted, up to an offset: those
         # of a batch PostgreSQL refused for a value in it (:meth:`refused`).
         self._checked: dict[Partition, int] = {}
-        # Partitions whose rows are each tried on their own before they are noted, up to an
-        # offset: those of a checked batch PostgreSQL refused again (:meth:`probe`).
-        self._probed: dict[Partition, int] = {}
+        # Partitions whose rows are written one by one, up to an offset: those of a checked
+        # batch PostgreSQL refused again (:meth:`careful`); where their rows were read.
+        self._careful: dict[Partition, int] = {}
+        self._origins: dict[tuple[str, Any], Origin] = {}
+        self._msg: Message | None = None  # the record add() is taking
         self._indexed: dict[str, frozenset[str]] = {}  # per table, read when connecting
         # The sink's own dead letters per reason, counted in ``webhook_dlq_total`` once the
         # flush holding them commits: a batch read again after a rewind counts once.
@@ -153,14 +154,17 @@ class PostgresSink:
         record, _table = self._by_topic[topic]
         try:
             value = codec_for(record).decode(msg.value())
+            self._msg = msg
             self.add_record(topic, msg.partition() or 0, msg.offset() or 0, value)
         except DeadLetterError as exc:
             tp, offset = (topic, msg.partition() or 0), msg.offset() or 0
             self._offsets[tp] = offset + 1
             if topic == self._deliveries:
                 self._waiting.passed(tp, offset)
-            self._rows["dead_letters"].append(self._undecodable(msg, exc, now_ms))
+            self._rows["dead_letters"].append(undecodable_letter(msg, exc, now_ms))
             self._dead[exc.reason] += 1
+        finally:
+            self._msg = None
 
     def add_record(self, topic: str, partition: int, offset: int, value: Any) -> None:
         """One decoded record read from ``topic``; its offset is stored with the rows at the
@@ -181,10 +185,10 @@ class PostgresSink:
             if problems:
                 raise InvalidRecord(f"{table.name}: a value PostgreSQL refuses: "
                                     + "; ".join(problems))
-        if self._probed and offset < self._probed.get((topic, partition), -1):
-            why = self._try_row(table, row)
-            if why is not None:
-                raise InvalidRecord(f"{table.name}: PostgreSQL refuses the row: {why}")
+        if self._careful and offset < self._careful.get((topic, partition), -1):
+            self._origins[(table.name, row[0])] = (
+                Origin(topic, partition, offset, None, None) if self._msg is None
+                else Origin.of(self._msg))
         self._offsets[(topic, partition)] = offset + 1
         if table.name == "attempts" and self._intents.add(value):
             return  # an intent: kept apart until its attempt's record comes
@@ -214,42 +218,31 @@ class PostgresSink:
                 new = True
         return new
 
-    def probe(self) -> bool:
+    def careful(self) -> bool:
         """PostgreSQL refused again a batch whose rows were all checked: its partitions'
-        rows are each tried on their own when read again, up to where the batch ended.
-        False when every one of them was tried already (the refusal is not a row's)."""
+        rows are written one by one when read again, up to where the batch ended. False
+        when every one of them was so already (the refusal is not a row's)."""
         new = False
         for tp, end in self._offsets.items():
-            if end > self._probed.get(tp, -1):
-                self._probed[tp] = end
+            if end > self._careful.get(tp, -1):
+                self._careful[tp] = end
                 new = True
         return new
 
-    def _try_row(self, table: Table, row: tuple[Any, ...]) -> str | None:
-        """Write one row in a transaction rolled back: PostgreSQL's refusal, or None."""
-        conn = self.conn()
-        try:
-            with conn.transaction():
-                table.write(conn, [row], types=self._types[table.name], direct=False)
-                raise psycopg.Rollback()
-        except REFUSALS as exc:
-            first = str(exc).strip().splitlines()
-            return f"{type(exc).__name__}: {first[0] if first else ''}"[:500]
-        return None
-
-    def _undecodable(self, msg: Message, exc: DeadLetterError, now_ms: int) -> tuple[Any, ...]:
-        # The id comes from the record (where it was read, its bytes and timestamp): read
-        # again (behind a waiting delivery row, the stored offset stays before it), it
-        # meets its first copy and is skipped.
-        kind, ts = msg.timestamp()
-        where = f"{msg.topic()}\x00{msg.partition()}\x00{msg.offset()}\x00".encode()
-        rand = hashlib.blake2b(where + (msg.value() or b""), digest_size=8).digest()
-        return (
-            new_id("dlq", ts if kind != TIMESTAMP_NOT_AVAILABLE else now_ms, rand), exc.reason,
-            type(exc).__name__, str(exc), "sink",
-            msg.topic() or "", msg.partition() or 0, msg.offset() or 0, msg.key(), msg.value(),
-            None, None, ts_from_ms(now_ms),
-        )
+    def _write(self, conn: psycopg.Connection[Any], name: str, rows: list[tuple[Any, ...]],
+               careful: bool, now_ms: int) -> tuple[int, bool, list[tuple[Any, ...]]]:
+        """Rows inserted, whether a stored row was met, and (written one by one) a
+        dead-letter row for each row PostgreSQL refused."""
+        table = TABLES[name]
+        if careful:
+            topic = self.settings.topic(_TOPIC_OF[name].base)
+            n, letters = write_carefully(conn, table, rows, self._types[name], self._origins,
+                                         topic, now_ms)
+            self._dead["invalid_record"] += len(letters)
+            return n, True, letters
+        n, met = table.write(conn, rows, types=self._types[name],
+                             direct=name not in self._via_staging)
+        return n, met, []
 
     def new_rows_from(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Just given (or rewound to) ``partitions`` (the whole assignment): delivery rows
@@ -310,12 +303,18 @@ class PostgresSink:
         try:
             with conn.transaction():
                 self._intents.answer(conn)
+                careful, now_ms = bool(self._careful), int(time.time() * 1000)
+                letters: list[tuple[Any, ...]] = []  # for the rows refused, written carefully
                 for name in ("deliveries", "attempts", "outcomes", "dead_letters"):
-                    rows = self._rows.get(name)
+                    rows = self._rows.get(name, [])
+                    if name == "dead_letters":
+                        rows = rows + letters
                     if rows:
-                        written[name], met = TABLES[name].write(
-                            conn, rows, types=self._types[name],
-                            direct=name not in self._via_staging)
+                        written[name], met, refused = self._write(conn, name, rows, careful,
+                                                                  now_ms)
+                        if name == "dead_letters" and refused:  # a letter refused: its own
+                            written[name] += self._write(conn, name, refused, False, now_ms)[0]
+                        letters.extend(refused)
                         if met:
                             self._via_staging.add(name)
                         else:
@@ -346,6 +345,7 @@ class PostgresSink:
             raise
         finally:
             self._intents.clear()
+            self._origins.clear()
             self._rows.clear()
             self._touched.clear()
             self._settled.clear()
@@ -354,8 +354,8 @@ class PostgresSink:
             stored = self._waiting.stored(tp, o)
             if self._checked.get(tp, stored + 1) <= stored:  # stored past the refused batch
                 del self._checked[tp]
-            if self._probed.get(tp, stored + 1) <= stored:
-                del self._probed[tp]
+            if self._careful.get(tp, stored + 1) <= stored:
+                del self._careful[tp]
         self._offsets.clear()
         for name, n in written.items():
             SINK_ROWS.labels(table=name).inc(n)
@@ -382,6 +382,7 @@ class PostgresSink:
         self._settled.clear()
         self._suppressed.clear()
         self._intents.clear()
+        self._origins.clear()
         self._offsets.clear()
         self._dead.clear()
         self._waiting.clear()

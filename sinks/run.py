@@ -2,8 +2,8 @@
 assignment) feeding :class:`~sinks.postgres.PostgresSink`, which stores rows and offsets in
 one PostgreSQL transaction. While PostgreSQL is down it rewinds to the offsets stored there,
 waits and retries; a batch PostgreSQL refuses for a value in it is read again with every row
-checked (:mod:`sinks.refusals`), and if it is refused again, once more with each row tried on
-its own (:meth:`~sinks.postgres.PostgresSink.probe`)."""
+checked (:mod:`sinks.refusals`), and if it is refused again, once more to be written row by
+row (:mod:`sinks.careful`)."""
 
 from __future__ import annotations
 
@@ -76,10 +76,9 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
                 if sink.refused():
                     log.warning("sink: PostgreSQL refused a value in the batch (%s); reading"
                                 " it again with every row checked", exc)
-                elif sink.probe():
+                elif sink.careful():
                     log.warning("sink: PostgreSQL refused a batch whose rows all passed the"
-                                " check (%s); reading it again with each row tried on its"
-                                " own", exc)
+                                " check (%s); reading it again to write it row by row", exc)
                 else:
                     log.error("sink: PostgreSQL refused a batch whose rows it takes one by"
                               " one (%s); retrying", exc)

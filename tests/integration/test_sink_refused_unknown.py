@@ -1,8 +1,9 @@
-"""A refusal the sink's check does not know: a constraint an operator added to a table the
-sink writes. The batch holding the refused row fails, fails again when read back with every
-row checked, and is then read once more with each row tried on its own: the refused row
-becomes a dead-letter row carrying PostgreSQL's message, and every other row is written.
-Before, the sink retried that batch for ever and its partitions stalled."""
+"""Refusals the sink's check does not know: a constraint and a trigger an operator added to
+tables the sink writes. The batch holding the refused rows fails, fails again when read back
+with every row checked, and is then read once more and written row by row, each in a
+savepoint: each refused row becomes a dead-letter row carrying PostgreSQL's message and the
+record it came from, and every other row is written. Before, the sink retried that batch
+for ever and its partitions stalled."""
 
 from __future__ import annotations
 
@@ -25,17 +26,25 @@ T0 = 1_700_000_000_000
 
 @pytest.fixture()
 def poison_constraint(settings: Settings, namespace: str) -> Iterator[str]:
-    """A CHECK on delivery_outcomes refusing one reason (this test's own)."""
-    reason = f"poison {namespace}"
+    """A CHECK on delivery_outcomes refusing one reason, and a trigger on delivery_attempts
+    raising on one error message (this test's own)."""
+    poison = f"poison {namespace}"
     name = f"test_poison_{namespace}"
     with psycopg.connect(settings.database_url, autocommit=True) as conn:
         conn.execute(f"ALTER TABLE delivery_outcomes ADD CONSTRAINT {name}"
-                     f" CHECK (reason IS DISTINCT FROM '{reason}')")
+                     f" CHECK (reason IS DISTINCT FROM '{poison}')")
+        conn.execute(f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$"
+                     f" BEGIN IF NEW.error_message = '{poison}' THEN"
+                     f" RAISE EXCEPTION 'refused by {name}'; END IF; RETURN NEW; END $$")
+        conn.execute(f"CREATE TRIGGER {name} BEFORE INSERT ON delivery_attempts"
+                     f" FOR EACH ROW EXECUTE FUNCTION {name}()")
     try:
-        yield reason
+        yield poison
     finally:
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             conn.execute(f"ALTER TABLE delivery_outcomes DROP CONSTRAINT IF EXISTS {name}")
+            conn.execute(f"DROP TRIGGER IF EXISTS {name} ON delivery_attempts")
+            conn.execute(f"DROP FUNCTION IF EXISTS {name}()")
 
 
 def test_a_row_refused_for_a_reason_no_check_knows_is_dead_lettered_and_the_rest_written(
@@ -59,11 +68,18 @@ def test_a_row_refused_for_a_reason_no_check_knows_is_dead_lettered_and_the_rest
             x = make_delivery(delivery_id=f"dlv_{namespace}_x", endpoint_id=ep)
             p.produce(topic[TOPICS.outcomes.base], oc.encode(make_outcome(
                 x, "failing", now_ms=T0 + 700, reason=poison_constraint)), ep.encode())
+        if i == 20:  # an attempt of another delivery, which the trigger refuses
+            y = make_delivery(delivery_id=f"dlv_{namespace}_y", endpoint_id=ep)
+            p.produce(topic[TOPICS.attempts.base], ac.encode(make_attempt(
+                y, now_ms=T0 + 800, result="failed", req=None,
+                error_message=poison_constraint)), ep.encode())
     assert p.flush(60) == 0
 
     sink = stack.start("sink", "sink")
-    dead = ("SELECT error_message FROM dead_letters WHERE stage = 'sink'"
-            " AND reason = 'invalid_record' AND origin_topic = %s")
+    dead = ("SELECT origin_topic, error_message, origin_offset, original_value IS NOT NULL,"
+            " delivery_id FROM dead_letters WHERE stage = 'sink'"
+            " AND reason = 'invalid_record' AND origin_topic = ANY(%s)")
+    origins = [topic[TOPICS.outcomes.base], topic[TOPICS.attempts.base]]
 
     def stored() -> tuple[int, int, int, int]:
         return (
@@ -73,21 +89,28 @@ def test_a_row_refused_for_a_reason_no_check_knows_is_dead_lettered_and_the_rest
                        " = %s", (ep,))),
             int(scalar(settings, "SELECT count(*) FROM delivery_outcomes WHERE endpoint_id"
                        " = %s", (ep,))),
-            int(scalar(settings, dead.replace("error_message", "count(*)"),
-                       (topic[TOPICS.outcomes.base],))))
+            int(scalar(settings, "SELECT count(*) FROM dead_letters WHERE stage = 'sink'"
+                       " AND reason = 'invalid_record' AND origin_topic = ANY(%s)",
+                       (origins,))))
 
-    wait_for(lambda: stored() == (n, n, n, 1), 90,
-             what="every good row and a dead letter for the refused one", progress=stored)
+    wait_for(lambda: stored() == (n, n, n, 2), 90,
+             what="every good row and a dead letter for each refused one", progress=stored)
     with psycopg.connect(settings.database_url) as conn:
-        (message,), = conn.execute(dead, (topic[TOPICS.outcomes.base],)).fetchall()
+        letters = {t: rest for t, *rest in conn.execute(dead, (origins,)).fetchall()}
+    message, offset, has_value, delivery = letters[topic[TOPICS.outcomes.base]]
     assert "outcomes: PostgreSQL refuses the row: CheckViolation" in message, message
     assert f"test_poison_{namespace}" in message, message
+    assert offset >= 0 and has_value and delivery == f"dlv_{namespace}_x"
+    message, offset, has_value, delivery = letters[topic[TOPICS.attempts.base]]
+    assert "attempts: PostgreSQL refuses the row: RaiseException" in message, message
+    assert f"refused by test_poison_{namespace}" in message, message
+    assert offset >= 0 and has_value and delivery == f"dlv_{namespace}_y"
     assert sink.alive()
     log = sink.tail(4000)
     assert "reading it again with every row checked" in log, log[-2000:]
-    assert "reading it again with each row tried on its own" in log, log[-2000:]
+    assert "reading it again to write it row by row" in log, log[-2000:]
     assert "Traceback" not in log and "ERROR" not in log, log[-2000:]
     page = sink.metrics() or ""
     assert [line for line in page.splitlines() if line.startswith("webhook_dlq_total{")
             and 'stage="sink"' in line and 'reason="invalid_record"' in line
-            and line.endswith(" 1.0")], page
+            and line.endswith(" 2.0")], page
