@@ -6,7 +6,7 @@ them, with each endpoint's retrodating window) go through the aggregator's own b
 with the global retrodating row's ``burst_count`` now (absent: the burst is off, and only
 the recommendation is shown), then again with the recommendation. ``--apply-burst``
 writes the recommended count to the global retrodating row (audited; its mode kept, a
-missing row created in ``detect``: the burst halts nothing until a person sets the row to
+missing row created ``off``: the burst halts nothing until a person sets the row to
 ``enforce``).
 """
 
@@ -76,16 +76,21 @@ def burst_report(series: Iterable[tuple[int, int]], policy: BurstPolicy, window_
     }
 
 
-def apply_burst(settings: Settings, args: argparse.Namespace, rec: BurstPolicy,
-                mode: str | None) -> int:
-    """Write the recommended ``burst_count`` to the global retrodating row, audited."""
+def apply_burst(settings: Settings, args: argparse.Namespace, rec: BurstPolicy) -> int:
+    """Write the recommended ``burst_count`` to the global retrodating row, audited. The
+    row's mode is read and kept in the same transaction; a missing row is created
+    ``off``, so arming nothing (not even detect-mode signals for every endpoint)."""
     from postbacks.db.anomaly import set_mode
     from postbacks.db.connect import connect
 
-    with connect(settings.database_url) as conn:
+    with connect(settings.database_url) as conn, conn.transaction():
+        got = conn.execute(
+            "SELECT mode FROM payout_anomaly_settings WHERE scope = 'global'"
+            " AND scope_key = %s AND detector = 'retrodating' FOR UPDATE",
+            (settings.anomaly_global_key,)).fetchone()
         try:
             row = set_mode(conn, scope="global", scope_key=settings.anomaly_global_key,
-                           detector="retrodating", mode=mode or "detect",
+                           detector="retrodating", mode="off" if got is None else got[0],
                            params={"burst_count": rec.floor}, actor=args.actor,
                            note=args.note or "postbacks anomaly calibrate --apply-burst")
         except ValueError as exc:

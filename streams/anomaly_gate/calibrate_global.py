@@ -19,6 +19,7 @@ The same minutes' retrodated deliveries give the retrodated burst's ``burst_coun
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections import defaultdict
@@ -31,7 +32,7 @@ from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS, retrodated
 from postbacks.core.anomaly.modes import ALL_ENDPOINTS
 from postbacks.core.anomaly.recommend import MIN_H, Calibration, calibrate, recommend
 from postbacks.core.anomaly.rolling import RollingThresholds
-from postbacks.core.instants import MIN_OCCURRED_AT_MS
+from postbacks.core.instants import MAX_MS, MIN_OCCURRED_AT_MS
 from postbacks.settings import Settings
 from streams.anomaly_gate.calibrate_burst import apply_burst, burst_report
 from streams.anomaly_gate.calibrate_common import (
@@ -61,10 +62,13 @@ def _from_db(settings: Settings, since: int, until: int, cfg: GateConfig) -> Min
         cur = conn.execute(
             "SELECT (d.snapshot->>'occurred_at')::bigint / 60000 AS m,"
             " sum(d.payout_usd_micros)::bigint, count(*),"
-            " count(*) FILTER (WHERE d.snapshot->>'source_created_at' ~ '^[0-9]{1,15}$'"
+            " count(*) FILTER (WHERE CASE WHEN d.snapshot->>'source_created_at' ~ '^[0-9]{1,15}$'"
             "  AND d.snapshot->>'source_completed_at' ~ '^[0-9]{1,15}$'"
-            "  AND (d.snapshot->>'source_created_at')::bigint"
-            "   - (d.snapshot->>'source_completed_at')::bigint > coalesce(w.window_ms, %s))"
+            "  THEN (d.snapshot->>'source_created_at')::bigint <= %s"
+            "   AND (d.snapshot->>'source_completed_at')::bigint <= %s"
+            "   AND (d.snapshot->>'source_created_at')::bigint"
+            "    - (d.snapshot->>'source_completed_at')::bigint > coalesce(w.window_ms, %s)"
+            "  ELSE false END)"
             " FROM deliveries d"
             " LEFT JOIN unnest(%s::text[], %s::bigint[]) AS w(endpoint_id, window_ms)"
             "  ON w.endpoint_id = d.endpoint_id"
@@ -72,7 +76,8 @@ def _from_db(settings: Settings, since: int, until: int, cfg: GateConfig) -> Min
             " AND d.snapshot->>'occurred_at' ~ '^[0-9]+$'"
             " AND (d.snapshot->>'occurred_at')::bigint >= %s"
             " AND (d.snapshot->>'occurred_at')::bigint < %s GROUP BY 1",
-            (cfg.window_ms(ALL_ENDPOINTS), eps, [own[e] for e in eps], MAX_PAYOUT_MICROS,
+            (MAX_MS, MAX_MS, cfg.window_ms(ALL_ENDPOINTS), eps, [own[e] for e in eps],
+             MAX_PAYOUT_MICROS,
              max(since, MIN_OCCURRED_AT_MS), until))
         for m, micros, n, retro in cur:
             out[int(m)] = [int(micros), int(n), int(retro)]
@@ -124,17 +129,16 @@ def _series(minutes: Minutes) -> Iterator[tuple[int, int, int]]:
 
 @dataclass(frozen=True, slots=True)
 class _Now:
-    """The gate's configuration now, and the global rows' modes (None: no row)."""
+    """The gate's configuration now, and the global value_rate row's mode (None: no row)."""
 
     cfg: GateConfig
-    mode: str | None  # the value_rate row's
-    retro_mode: str | None  # the retrodating row's
+    mode: str | None
 
 
 def _current(settings: Settings, offline: bool) -> _Now:
     if offline:
         cfg, _ = build_config([], settings.anomaly_global_key)
-        return _Now(cfg, None, None)
+        return _Now(cfg, None)
     from postbacks.db.anomaly import load_rows
     from postbacks.db.connect import connect
 
@@ -142,11 +146,9 @@ def _current(settings: Settings, offline: bool) -> _Now:
         rows = load_rows(conn)
     cfg, _ = build_config(rows, settings.anomaly_global_key)
 
-    def mode(detector: str) -> str | None:
-        return next((r.mode for r in rows if r.scope == "global" and r.detector == detector
-                     and r.scope_key == settings.anomaly_global_key), None)
-
-    return _Now(cfg, mode("value_rate"), mode("retrodating"))
+    return _Now(cfg, next((r.mode for r in rows if r.scope == "global"
+                           and r.detector == "value_rate"
+                           and r.scope_key == settings.anomaly_global_key), None))
 
 
 def _report(cal: Calibration, title: str) -> None:
@@ -171,12 +173,12 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         return fail(args, "--from must be before --to", 2)
     if (inc_start is None) != (inc_end is None) or (inc_start or 0) > (inc_end or 0):
         return fail(args, "--incident-start and --incident-end go together, start first", 2)
-    if args.margin < 0 or args.h_margin < 0:
+    if not all(math.isfinite(x) and x >= 0 for x in (args.margin, args.h_margin)):
         return fail(args, "--margin and --h-margin must be >= 0", 2)
     if (args.apply or args.apply_burst) and not (args.actor and args.actor.strip()):
         return fail(args, "--apply and --apply-burst need --actor (who is making this "
                     "change)", 2)
-    if args.burst_margin < 0:
+    if not (math.isfinite(args.burst_margin) and args.burst_margin >= 0):
         return fail(args, "--burst-margin must be >= 0", 2)
     if args.apply_burst and args.scope == "endpoint":
         return fail(args, "--apply-burst is for the global scope: the retrodated burst "
@@ -252,8 +254,11 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             print(f"[calibrate] retrodated burst: {n:,} minutes (event time {iso(at)}), "
                   f"{time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
 
+    retro = [(m, minutes[m][2]) for m in sorted(minutes) if minutes[m][2]]
+    if not args.topic and retro and since // 60_000 < retro[0][0]:
+        retro.insert(0, (since // 60_000, 0))  # the quiet minutes from --from on count too
     burst, burst_json = burst_report(
-        ((m, minutes[m][2]) for m in sorted(minutes) if minutes[m][2]),
+        retro,
         now_cfg.cfg.retro_burst, now_cfg.cfg.window_ms(ALL_ENDPOINTS), args.burst_margin,
         incident, burst_tick)
     if args.json:
@@ -270,7 +275,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         if rc:
             return rc
     if args.apply_burst:
-        return apply_burst(settings, args, burst, now_cfg.retro_mode)
+        return apply_burst(settings, args, burst)
     if not args.apply:
         print("\n(not applied: --apply --actor YOU writes k and h, --apply-burst the "
               "burst_count; audited)")

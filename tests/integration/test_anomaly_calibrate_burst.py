@@ -176,6 +176,13 @@ def test_a_file_with_iso_times_and_the_burst_off(
     assert burst["needed"]["count"] == 45  # 3 a minute over the first 15 minutes
     assert burst["recommended"] == 68  # 45 x 1.5, rounded up
     assert burst["trips_outside"] == {"current": 0, "recommended": 0}
+    # applied with no global retrodating row: created off, arming nothing
+    assert run_cli(monkeypatch, settings, "anomaly", "calibrate", "--file", str(path),
+                   "--from", _iso(base), "--to", _iso(base + 60 * MIN), "--quiet",
+                   "--apply-burst", "--actor", "bob") == 0
+    out = capsys.readouterr().out
+    assert "burst_count 68" in out and "halts nothing until the row is set to enforce" in out
+    assert _burst_row(settings) == ("off", {"burst_count": 68})
 
 
 def test_apply_burst_needs_an_actor_and_the_global_scope(
@@ -186,6 +193,9 @@ def test_apply_burst_needs_an_actor_and_the_global_scope(
     assert run_cli(monkeypatch, settings, "anomaly", "calibrate", "--scope", "endpoint",
                    "--apply-burst", "--actor", "a") == 2
     assert "global scope" in capsys.readouterr().err
-    assert run_cli(monkeypatch, settings, "anomaly", "calibrate", "--burst-margin",
-                   "-1") == 2
-    assert "--burst-margin" in capsys.readouterr().err
+    for bad in ("-1", "nan", "inf"):
+        assert run_cli(monkeypatch, settings, "anomaly", "calibrate", "--burst-margin",
+                       bad) == 2
+        assert "--burst-margin" in capsys.readouterr().err
+    assert run_cli(monkeypatch, settings, "anomaly", "calibrate", "--margin", "nan") == 2
+    assert "--margin" in capsys.readouterr().err

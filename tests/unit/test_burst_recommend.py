@@ -106,3 +106,17 @@ def test_a_malformed_series_is_refused(series: list[tuple[int, int]]) -> None:
 def test_a_negative_margin_is_refused() -> None:
     with pytest.raises(ValueError, match="margin"):
         recommend_burst(calibrate_burst([], BurstPolicy()), -0.1)
+
+
+def test_the_incident_teaches_the_usual_rate_nothing() -> None:
+    """After an hour of 30 retrodated deliveries a minute (labelled), a batch of 25 in one
+    minute is still judged against a usual of nearly nothing, as the gate, halted through
+    the incident, would judge it."""
+    start = T0 + 1000
+    counts = {m: 30 for m in range(start, start + 60)}
+    counts[T0 + 1200] = 25
+    incident = (start * MIN, (start + 60) * MIN)
+    cal = calibrate_burst(_series(counts), BurstPolicy(), incident=incident)
+    assert cal.needed is not None and cal.needed.count == 25 and cal.needed.usual < 1
+    unlabelled = calibrate_burst(_series(counts), BurstPolicy())
+    assert unlabelled.needed is not None and unlabelled.needed.count > 400  # the incident

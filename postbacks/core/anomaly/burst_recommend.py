@@ -15,9 +15,10 @@ recommendation is the highest needed count outside the labelled incident (and th
 that reach into it), times ``1 + margin``, above that count by at least one, and never
 below :data:`MIN_BURST_COUNT`.
 
-Every minute teaches the usual rate, as if each trip were closed at once: the report
-counts every episode (over after a minute that was not) so an operator sees each day
-that would have tripped, not only the first. Pure: no I/O, no clock.
+Every minute outside the labelled incident teaches the usual rate (the incident's do not,
+as the gate's halted minutes do not), and nothing halts: the report counts every episode
+(over after a minute that was not) so an operator sees each day that would have tripped,
+not only the first. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from postbacks.core.anomaly.profile import MINUTE_MS
-from postbacks.core.anomaly.retro_burst import NO_BURST, BurstPolicy, close_minute, judge
+from postbacks.core.anomaly.retro_burst import (
+    NO_BURST,
+    BurstPolicy,
+    close_minute,
+    forget_span,
+    judge,
+)
 
 __all__ = ["MIN_BURST_COUNT", "BurstCalibration", "BurstNeeded", "calibrate_burst",
            "recommend_burst"]
@@ -65,9 +72,18 @@ def calibrate_burst(series: Iterable[tuple[int, int]], policy: BurstPolicy,
     was_over = False
     last: int | None = None
     judged = 0
+    forgotten = incident is None
+
+    def forget_incident(minute: int) -> None:
+        """Past the incident's end, its minutes leave the span teaching nothing (as a
+        person closing the gate's halt there: the span forgotten)."""
+        nonlocal s, forgotten
+        if not forgotten and incident is not None and minute * MINUTE_MS >= incident[1]:
+            s, forgotten = forget_span(s), True
 
     def step(minute: int, count: int) -> None:
         nonlocal s, was_over, judged
+        forget_incident(minute)
         end_ms = (minute + 1) * MINUTE_MS
         shadow = incident is not None and (
             end_ms > incident[0] and (minute - policy.span + 1) * MINUTE_MS < incident[1])
@@ -85,7 +101,8 @@ def calibrate_burst(series: Iterable[tuple[int, int]], policy: BurstPolicy,
             else:
                 cal.trips_outside += 1
         was_over = over
-        s = close_minute(s, minute, count, policy)
+        inside = incident is not None and incident[0] <= minute * MINUTE_MS < incident[1]
+        s = close_minute(s, minute, count, policy, learn=not inside)
         judged += 1
         if progress is not None and judged % 50_000 == 0:
             progress(judged, end_ms)
@@ -104,6 +121,7 @@ def calibrate_burst(series: Iterable[tuple[int, int]], policy: BurstPolicy,
             if minute - last > policy.span:
                 was_over = False
                 # the quiet minutes closed, as the gate's aggregator closes them
+                forget_incident(minute - 1)
                 s = close_minute(s, minute - 1, 0, policy)
         step(minute, count)
         last = minute
