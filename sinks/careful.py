@@ -5,13 +5,17 @@ The batch is written in its usual transaction and order (deliveries, attempts, o
 dead letters), each row in a savepoint of its own, so a row is judged with every row before
 it in place, as in the bulk write. A row PostgreSQL refuses is left out and becomes a
 dead-letter row (reason ``invalid_record``, PostgreSQL's message, the record it came from
-where the sink still knows it); the rest are written. A refusal only at COMMIT (a deferred
-constraint) or by a statement after the rows (the status projection, endpoint health) is
-not a row's, and the batch still fails.
+where the sink still knows it); the rest are written. Meanwhile a delivery row released
+from waiting goes in unprojected and is projected from the rows stored (an outcome folded
+into it may be refused), and a refused attempt counts nowhere in endpoint health. A
+refusal only at COMMIT (a deferred constraint) or by a statement after the rows (the
+status projection, endpoint health) is not a row's, and the batch still fails. A refused
+attempt record is in the dead letters, not in the attempt log (its intent was answered).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +35,7 @@ __all__ = ["REFUSALS", "Origin", "refusal_text", "undecodable_letter", "write_ca
 # trigger's ``RAISE EXCEPTION`` (SQLSTATE P0001) is such a refusal.
 REFUSALS: tuple[type[psycopg.Error], ...] = (
     psycopg.DataError, psycopg.IntegrityError, psycopg.errors.ProgramLimitExceeded,
-    psycopg.errors.RaiseException)
+    psycopg.errors.RaiseException, psycopg.errors.AssertFailure)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +64,10 @@ def refusal_text(table: str, exc: BaseException) -> str:
 
 def _letter(table: Table, row: tuple[Any, ...], exc: BaseException, origin: Origin | None,
             topic: str, now_ms: int) -> tuple[Any, ...]:
-    o = origin or Origin(topic, -1, -1, None, None)
+    # Without its record (a delivery row that waited past the flush that read it): the
+    # row's own first timestamp keeps the id stable on a re-read.
+    o = origin or Origin(topic, -1, -1, None, None, next(
+        (int(v.timestamp() * 1000) for v in row if isinstance(v, dt.datetime)), None))
     # The id comes from the record (where it was read, its bytes and timestamp): read
     # again, its letter meets the first copy and is skipped.
     where = f"{o.topic}\x00{o.partition}\x00{o.offset}\x00{table.name}\x00{row[0]}".encode()
@@ -88,11 +95,15 @@ def undecodable_letter(msg: Message, exc: DeadLetterError, now_ms: int) -> tuple
 
 def write_carefully(conn: psycopg.Connection[Any], table: Table, rows: list[tuple[Any, ...]],
                     types: Sequence[int], origins: dict[tuple[str, Any], Origin],
-                    topic: str, now_ms: int) -> tuple[int, list[tuple[Any, ...]]]:
+                    topic: str, now_ms: int
+                    ) -> tuple[int, bool, list[tuple[Any, ...]], set[Any]]:
     """Write ``rows`` one by one, each in a savepoint (inside the caller's transaction);
-    returns the rows inserted and a dead-letter row for each refused one."""
+    returns the rows inserted, True (as if a stored row was met: the table's next batch
+    goes through staging), a dead-letter row for each refused one, and the refused rows'
+    ids (their first column)."""
     written = 0
     letters: list[tuple[Any, ...]] = []
+    refused: set[Any] = set()
     for row in rows:
         try:
             with conn.transaction():
@@ -101,4 +112,5 @@ def write_carefully(conn: psycopg.Connection[Any], table: Table, rows: list[tupl
         except REFUSALS as exc:
             letters.append(_letter(table, row, exc, origins.get((table.name, row[0])), topic,
                                    now_ms))
-    return written, letters
+            refused.add(row[0])
+    return written, True, letters, refused

@@ -15,11 +15,8 @@ stages, which check their own) fails its whole batch. The sink then rewinds, and
 that batch checking every row (:mod:`sinks.refusals`): a row with such a value becomes a
 dead-letter row (reason ``invalid_record``, the column named) and the rest are written.
 Rows are checked only then, so the check costs nothing in steady traffic. A refusal the
-check does not know (a constraint or trigger an operator added, a value no check
-foresaw) fails the checked batch again; the sink then reads it once more and writes it
-row by row, each in a savepoint (:mod:`sinks.careful`, :meth:`PostgresSink.careful`): a
-row PostgreSQL refuses becomes a dead-letter row carrying PostgreSQL's message, and the
-rest are written.
+check does not know fails the checked batch again; the sink then writes it row by row
+(:mod:`sinks.careful`).
 
 Delivery rows wait for their first outcome (and a ``delivered`` one for the attempt it
 reports) before they are written, already projected (:mod:`sinks.waiting`); the
@@ -61,14 +58,11 @@ from sinks import projection
 from sinks.careful import REFUSALS, Origin, undecodable_letter, write_carefully
 from sinks.intents import IntentBook
 from sinks.refusals import feed_problem, indexed_columns, row_problems
-from sinks.tables import STAGING_DDL, TABLES, column_types, use_orjson
+from sinks.tables import STAGING_DDL, TABLES, column_types, unprojected, use_orjson
 from sinks.waiting import Partition, WaitingRows
 from topics import TOPICS
 
 __all__ = ["GROUP", "REFUSALS", "PostgresSink"]
-
-_TOPIC_OF = {"deliveries": TOPICS.deliveries, "attempts": TOPICS.attempts,
-             "outcomes": TOPICS.outcomes, "dead_letters": TOPICS.dlq}
 
 log = logging.getLogger(__name__)
 
@@ -230,19 +224,17 @@ class PostgresSink:
         return new
 
     def _write(self, conn: psycopg.Connection[Any], name: str, rows: list[tuple[Any, ...]],
-               careful: bool, now_ms: int) -> tuple[int, bool, list[tuple[Any, ...]]]:
+               careful: bool, now_ms: int
+               ) -> tuple[int, bool, list[tuple[Any, ...]], set[Any]]:
         """Rows inserted, whether a stored row was met, and (written one by one) a
-        dead-letter row for each row PostgreSQL refused."""
-        table = TABLES[name]
+        dead-letter row for each row PostgreSQL refused, and the refused rows' ids."""
         if careful:
-            topic = self.settings.topic(_TOPIC_OF[name].base)
-            n, letters = write_carefully(conn, table, rows, self._types[name], self._origins,
-                                         topic, now_ms)
-            self._dead["invalid_record"] += len(letters)
-            return n, True, letters
-        n, met = table.write(conn, rows, types=self._types[name],
-                             direct=name not in self._via_staging)
-        return n, met, []
+            topic = next(t for t, (_r, tb) in self._by_topic.items() if tb.name == name)
+            return write_carefully(conn, TABLES[name], rows, self._types[name],
+                                   self._origins, topic, now_ms)
+        n, met = TABLES[name].write(conn, rows, types=self._types[name],
+                                    direct=name not in self._via_staging)
+        return n, met, [], set()
 
     def new_rows_from(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Just given (or rewound to) ``partitions`` (the whole assignment): delivery rows
@@ -286,9 +278,14 @@ class PostgresSink:
         return bool(self._offsets) or self._waiting.due() or self._intents.sweep_due()
 
     def _release(self, everything: bool) -> None:
-        """The waiting rows due now into this flush; their partitions' offsets move on."""
+        """The waiting rows due now into this flush; their partitions' offsets move on.
+        While rows are written one by one, a released row goes in unprojected and is
+        projected from the rows stored: an outcome folded into it may be refused."""
         rows = self._rows["deliveries"]
+        careful = bool(self._careful)
         for row, partitions, final in self._waiting.release(everything):
+            if careful:
+                row, final = unprojected(row), False
             rows.append(row)
             (self._settled if final else self._touched).add(row[0])
             for tp in partitions:
@@ -305,16 +302,22 @@ class PostgresSink:
                 self._intents.answer(conn)
                 careful, now_ms = bool(self._careful), int(time.time() * 1000)
                 letters: list[tuple[Any, ...]] = []  # for the rows refused, written carefully
+                refused_attempts: set[Any] = set()
                 for name in ("deliveries", "attempts", "outcomes", "dead_letters"):
                     rows = self._rows.get(name, [])
                     if name == "dead_letters":
                         rows = rows + letters
                     if rows:
-                        written[name], met, refused = self._write(conn, name, rows, careful,
-                                                                  now_ms)
-                        if name == "dead_letters" and refused:  # a letter refused: its own
-                            written[name] += self._write(conn, name, refused, False, now_ms)[0]
-                        letters.extend(refused)
+                        written[name], met, more, ids = self._write(conn, name, rows, careful,
+                                                                    now_ms)
+                        if name == "attempts":
+                            refused_attempts = ids
+                        if name == "dead_letters" and more:  # a letter refused: its own
+                            self._dead["invalid_record"] += len(ids - {x[0] for x in letters})
+                            written[name] += self._write(conn, name, more, False, now_ms)[0]
+                        else:
+                            self._dead["invalid_record"] += len(more)
+                            letters.extend(more)
                         if met:
                             self._via_staging.add(name)
                         else:
@@ -327,7 +330,8 @@ class PostgresSink:
                 if self._touched or self._suppressed:
                     projection.project_status(conn, sorted(self._touched),
                                               self._suppressed)
-                attempts = self._rows.get("attempts")
+                attempts = [a for a in self._rows.get("attempts", ())
+                            if a[0] not in refused_attempts]
                 if attempts:  # each endpoint's health, for auto-disable and the console
                     record_batch(conn, fold_attempts(
                         (a[3], int(a[1].timestamp() * 1000), a[7], a[8]) for a in attempts))
@@ -345,7 +349,6 @@ class PostgresSink:
             raise
         finally:
             self._intents.clear()
-            self._origins.clear()
             self._rows.clear()
             self._touched.clear()
             self._settled.clear()
@@ -356,6 +359,8 @@ class PostgresSink:
                 del self._checked[tp]
             if self._careful.get(tp, stored + 1) <= stored:
                 del self._careful[tp]
+        if not self._careful:  # kept while any is, for the rows still waiting
+            self._origins.clear()
         self._offsets.clear()
         for name, n in written.items():
             SINK_ROWS.labels(table=name).inc(n)
@@ -373,6 +378,8 @@ class PostgresSink:
             key = (tp.topic, tp.partition)
             self._offsets.pop(key, None)  # never past rows not written
             self._waiting.forget(key)
+            self._checked.pop(key, None)  # the new owner finds its own refusals
+            self._careful.pop(key, None)
 
     def discard(self) -> None:
         """Drop everything not written (a failed flush): the consumer rewinds to the stored

@@ -23,7 +23,7 @@ from psycopg.types.json import set_json_dumps
 from postbacks.db.delivery_keys import KEYS_WRITTEN
 
 __all__ = ["PROJECTED", "STAGING_DDL", "TABLES", "Table", "column_types", "latest_outcome",
-           "project_row", "settled", "ts_from_ms", "use_orjson"]
+           "project_row", "settled", "ts_from_ms", "unprojected", "use_orjson"]
 
 
 def ts_from_ms(ms: int | None) -> dt.datetime | None:
@@ -126,6 +126,11 @@ class Table:
 # last_error).
 PROJECTED = 11
 _UNPROJECTED = ("pending", None, None, None, 0, None)
+
+
+def unprojected(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A delivery row with its status projection as before any outcome or attempt."""
+    return (*row[:PROJECTED], *_UNPROJECTED)
 
 
 def _delivery_row(d: Any) -> tuple[Any, ...]:

@@ -68,6 +68,15 @@ def test_a_row_refused_for_a_reason_no_check_knows_is_dead_lettered_and_the_rest
             x = make_delivery(delivery_id=f"dlv_{namespace}_x", endpoint_id=ep)
             p.produce(topic[TOPICS.outcomes.base], oc.encode(make_outcome(
                 x, "failing", now_ms=T0 + 700, reason=poison_constraint)), ep.encode())
+        if i == 25:  # a delivery whose (only) outcome the constraint refuses: its row is
+            # written, but not as delivered: the refused outcome must not set its status
+            z = make_delivery(delivery_id=f"dlv_{namespace}_z", endpoint_id=ep,
+                              conversion=make_conversion(conversion_id=f"cv_{namespace}_z"))
+            p.produce(topic[TOPICS.deliveries.base], dc.encode(z), ep.encode())
+            p.produce(topic[TOPICS.attempts.base], ac.encode(make_attempt(
+                z, now_ms=T0 + 900, result="delivered", req=None)), ep.encode())
+            p.produce(topic[TOPICS.outcomes.base], oc.encode(make_outcome(
+                z, "delivered", now_ms=T0 + 950, reason=poison_constraint)), ep.encode())
         if i == 20:  # an attempt of another delivery, which the trigger refuses
             y = make_delivery(delivery_id=f"dlv_{namespace}_y", endpoint_id=ep)
             p.produce(topic[TOPICS.attempts.base], ac.encode(make_attempt(
@@ -93,14 +102,22 @@ def test_a_row_refused_for_a_reason_no_check_knows_is_dead_lettered_and_the_rest
                        " AND reason = 'invalid_record' AND origin_topic = ANY(%s)",
                        (origins,))))
 
-    wait_for(lambda: stored() == (n, n, n, 2), 90,
+    wait_for(lambda: stored() == (n, n + 1, n, 3), 90,
              what="every good row and a dead letter for each refused one", progress=stored)
     with psycopg.connect(settings.database_url) as conn:
         letters = {t: rest for t, *rest in conn.execute(dead, (origins,)).fetchall()}
-    message, offset, has_value, delivery = letters[topic[TOPICS.outcomes.base]]
-    assert "outcomes: PostgreSQL refuses the row: CheckViolation" in message, message
-    assert f"test_poison_{namespace}" in message, message
-    assert offset >= 0 and has_value and delivery == f"dlv_{namespace}_x"
+    with psycopg.connect(settings.database_url) as conn:
+        outcome_letters = conn.execute(
+            dead + " AND origin_topic = %s ORDER BY delivery_id",
+            (origins, topic[TOPICS.outcomes.base])).fetchall()
+        z_status = conn.execute("SELECT status FROM deliveries WHERE delivery_id = %s",
+                                (f"dlv_{namespace}_z",)).fetchall()
+    assert [x[4] for x in outcome_letters] == [f"dlv_{namespace}_x", f"dlv_{namespace}_z"]
+    for _t, message, offset, has_value, _d in outcome_letters:
+        assert "outcomes: PostgreSQL refuses the row: CheckViolation" in message, message
+        assert f"test_poison_{namespace}" in message, message
+        assert offset >= 0 and has_value
+    assert z_status and z_status[0][0] != "delivered", z_status
     message, offset, has_value, delivery = letters[topic[TOPICS.attempts.base]]
     assert "attempts: PostgreSQL refuses the row: RaiseException" in message, message
     assert f"refused by test_poison_{namespace}" in message, message
@@ -113,4 +130,4 @@ def test_a_row_refused_for_a_reason_no_check_knows_is_dead_lettered_and_the_rest
     page = sink.metrics() or ""
     assert [line for line in page.splitlines() if line.startswith("webhook_dlq_total{")
             and 'stage="sink"' in line and 'reason="invalid_record"' in line
-            and line.endswith(" 2.0")], page
+            and line.endswith(" 3.0")], page
