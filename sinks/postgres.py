@@ -205,21 +205,19 @@ class PostgresSink:
         """PostgreSQL refused the batch just flushed for a value in it: its partitions'
         rows are checked when read again, up to where the batch ended. False when every
         one of them was checked already (the refusal is not one the check knows)."""
-        new = False
-        for tp, end in self._offsets.items():
-            if end > self._checked.get(tp, -1):
-                self._checked[tp] = end
-                new = True
-        return new
+        return self._mark(self._checked)
 
     def careful(self) -> bool:
         """PostgreSQL refused again a batch whose rows were all checked: its partitions'
         rows are written one by one when read again, up to where the batch ended. False
         when every one of them was so already (the refusal is not a row's)."""
+        return self._mark(self._careful)
+
+    def _mark(self, marks: dict[Partition, int]) -> bool:
         new = False
         for tp, end in self._offsets.items():
-            if end > self._careful.get(tp, -1):
-                self._careful[tp] = end
+            if end > marks.get(tp, -1):
+                marks[tp] = end
                 new = True
         return new
 

@@ -317,7 +317,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "busiest span's count times 1 + this (default 0.5)")
     ap.add_argument("--apply-burst", action="store_true",
                     help="global scope: write the recommended burst_count to the global "
-                    "retrodating row (audited; its mode kept, a new row in detect)")
+                    "retrodating row (audited; its mode kept, a new row off)")
     ap.add_argument("--actor", help="who you are (with --apply)")
     ap.add_argument("--note", help="why (with --apply; recorded in the audit log)")
     ap.add_argument("--json", action="store_true", help="also print the report as JSON")
