@@ -84,10 +84,13 @@ def _from_db(settings: Settings, since: int, until: int, cfg: GateConfig) -> Min
     return out
 
 
-def _add(out: Minutes, rec: Mapping[str, Any], window_ms: int) -> bool:
-    """Count one conversion in its minute; False when the gate would not count it."""
+def _add(out: Minutes, rec: Mapping[str, Any], window_ms: int,
+         event_time: tuple[int, int] | None = None) -> bool:
+    """Count one conversion in its minute (``event_time``: only within [since, until) of
+    event time); False when the gate would not count it, or it is out of that range."""
     got = minute_of(rec.get("occurred_at"), rec.get("payout_usd_micros"))
-    if got is None:
+    if got is None or (event_time is not None
+                       and not event_time[0] <= got[0] * 60_000 < event_time[1]):
         return False
     cell = out[got[0]]
     cell[0] += got[1]
@@ -104,9 +107,8 @@ def _from_file(path: str, since: int, until: int, cfg: GateConfig,
 
     out: Minutes = defaultdict(lambda: [0, 0, 0])
     for n, ev in enumerate(read_jsonl(path), 1):
-        at = minute_of(ev.get("occurred_at"), ev.get("payout_usd_micros"))
-        if at is not None and since <= at[0] * 60_000 < until:
-            _add(out, ev, cfg.window_ms(str(ev.get("endpoint_id") or ALL_ENDPOINTS)))
+        _add(out, ev, cfg.window_ms(str(ev.get("endpoint_id") or ALL_ENDPOINTS)),
+             (since, until))
         if n % 250_000 == 0:
             progress(n)
     return dict(out)

@@ -16,31 +16,20 @@ from postbacks.errors import InvalidRecord
 from postbacks.records import DeliveryRecord
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
+from tests.integration.sink_util import T0, produce_delivered, sink_topics
 from tests.kafka_util import scalar
 from tests.unit.factories import make_conversion, make_delivery
 from topics import TOPICS
-
-T0 = 1_700_000_000_000
 
 
 def test_values_postgresql_refuses_are_dead_lettered_and_the_rest_written(
         settings: Settings, stack: Stack, namespace: str) -> None:
     dc, ac, oc, xc = (codec_for(r) for r in ("Delivery", "Attempt", "Outcome", "DeadLetter"))
     ep = f"ep_{namespace}"  # one key: every record on one partition of its topic
-    topic = {b: settings.topic(b) for b in (TOPICS.deliveries.base, TOPICS.attempts.base,
-                                           TOPICS.outcomes.base, TOPICS.dlq.base)}
+    topic = sink_topics(settings)
     p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers, "linger.ms": 20,
                   "enable.idempotence": True})
     n = 40
-
-    def good(i: int) -> None:
-        d = make_delivery(delivery_id=f"dlv_{namespace}_{i}", endpoint_id=ep,
-                          conversion=make_conversion(conversion_id=f"cv_{namespace}_{i}"))
-        p.produce(topic[TOPICS.deliveries.base], dc.encode(d), ep.encode())
-        p.produce(topic[TOPICS.attempts.base], ac.encode(make_attempt(
-            d, now_ms=T0 + i, result="delivered", req=None)), ep.encode())
-        p.produce(topic[TOPICS.outcomes.base], oc.encode(make_outcome(
-            d, "delivered", now_ms=T0 + 500 + i)), ep.encode())
 
     base = make_delivery(delivery_id=f"dlv_{namespace}_x", endpoint_id=ep)
     hostile: list[tuple[str, bytes, str]] = [  # (topic, value, the column named)
@@ -65,7 +54,7 @@ def test_values_postgresql_refuses_are_dead_lettered_and_the_rest_written(
          "error_message"),
     ]
     for i in range(n):
-        good(i)
+        produce_delivered(p, topic, namespace, ep, i)
         if i % 5 == 2 and i // 5 < len(hostile):
             t, value, _ = hostile[i // 5]
             p.produce(topic[t], value, ep.encode())

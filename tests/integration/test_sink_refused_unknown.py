@@ -17,11 +17,10 @@ from postbacks.codec import codec_for
 from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
+from tests.integration.sink_util import T0, produce_delivered, sink_topics
 from tests.kafka_util import scalar
 from tests.unit.factories import make_conversion, make_delivery
 from topics import TOPICS
-
-T0 = 1_700_000_000_000
 
 
 @pytest.fixture()
@@ -51,19 +50,12 @@ def test_a_row_refused_for_a_reason_no_check_knows_is_dead_lettered_and_the_rest
         settings: Settings, stack: Stack, namespace: str, poison_constraint: str) -> None:
     dc, ac, oc = (codec_for(r) for r in ("Delivery", "Attempt", "Outcome"))
     ep = f"ep_{namespace}"  # one key: every record on one partition of its topic
-    topic = {b: settings.topic(b) for b in (TOPICS.deliveries.base, TOPICS.attempts.base,
-                                           TOPICS.outcomes.base, TOPICS.dlq.base)}
+    topic = sink_topics(settings)
     p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers, "linger.ms": 20,
                   "enable.idempotence": True})
     n = 30
     for i in range(n):
-        d = make_delivery(delivery_id=f"dlv_{namespace}_{i}", endpoint_id=ep,
-                          conversion=make_conversion(conversion_id=f"cv_{namespace}_{i}"))
-        p.produce(topic[TOPICS.deliveries.base], dc.encode(d), ep.encode())
-        p.produce(topic[TOPICS.attempts.base], ac.encode(make_attempt(
-            d, now_ms=T0 + i, result="delivered", req=None)), ep.encode())
-        p.produce(topic[TOPICS.outcomes.base], oc.encode(make_outcome(
-            d, "delivered", now_ms=T0 + 500 + i)), ep.encode())
+        produce_delivered(p, topic, namespace, ep, i)
         if i == 12:  # an outcome of another delivery, whose reason the constraint refuses
             x = make_delivery(delivery_id=f"dlv_{namespace}_x", endpoint_id=ep)
             p.produce(topic[TOPICS.outcomes.base], oc.encode(make_outcome(
