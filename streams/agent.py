@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import Consumer, TopicPartition
 
+from postbacks.codec import codec_for
 from postbacks.core.endpoint import Endpoint
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
@@ -57,6 +58,7 @@ __all__ = ["run_agent"]
 log = logging.getLogger(__name__)
 
 GROUP = "postbacks-agent"
+_DEAD_LETTERS = codec_for("DeadLetter")
 
 
 class _Endpoints:
@@ -200,8 +202,12 @@ async def _commit(loop: asyncio.AbstractEventLoop, kafka: ThreadPoolExecutor,
         return
     assert lanes.strict is not None
     items.extend(lanes.strict.take_writes())  # after the records they describe
+    out = Output(items)
+    for topic, _key, value in items:  # counted in webhook_dlq_total once committed
+        if topic == TOPICS.dlq.base:
+            out.dead[_DEAD_LETTERS.decode(value)["reason"]] += 1
     committed = await loop.run_in_executor(
-        kafka, commit_batch, "agent", settings, consumer, producer, Output(items), commits
+        kafka, commit_batch, "agent", settings, consumer, producer, out, commits
     )
     if not committed:  # aborted and rewound: everything consumed will be seen again
         tracker.clear()

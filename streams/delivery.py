@@ -30,7 +30,6 @@ from postbacks.ids import new_id
 from postbacks.kafka.stage import dead_letter_for
 from postbacks.metrics import (
     ATTEMPTS_TOTAL,
-    DLQ_TOTAL,
     LATENCY,
     OUTCOMES_TOTAL,
     PAYOUT_USD,
@@ -114,7 +113,6 @@ class Deliverer:
 
     def dead_letter(self, out: list[Item], raw: object, exc: BaseException, reason: str,
                     now_ms: int, d: DeliveryRecord | None = None) -> None:
-        DLQ_TOTAL.labels(stage="agent", reason=reason).inc()
         rec = dead_letter_for(raw, "agent", exc, reason, now_ms,  # type: ignore[arg-type]
                               delivery_id=d["delivery_id"] if d else None,
                               endpoint_id=d["endpoint_id"] if d else None)

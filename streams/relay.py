@@ -33,7 +33,7 @@ from postbacks.kafka.clients import (
 from postbacks.kafka.stage import Output, commit_batch, dead_letter_for, message_max
 from postbacks.kafka.txn import TxnProducer
 from postbacks.kafka.watchdog import subscribe_watched
-from postbacks.metrics import DLQ_TOTAL, LATENCY, RELAY_PAUSED, STAGE_RECORDS
+from postbacks.metrics import LATENCY, RELAY_PAUSED, STAGE_RECORDS
 from postbacks.records import DeliveryRecord
 from postbacks.settings import Settings
 from topics import TOPICS
@@ -124,9 +124,8 @@ class _Batch:
     def release(self, m: Message, d: DeliveryRecord | DeadLetterError) -> None:
         self.offsets[(m.topic() or "", m.partition() or 0)] = (m.offset() or 0) + 1
         if isinstance(d, DeadLetterError):
-            DLQ_TOTAL.labels(stage="relay", reason=d.reason).inc()
             dl = dead_letter_for(m, "relay", d, d.reason, self.now_ms, limit=self.limit)
-            self.out.add(TOPICS.dlq.base, dl["original_key"], self._dlq.encode(dl))
+            self.out.add_dead_letter(dl["original_key"], self._dlq.encode(dl), d.reason)
             return
         if d["due_at"] is not None:
             LATENCY.labels(phase="relay_lateness").observe((self.now_ms - d["due_at"]) / 1000)

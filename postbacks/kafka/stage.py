@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -50,12 +51,19 @@ _KEY_KEPT = 1024  # the first bytes of the original key a cut dead letter keeps
 
 @dataclass(slots=True)
 class Output:
-    """Messages a handler wants produced, in order: (topic base name, key, value)."""
+    """Messages a handler wants produced, in order: (topic base name, key, value); and the
+    dead letters among them by reason, counted in ``webhook_dlq_total`` only once the
+    transaction that produces them commits (an aborted batch is read and counted again)."""
 
     items: list[tuple[str, bytes | None, bytes]] = field(default_factory=list)
+    dead: Counter[str] = field(default_factory=Counter)
 
     def add(self, topic_base: str, key: bytes | None, value: bytes) -> None:
         self.items.append((topic_base, key, value))
+
+    def add_dead_letter(self, key: bytes | None, value: bytes, reason: str) -> None:
+        self.items.append((TOPICS.dlq.base, key, value))
+        self.dead[reason] += 1
 
 
 Emit = Callable[[Message, Output, int], None]
@@ -153,15 +161,14 @@ def run_stage(
                     handle(m, out, now_ms)
                 except DeadLetterError as exc:
                     dl = dead_letter_for(m, stage, exc, exc.reason, now_ms, limit=limit)
-                    out.add(TOPICS.dlq.base, dl["original_key"], dlq_codec.encode(dl))
-                    DLQ_TOTAL.labels(stage=stage, reason=exc.reason).inc()
+                    out.add_dead_letter(dl["original_key"], dlq_codec.encode(dl), exc.reason)
                     log.warning("%s: dead-lettered %s[%s]@%s: %s", stage, m.topic(),
                                 m.partition(), m.offset(), exc)
                 except Exception as exc:  # a bug must not stall the partition either
                     log.exception("%s: unexpected error on %s@%s", stage, m.topic(), m.offset())
                     dl = dead_letter_for(m, stage, exc, "internal_error", now_ms, limit=limit)
-                    out.add(TOPICS.dlq.base, dl["original_key"], dlq_codec.encode(dl))
-                    DLQ_TOTAL.labels(stage=stage, reason="internal_error").inc()
+                    out.add_dead_letter(dl["original_key"], dlq_codec.encode(dl),
+                                        "internal_error")
             if not offsets:
                 continue
             commit_batch(stage, settings, consumer, producer, out, offsets)
@@ -176,11 +183,13 @@ class _Producing(Protocol):
 
 
 def produce_or_dead_letter(producer: _Producing, stage: str, topic: str, dlq_topic: str,
-                           key: bytes | None, value: bytes | None) -> None:
+                           key: bytes | None, value: bytes | None,
+                           dead: Counter[str] | None = None) -> None:
     """Produce one output record (waiting while the local queue is full). A record over
     the producer's message size (a stage's output grown past the limit from an input just
     under it) is dead-lettered instead (``too_large``, its first bytes kept): one record
-    the broker would refuse must not fail the batch, and with it the partition, for ever."""
+    the broker would refuse must not fail the batch, and with it the partition, for ever.
+    Such a dead letter is counted in ``dead`` (by the caller once it commits), or at once."""
     while True:
         try:
             producer.produce(topic, value, key)
@@ -198,7 +207,10 @@ def produce_or_dead_letter(producer: _Producing, stage: str, topic: str, dlq_top
                 exc=ValueError(f"an output record for {topic} of {len(value or b''):,} bytes"
                                " is over the message size limit; not produced"),
                 reason="too_large", now_ms=int(time.time() * 1000)))
-            DLQ_TOTAL.labels(stage=stage, reason="too_large").inc()
+            if dead is None:
+                DLQ_TOTAL.labels(stage=stage, reason="too_large").inc()
+            else:
+                dead["too_large"] += 1
             value, key, topic = codec_for("DeadLetter").encode(dl), dl["original_key"], dlq_topic
 
 
@@ -223,11 +235,12 @@ def _commit_batch(
     out: Output, offsets: Mapping[tuple[str, int], int | tuple[int, str]], deadline: float,
 ) -> bool:
     producer = txn.producer
+    dead = Counter(out.dead)
     retrying(f"{stage}: begin", producer.begin_transaction, deadline)
     try:
         for topic_base, key, value in out.items:
             produce_or_dead_letter(producer, stage, settings.topic(topic_base),
-                                   settings.topic(TOPICS.dlq.base), key, value)
+                                   settings.topic(TOPICS.dlq.base), key, value, dead)
         positions = [TopicPartition(t, p, o) if isinstance(o, int)
                      else TopicPartition(t, p, o[0], metadata=o[1])
                      for (t, p), o in offsets.items()]
@@ -244,6 +257,8 @@ def _commit_batch(
         retrying(f"{stage}: commit", lambda: producer.commit_transaction(60), deadline)
         TXN_SECONDS.labels(stage=stage, step="offsets").observe(t1 - t0)
         TXN_SECONDS.labels(stage=stage, step="commit").observe(time.monotonic() - t1)
+        for reason, n in dead.items():
+            DLQ_TOTAL.labels(stage=stage, reason=reason).inc(n)
         return True
     except KafkaException as exc:
         kerr = exc.args[0] if exc.args else None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,7 +128,7 @@ class BatchOut:
     trips: list[Trip] = field(default_factory=list)
     dispatched: int = 0
     held: int = 0
-    dead: int = 0
+    dead: Counter[str] = field(default_factory=Counter)  # dead letters by reason
     redelivered: int = 0  # records handed over again in this generation: skipped
 
 
@@ -249,7 +250,7 @@ class GateEngine:
             except DeadLetterError as exc:
                 dl = dead_letter(rec, exc, exc.reason, now_ms)
                 out.records.append((TOPICS.dlq.base, dl["original_key"], self._dlq.encode(dl)))
-                out.dead += 1
+                out.dead[exc.reason] += 1
                 continue
             ep, conv = d["endpoint_id"], d["conversion"]
             t = self._scope(ep, get)

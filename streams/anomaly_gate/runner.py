@@ -64,7 +64,7 @@ from postbacks.core.anomaly import PartitionPartial
 from postbacks.kafka.clients import make_producer
 from postbacks.kafka.watchdog import restart_in_place
 from postbacks.loopwatch import LoopWatch
-from postbacks.metrics import GATE_BATCH_SECONDS, GC_FROZEN, STAGE_RECORDS, child
+from postbacks.metrics import DLQ_TOTAL, GATE_BATCH_SECONDS, GC_FROZEN, STAGE_RECORDS, child
 from postbacks.records import PayoutPartialRecord
 from postbacks.settings import Settings
 from streams.anomaly_gate.aggregate import PARTIAL_WINDOW_MS, GlobalAggregator, owns
@@ -272,6 +272,8 @@ class GateProcess:
         out: BatchOut = self.engine.process(batch, table.data.get, now_ms)
         for topic, key, value in out.records:
             self._produce(topic, key, value)
+        for reason, n in out.dead.items():  # produced (the gate's outputs are not transactional)
+            DLQ_TOTAL.labels(stage="gate", reason=reason).inc(n)
         self._send_partials(out.partials)
         for trip in out.trips:
             key, state = self.writer.trip(trip, now_ms)

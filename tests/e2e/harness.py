@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from postbacks.core.endpoint import EndpointConfig
@@ -20,6 +23,28 @@ from tests.kafka_util import scalar
 from tests.unit.factories import make_conversion
 
 STAGES = ("sink", "relay", "agent", "gate", "fanout")
+
+
+def metrics_target(log_path: Path, timeout: float = 60) -> str:
+    """The host:port a stage serves /metrics on, from the line its log says it on."""
+    def found() -> str | None:
+        urls = re.findall(r"metrics on http://(\S+)/metrics", log_path.read_text(errors="replace"))
+        return urls[-1] if urls else None
+    target: str = wait_for(found, timeout, what=f"the metrics address in {log_path.name}")
+    return target
+
+
+def dead_letters_counted(log_path: Path, stage: str) -> dict[str, float]:
+    """A stage's ``webhook_dlq_total`` by reason, the reasons above 0."""
+    url = f"http://{metrics_target(log_path)}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        page = r.read().decode()
+    counted: dict[str, float] = {}
+    for m in re.finditer(r'^webhook_dlq_total\{(.*)\} (\S+)$', page, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if labels.get("stage") == stage and float(m.group(2)) > 0:
+            counted[labels["reason"]] = float(m.group(2))
+    return counted
 
 
 def receiver_with_endpoints(stack: Stack, settings: Settings, namespace: str, *, apps: int,

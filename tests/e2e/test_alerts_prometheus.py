@@ -28,7 +28,7 @@ from postbacks.db.anomaly import set_mode
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, free_port, wait_for
-from tests.e2e.harness import STAGES, Harness
+from tests.e2e.harness import STAGES, Harness, metrics_target
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY_MS = 86_400_000
@@ -45,14 +45,6 @@ def _rules_with_short_for(out: Path) -> Path:
     path = out / "rules.yml"
     path.write_text(yaml.safe_dump(rules))
     return path
-
-
-def _metrics_target(log_path: Path, timeout: float = 60) -> str:
-    def found() -> str | None:
-        urls = re.findall(r"metrics on http://(\S+)/metrics", log_path.read_text(errors="replace"))
-        return urls[-1] if urls else None
-    target: str = wait_for(found, timeout, what=f"the metrics address in {log_path.name}")
-    return target
 
 
 def _console_target(log_path: Path, timeout: float = 60) -> str:
@@ -108,7 +100,7 @@ def test_three_faults_fire_their_alerts_and_recovery_resolves_them(
         stack.start("monitor", "monitor")
         console_port = free_port()
         stack.start("console", "console", "serve", "--port", str(console_port))
-        targets = {name: _metrics_target(stack.procs[name].log_path)
+        targets = {name: metrics_target(stack.procs[name].log_path)
                    for name in (*STAGES, "monitor")}
         targets["console"] = _console_target(stack.procs["console"].log_path)
 

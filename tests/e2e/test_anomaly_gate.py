@@ -19,7 +19,7 @@ from postbacks.emit import ConversionProducer
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, free_port, wait_for
 from tests.e2e.gate_util import GateFeed, metric
-from tests.e2e.harness import Harness
+from tests.e2e.harness import Harness, dead_letters_counted
 from tests.integration.anomaly_helpers import run_cli
 from tests.kafka_util import decode, read_topic
 from tests.unit.factories import make_conversion, make_delivery
@@ -238,13 +238,16 @@ def test_garbage_on_deliveries_is_dead_lettered_by_the_gate_and_the_partition_fl
     feed.producer.produce(settings.topic(TOPICS.deliveries.base), b"\x00not avro", ep.encode())
     feed.producer.produce(settings.topic(TOPICS.deliveries.base), None, ep.encode())
     good = feed.send(ep, feed.hour_ago(weeks=0), 1_000_000)  # same key: same partition
-    stack.start("gate", "gate")
+    gate = stack.start("gate", "gate")
     feed.wait_outputs(1)
     assert good in feed.dispatched
     dead = [decode("DeadLetter", m) for m in read_topic(settings, TOPICS.dlq.base, 2)]
     assert sorted(d["original_value"] or b"" for d in dead) == [b"", b"\x00not avro"]
     assert {(d["stage"], d["reason"], d["original_key"]) for d in dead} == {
         ("gate", "undecodable", ep.encode())}
+    wait_for(lambda: dead_letters_counted(gate.log_path, "gate") == {"undecodable": 2}, 30,
+             what="webhook_dlq_total{stage=gate,reason=undecodable} == 2",
+             progress=lambda: dead_letters_counted(gate.log_path, "gate"))
 
 
 def test_a_delivery_of_an_aborted_fanout_transaction_is_never_dispatched(

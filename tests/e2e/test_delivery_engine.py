@@ -9,7 +9,7 @@ import pytest
 
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
-from tests.e2e.harness import Harness
+from tests.e2e.harness import Harness, dead_letters_counted
 from tests.kafka_util import murmur2_partition, read_topic
 from topics import TOPICS
 
@@ -40,6 +40,12 @@ def test_retry_after_is_honoured_and_404_is_permanent(h: Harness) -> None:
     assert h.scalar("SELECT count(*) FROM delivery_attempts WHERE endpoint_id = %s", (gone,)) == 1
     assert h.scalar("SELECT reason FROM delivery_outcomes WHERE endpoint_id = %s"
                     " AND kind = 'dead_lettered'", (gone,)) == "http_404"
+    # the agent's dead letter counted once it committed (not before: an aborted batch is
+    # sent again and would count it twice)
+    agent = h.stack.procs["agent"].log_path
+    wait_for(lambda: dead_letters_counted(agent, "agent") == {"permanent": 1}, 30,
+             what="webhook_dlq_total{stage=agent,reason=permanent} == 1",
+             progress=lambda: dead_letters_counted(agent, "agent"))
 
 
 def test_breaker_opens_quarantines_without_attempts_then_probe_and_ramp(h: Harness) -> None:

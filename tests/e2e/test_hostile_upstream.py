@@ -20,6 +20,7 @@ import copy
 import io
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
 from postbacks.tools.seed import app_id_for, seed_endpoints
 from tests.e2e.gate_util import GateFeed
+from tests.e2e.harness import dead_letters_counted
 from tests.kafka_util import decode, read_topic, scalar
 from tests.unit.factories import make_conversion, make_delivery
 from topics import TOPICS
@@ -312,6 +314,11 @@ def test_every_hostile_record_is_dead_lettered_or_fanned_out_and_the_partition_f
     if by_conversion.get("cv_dup") != 2 or len(dups) != 1:
         problems.append(f"duplicate: {by_conversion.get('cv_dup')} deliveries, ids {dups}")
     assert not problems, "\n".join(problems)
+    # every dead letter counted once, by its reason, in the stage's webhook_dlq_total
+    want = {r: float(n) for r, n in Counter(d["reason"] for d in dead.values()).items()}
+    wait_for(lambda: dead_letters_counted(fanout.log_path, "fanout") == want, 30,
+             what=f"webhook_dlq_total{{stage=fanout}} == {want}",
+             progress=lambda: dead_letters_counted(fanout.log_path, "fanout"))
     assert fanout.alive()
     assert "restarting in place" not in fanout.tail(2000)
 

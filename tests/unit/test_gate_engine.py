@@ -189,7 +189,7 @@ def test_no_rows_dispatches_everything() -> None:
     sent = on(out, "dispatch.v1")
     assert [d["delivery_id"] for d in sent] == ["dlv_ep_1_0", "dlv_ep_1_1", "dlv_ep_1_2"]
     assert all(d["enqueued_at"] == NOW and d["hold_reason"] is None for d in sent)
-    assert (out.dispatched, out.held, out.dead, out.trips) == (3, 0, 0, [])
+    assert (out.dispatched, out.held, dict(out.dead), out.trips) == (3, 0, {}, [])
 
 
 def test_retrodated_under_enforce_is_held_with_an_outcome() -> None:
@@ -416,7 +416,7 @@ def test_undecodable_records_go_to_the_dlq_and_the_batch_goes_on() -> None:
                                ("undecodable", 11, None, b"k2")]
     assert all(d["stage"] == "gate" and d["origin_partition"] == 2 for d in dead)
     assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == ["dlv_ep_1_12"]
-    assert (out.dead, out.dispatched) == (2, 1)
+    assert (dict(out.dead), out.dispatched) == ({"undecodable": 2}, 1)
 
 
 def test_an_undecodable_record_near_the_broker_limit_gets_a_dead_letter_that_fits() -> None:
