@@ -203,6 +203,8 @@ def create_replay(
         diff = override_diff(ep, override)
         if not diff:
             raise ActionError("the edit changes nothing compared with the endpoint's config")
+        if override.url is not None:  # 403: where the role may send, before any lookup
+            check_reach(p, ep, override.url)
         check_edit(p, ep, override)  # 403: what a support may not change
         edited = apply_override(ep, override)
         from postbacks.core.endpoint_check import endpoint_problems
@@ -215,9 +217,8 @@ def create_replay(
             if why:
                 problems.append(why)
         if problems:
-            raise ActionError("edit refused: " + "; ".join(problems), 400, problems=problems)
-        if override.url is not None:
-            check_reach(p, ep, override.url)
+            raise ActionError("edit refused: " + "; ".join(problems), 400, audit=True,
+                              problems=problems)
     if kind in ("bulk_replay", "rerender") and len(ok) > settings.console_bulk_confirm_above \
             and confirm != len(ok):
         raise ActionError(
@@ -326,15 +327,15 @@ def preview_edit(conn: psycopg.Connection[Any], settings: Settings, p: Principal
 
     require(p, "replay", "replay deliveries")
     d = delivery_detail(conn, p, delivery_id)
+    ep = load_endpoint(conn, d["endpoint_id"])
+    if override.url is not None:  # the role's checks before the URL's DNS lookup
+        check_reach(p, ep, override.url)
+    check_edit(p, ep, override)
     if override.url is not None:
         why = check_target(override.url, allow_loopback=settings.allow_loopback_targets,
                            lookup=lookup)
         if why:
-            raise ActionError(f"edit refused: {why}", 400)
-    ep = load_endpoint(conn, d["endpoint_id"])
-    if override.url is not None:
-        check_reach(p, ep, override.url)
-    check_edit(p, ep, override)
+            raise ActionError(f"edit refused: {why}", 400, audit=True)
     return d, override_diff(ep, override)
 
 

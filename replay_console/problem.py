@@ -14,7 +14,9 @@ __all__ = ["Problem"]
 class Problem(Exception):
     """An error the page and the API show as is."""
 
-    def __init__(self, status: int, message: str, **extra: Any) -> None:
+    def __init__(self, status: int, message: str, *, audit: bool = False,
+                 **extra: Any) -> None:
         super().__init__(message)
         self.status = status
+        self.audit = audit  # audited as a refusal, as every 403 and 429 is
         self.extra = extra

@@ -1,11 +1,15 @@
 """Where a console user may send on an endpoint's behalf, and what an edit may change.
 
-The SSRF check of a URL someone typed (:func:`check_target`) applies to everyone first.
-Reach (:func:`check_reach`): a test-send or an edit & replay to a URL whose host is not
-the endpoint's own (the host of its stored URL) nor in its ``test_hosts`` config is
-refused (403) for support; a reviewer or an admin may target any host. Edit rights
-(:func:`check_edit`): support may retarget an edit and replay, not change what it tells
-the receiver (the query, the macros of the path, fields, aliases)."""
+Reach (:func:`check_reach`), checked first: a test-send or an edit & replay to a URL whose
+host is not the endpoint's own (the host of its stored URL) nor in its ``test_hosts``
+config is refused (403) for support, as is plain ``http`` for an ``https`` endpoint; a
+reviewer or an admin may target any host, but only an admin may send an endpoint's custom
+headers (credentials, shown to admins only) to such a host, and nobody sends them over
+plain ``http`` when the endpoint's URL is ``https``. Edit
+rights (:func:`check_edit`): support may retarget an edit and replay or a test-send, not
+change what it tells the receiver (the query, the macros of the path, fields, aliases).
+Then the SSRF check of the URL typed (:func:`check_target`, a DNS lookup): after the
+role's checks, so a support token cannot use it to map names it may not send to."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from postbacks.core.endpoint import Endpoint
 from postbacks.core.macros import RenderError, macro_sequence
 from postbacks.core.override import Override
 from postbacks.core.ssrf import blocked_reason, parse_host_literal, url_blocked_reason
-from replay_console.auth import Principal
+from replay_console.auth import Principal, may
 from replay_console.rules import ActionError, Lookup
 
 __all__ = ["WIDE_REACH", "check_edit", "check_reach", "check_target"]
@@ -70,16 +74,45 @@ def _host(url: str) -> str:
         return host
 
 
+def _scheme(url: str) -> str:
+    try:
+        return urlsplit(url).scheme.lower()
+    except ValueError:
+        return ""
+
+
 def check_reach(p: Principal, endpoint: Endpoint, url: str) -> None:
     """Refuse (403) a send to ``url`` on ``endpoint``'s behalf that ``p`` may not make: a
     role outside :data:`WIDE_REACH` may target only the host of the endpoint's stored URL
-    and the hosts of its ``test_hosts`` config."""
-    if p.role in WIDE_REACH:
-        return
+    and the hosts of its ``test_hosts`` config, and not over ``http`` when the endpoint's
+    URL is ``https``; a role without ``edit_endpoint`` (not an admin) may not send the
+    endpoint's custom headers to any other host; and no role sends an ``https``
+    endpoint's custom headers over ``http`` (in clear). A reviewer or an admin may send a
+    request without custom headers over http, to a test receiver for one."""
+    try:
+        urlsplit(url)
+    except ValueError:
+        return  # unparseable: the URL's own check refuses it (400)
+    if _scheme(endpoint.url) == "https" and _scheme(url) == "http" and (
+            endpoint.config.headers or p.role not in WIDE_REACH):
+        raise ActionError(
+            "the endpoint's URL is https: its request is not sent over plain http"
+            + (f" with its custom headers ({', '.join(sorted(endpoint.config.headers))})"
+               if endpoint.config.headers else " by a " + p.role)
+            + "; use https", 403, scheme="http")
     own = _host(endpoint.url)
     host = _host(url)
-    if host and (host == own or host in endpoint.config.test_hosts):
+    allowed = bool(host) and (host == own or host in endpoint.config.test_hosts)
+    if allowed or may(p, "edit_endpoint"):
         return
+    if p.role in WIDE_REACH:
+        if not endpoint.config.headers:
+            return
+        raise ActionError(
+            f"the endpoint has custom headers ({', '.join(sorted(endpoint.config.headers))})"
+            f", which only an admin may send to a host other than its own ({own or 'none'})"
+            " or its test_hosts: ask an admin", 403, host=host,
+            headers=sorted(endpoint.config.headers))
     listed = ", ".join(endpoint.config.test_hosts) or "none"
     raise ActionError(
         f"a {p.role} may send to the endpoint's own host ({own or 'none'}) or its "

@@ -22,9 +22,11 @@ Lookup = Callable[[str], list[str]]  # host -> addresses (the DNS seam; blocking
 class ActionError(Exception):
     """A refused action: nothing changed. ``status`` is the HTTP status the API answers."""
 
-    def __init__(self, message: str, status: int = 400, **extra: Any) -> None:
+    def __init__(self, message: str, status: int = 400, *, audit: bool = False,
+                 **extra: Any) -> None:
         super().__init__(message)
         self.status = status
+        self.audit = audit  # audited as a refusal, as every 403 and 429 is
         self.extra = extra
 
 

@@ -164,6 +164,7 @@ def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) ->
         start = time.perf_counter()
         status = 500
         reason = ""
+        audit = False
         try:
             check_request(request)  # every path segment, parameter, header and cookie
             if request.path not in _PUBLIC and not request.path.startswith(_PUBLIC_PREFIX):
@@ -194,11 +195,8 @@ def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) ->
             resp = problem(c, request, 429, reason, {"retry_after_s": exc.retry_after_s})
             resp.headers["Retry-After"] = str(exc.retry_after_s)
             return resp
-        except Problem as exc:
-            status, reason = exc.status, str(exc)
-            return problem(c, request, exc.status, str(exc), exc.extra)
-        except ActionError as exc:
-            status, reason = exc.status, str(exc)
+        except (Problem, ActionError) as exc:
+            status, reason, audit = exc.status, str(exc), exc.audit
             return problem(c, request, exc.status, str(exc), exc.extra)
         except (q.FilterError, OverrideError) as exc:
             status = 400
@@ -229,7 +227,7 @@ def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) ->
         finally:
             CONSOLE_REQUESTS.labels(_route(request), f"{status // 100}xx").observe(
                 time.perf_counter() - start)
-            if status in (403, 429):
+            if status in (403, 429) or audit:
                 await _audit_refusal(c, refusals, request, status, reason)
 
     return mw

@@ -266,16 +266,18 @@ def send_test(c: Console) -> Handler:
             raise Problem(403, f"a {p.role} may not test-send")
         body = await body_of(request)
         override = override_from(body)
-        if override is not None and override.url is not None:
+        ep = await c.pool.run(lambda conn: eps.load_for_test_send(conn, c.settings, p, eid))
+        if override is not None:  # 403 (audited): the role's reach and edit rights first
+            if override.url is not None:
+                reach.check_reach(p, ep, override.url)
+            reach.check_edit(p, ep, override)
+        c.test_sends.take(eid, p.token_id)  # 429 (audited) past the limits
+        if override is not None and override.url is not None:  # then the DNS lookup
             why = await asyncio.to_thread(reach.check_target, override.url,
                                           allow_loopback=c.settings.allow_loopback_targets,
                                           lookup=c.lookup)
             if why:
-                raise Problem(400, f"test-send refused: {why}")
-        ep = await c.pool.run(lambda conn: eps.load_for_test_send(conn, c.settings, p, eid))
-        if override is not None and override.url is not None:
-            reach.check_reach(p, ep, override.url)  # 403 (audited) past the allowed hosts
-        c.test_sends.take(eid, p.token_id)  # 429 (audited) past the limits
+                raise Problem(400, f"test-send refused: {why}", audit=True)
         sent = await eps.test_send(c.settings, ep, override=override, lookup=c.lookup)
 
         await c.pool.run(lambda conn: eps.audit_test_send(conn, p, eid, sent))

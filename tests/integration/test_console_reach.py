@@ -1,8 +1,10 @@
 """The console's reach against real PostgreSQL and a real receiver: support may test-send
 or edit-and-replay only to the endpoint's own host or its ``test_hosts`` (another host is
-a 403, audited); a reviewer may target any host that passes the SSRF check; and no
-signature made with the endpoint's live secret appears in what the test-send answers,
-on its page or in the audit log."""
+a 403, audited), and change neither's query; a reviewer may target any host that passes
+the SSRF check, but only an admin may send an endpoint's custom headers there; nobody
+sends an https endpoint's request over http; the role's checks come before the URL's DNS
+lookup; and no signature made with the endpoint's live secret appears in what the
+test-send answers, on its page or in the audit log."""
 
 from __future__ import annotations
 
@@ -79,15 +81,18 @@ def test_support_reaches_only_the_endpoints_own_and_listed_hosts(
         err = r.json()["error"]
         assert "other.test" in err and "reviewer" in err and "allowed.test" in err, err
         assert http_json(f"{rbase}/_control/stats")["per_endpoint"].get(ep, 0) == 0
-        # the SSRF check still comes first, for every role
+        # a test-send, like an edit & replay, may not change what the receiver is told
+        r = sup.post(send, body={"override": {"url": f"http://own.test:{rport}/hooks/{ep}?x=1"}})
+        assert r.status == 403 and "query" in r.json()["error"], r.text
+        # the SSRF check, for every role that may send there
         r = rev.post(send, body={"override": {"url": "http://internal.test/x"}})
         assert r.status == 400 and "10.1.2.3" in r.json()["error"], r.text
 
-        # support, the endpoint's own host (stored URL, or typed with another case and
-        # path) and an allow-listed host: sent, signed with the live secret
+        # support, the endpoint's own host (stored URL, or typed with another case) and
+        # an allow-listed host: sent, signed with the live secret
         lives: list[str] = []  # every signature the live secret made for these sends
         answers = [sup.post(send, body={})]
-        for url in (f"http://OWN.test:{rport}/hooks/{ep}?again=1",
+        for url in (f"http://OWN.test:{rport}/hooks/{ep}",
                     f"http://allowed.test:{rport}/hooks/{ep}"):
             answers.append(sup.post(send, body={"override": {"url": url}}))
         # a reviewer, another host: allowed
@@ -135,7 +140,11 @@ def test_support_reaches_only_the_endpoints_own_and_listed_hosts(
                      body={"override": {"url": "https://other.test/moved"}})
         assert r.status == 202, r.text
 
-    # refusals are audited (403 by the middleware), with the reason
+    # refusals are audited (403 by the middleware, a target the SSRF check refuses too),
+    # with the reason
+    [(action, _t, why)] = _refusals(settings, f"reviewer:rev-{ns}")
+    assert action == "refused.test_send" and why["status"] == 400, why
+    assert "10.1.2.3" in why["reason"]
     refused = _refusals(settings, f"support:sup-{ns}")
     assert [(a, t) for a, t, _ in refused] == [
         ("refused.test_send", send), ("refused.edit_replay", path)], refused
@@ -194,6 +203,7 @@ def test_support_may_retarget_an_edit_but_not_change_what_the_receiver_is_told(
              "path"),  # a macro repeated: the same names, not the same places
             ({"aliases": {"occurred_at": "payout_usd"}}, "aliases"),
             ({"fields": ["conversion_id"]}, "fields"),
+            ({"url": "http://own.test/cb/{conversion_id}?p={payout_usd}"}, "plain http"),
         ]:
             r = sup.post(path, body={"override": override})
             assert r.status == 403 and words in r.json()["error"], (override, r.text)
@@ -216,3 +226,64 @@ def test_support_may_retarget_an_edit_but_not_change_what_the_receiver_is_told(
     refused = _refusals(settings, f"support:sup-{ns}")  # the first of a minute's
     assert [a for a, _t, _ in refused] == ["refused.edit_replay"], refused
     assert "query" in refused[0][2]["reason"]
+
+
+def test_no_downgrade_to_http_headers_only_by_an_admin_and_no_lookup_before_reach(
+        settings: Settings, namespace: str) -> None:
+    ns = namespace
+    app, ep = f"app_{ns}", f"ep_{ns}"
+    with connect(settings.database_url) as conn:
+        upsert_endpoint(conn, endpoint_id=ep, app_id=app, url="https://own.test/hooks",
+                        config=EndpointConfig.from_json(
+                            {"headers": {"Authorization": "Bearer publisher-key"}}))
+        add_secret(conn, SecretBox(settings.secrets_key.reveal()), ep, generate_secret(),
+                   now_ms=int(time.time() * 1000))
+        conn.commit()
+    for n in (1, 2):
+        insert_deliveries(settings, [held_delivery(ns, n, endpoint=ep, app=app)],
+                          status="dead_lettered")
+    looked_up: list[str] = []
+
+    def lookup(host: str) -> list[str]:
+        looked_up.append(host.lower())
+        return _lookup(host)
+
+    send = f"/api/v1/endpoints/{ep}/test-send"
+    replay = f"/api/v1/deliveries/dlv_{ns}_1/replay"
+    with console_server(settings, lookup=lookup) as port:
+        sup = Client(port, bearer=token(settings, f"sup-{ns}", "support"))
+        rev = Client(port, bearer=token(settings, f"rev-{ns}", "reviewer"))
+        adm = Client(port, bearer=token(settings, f"adm-{ns}", "admin"))
+        # https -> http with the custom headers: nobody, not even an admin
+        for client in (sup, rev, adm):
+            for path in (send, replay):
+                r = client.post(path, body={"override": {"url": "http://own.test/hooks"}})
+                assert r.status == 403 and "Authorization" in r.json()["error"], r.text
+        # the custom headers to another host: an admin only
+        for path in (send, replay):
+            r = rev.post(path, body={"override": {"url": "https://other.test/hooks"}})
+            assert r.status == 403 and "Authorization" in r.json()["error"], r.text
+        r = adm.post(f"/api/v1/deliveries/dlv_{ns}_2/replay",
+                     body={"override": {"url": "https://other.test/hooks"}})
+        assert r.status == 202, r.text
+        # support, a name it may not send to: refused before any DNS lookup, so the
+        # console maps no internal names for it
+        looked_up.clear()
+        for path in (send, replay):
+            r = sup.post(path, body={"override": {"url": "https://internal.test/x"}})
+            assert r.status == 403 and "needs a reviewer" in r.json()["error"], r.text
+        page = Client(port)  # the page's first step: the edit's diff
+        page.sign_in(token(settings, f"sup2-{ns}", "support"))
+        r = page.post(f"/deliveries/dlv_{ns}_1/replay",
+                      form={"csrf": page.csrf, "url": "https://internal.test/x"})
+        assert r.status == 403 and "needs a reviewer" in r.text, r.text
+        assert looked_up == [], looked_up
+    assert http_sent_nothing(settings, ep)
+
+
+def http_sent_nothing(settings: Settings, ep: str) -> bool:
+    """No test-send of ``ep`` was audited as sent (every one above was refused)."""
+    with connect(settings.database_url) as conn:
+        row = conn.execute("SELECT count(*) FROM audit_log WHERE target_id = %s"
+                           " AND action = 'test_send'", (ep,)).fetchone()
+    return row is not None and row[0] == 0
