@@ -155,7 +155,7 @@ class PoolSide(Protocol):
 
 class _Conn(asyncio.Protocol):
     __slots__ = (
-        "_body", "_bytes", "_complete", "_extra", "_fd", "_framed", "_fut", "_head",
+        "_bare", "_body", "_bytes", "_complete", "_extra", "_fd", "_framed", "_fut", "_head",
         "_head_bytes", "_headers", "_interim",
         "_keep_alive", "_kept", "_parser", "_pool", "_received", "_size", "_status",
         "_truncated", "_until_eof", "closed", "idle_since", "slot", "transport", "uses",
@@ -176,6 +176,7 @@ class _Conn(asyncio.Protocol):
     def _reset(self, head: bool) -> None:
         self._head = head
         self._head_bytes = 0
+        self._bare = 0  # bytes after the head in reads that brought no body, in a row
         self._bytes = 0
         self._status = 0
         self._headers: dict[str, str] = {}
@@ -258,8 +259,9 @@ class _Conn(asyncio.Protocol):
         self._pool.conns.discard(self)
         fut = self._fut
         if fut is not None and not fut.done():
-            if self._until_eof and not self._interim and self._status:
+            if exc is None and self._until_eof and not self._interim and self._status:
                 self._finish()  # the body was delimited by the end of the connection
+                # (a clean one: a reset or an error cuts the body short, RFC 9112 8)
             else:
                 fut.set_exception(ServerDisconnected(self._received, exc))
 
@@ -278,6 +280,7 @@ class _Conn(asyncio.Protocol):
         in_head = self._status == 0
         if in_head:
             self._head_bytes += len(data)
+        size = self._size
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -294,6 +297,13 @@ class _Conn(asyncio.Protocol):
             self._fail(ProtocolError(f"response head over {HEAD_LIMIT // 1024} KiB"))
         elif self._bytes - self._size > FRAMING_LIMIT:
             self._fail(ProtocolError(f"response framing over {FRAMING_LIMIT // 1048576} MiB"))
+        elif not in_head and not self._complete:
+            # after the head, reads that bring no body (trailers, chunk extensions) are
+            # gathered by the parser as a head is: held to the head's limit in a row
+            self._bare = self._bare + len(data) if self._size == size else 0
+            if self._bare > HEAD_LIMIT:
+                self._fail(ProtocolError(
+                    f"response trailers or chunk framing over {HEAD_LIMIT // 1024} KiB"))
 
     # -- httptools callbacks ---------------------------------------------------------------
 
@@ -302,6 +312,8 @@ class _Conn(asyncio.Protocol):
             self._extra = True  # a second response to one request
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._status:
+            return  # a trailer, or a header of a second response: never taken as the answer's
         lname = name.lower()
         if lname == b"content-length":
             self._framed = True

@@ -34,11 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import ipaddress
 import math
-import socket
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,13 +43,11 @@ from yarl import URL
 
 from postbacks.core.classify import HttpResult
 from postbacks.core.providers import get_provider, provider_names
-from postbacks.core.render import RenderedRequest
+from postbacks.core.render import MAX_URL_BYTES, RenderedRequest
 from postbacks.core.ssrf import (
     ALLOWED_SCHEMES,
     REDIRECT_STATUSES,
-    blocked_reason,
     host_blocked_reason,
-    parse_host_literal,
     redirect_method,
     redirect_refused_reason,
     url_blocked_reason,
@@ -66,6 +61,7 @@ from postbacks.transport.h1 import (
     InvalidRequest,
     PoolKey,
 )
+from postbacks.transport.resolver import BlockedAddress, Lookup, VettingResolver
 from postbacks.transport.wire import Wire
 
 __all__ = ["BODY_BYTES", "EXCERPT_BYTES", "BlockedAddress", "HttpTransport", "SendResult",
@@ -74,13 +70,7 @@ __all__ = ["BODY_BYTES", "EXCERPT_BYTES", "BlockedAddress", "HttpTransport", "Se
 EXCERPT_BYTES = 256
 BODY_BYTES = BODY_LIMIT  # 64 KiB
 
-DNS_TTL_S = 30.0
-# A name that did not resolve is not asked again for this long: a broken delegation makes
-# each lookup hang for the resolver's whole timeout on one of the few threads that serve
-# every lookup, and every delivery to that endpoint would ask again.
-DNS_FAILED_TTL_S = 5.0
 IDLE_TIMEOUT_S = 30.0
-_DNS_CACHE_MAX = 4096
 
 # Dropped when a hop changes origin (as browsers do) or switches to a body-less GET.
 # A redirect to another origin carries only the headers a provider sets itself (identity,
@@ -89,93 +79,6 @@ _DNS_CACHE_MAX = 4096
 _CROSS_ORIGIN_KEPT = frozenset({"user-agent"}).union(
     *(get_provider(name).reserved_headers for name in provider_names()))
 _BODY_HEADERS = frozenset({"content-type", "content-length", "content-encoding"})
-
-
-class BlockedAddress(OSError):
-    """Every address of the host is refused by the SSRF policy."""
-
-
-Lookup = Callable[[str], Awaitable[list[str]]]
-"""Name -> addresses (the DNS seam; the default is the system resolver)."""
-
-
-async def _system_lookup(host: str) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(
-        host, None, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-    )
-    return [str(info[4][0]) for info in infos]
-
-
-class VettingResolver:
-    """Hostname -> the addresses the SSRF policy allows, cached for ``ttl_s``.
-
-    IP literals (any form :func:`parse_host_literal` knows) are judged without DNS.
-    Raises :class:`BlockedAddress` when every address is refused (that verdict is cached
-    too), ``socket.gaierror`` when the name does not resolve (cached for
-    :data:`DNS_FAILED_TTL_S`).
-    """
-
-    def __init__(self, allow_loopback: bool, *, ttl_s: float = DNS_TTL_S,
-                 lookup: Lookup | None = None) -> None:
-        self._allow_loopback = allow_loopback
-        self._ttl = ttl_s
-        self._dns = lookup or _system_lookup
-        self._cache: dict[str, tuple[float, tuple[str, ...] | str]] = {}
-        self._failed: dict[str, tuple[float, OSError]] = {}
-        self._pending: dict[str, asyncio.Task[tuple[str, ...] | str]] = {}
-
-    async def resolve(self, host: str) -> tuple[str, ...]:
-        loop = asyncio.get_running_loop()
-        failed = self._failed.get(host)
-        if failed is not None:
-            if failed[0] > loop.time():
-                raise failed[1].with_traceback(None)  # no frames kept from raise to raise
-            del self._failed[host]
-        hit = self._cache.get(host)
-        if hit is None or hit[0] <= loop.time():
-            task = self._pending.get(host)
-            if task is None:
-                task = self._pending[host] = loop.create_task(self._lookup(host))
-                task.add_done_callback(functools.partial(self._settled, host))
-            result = await asyncio.shield(task)
-        else:
-            result = hit[1]
-        if isinstance(result, str):
-            raise BlockedAddress(result)
-        return result
-
-    def _settled(self, host: str, task: asyncio.Task[tuple[str, ...] | str]) -> None:
-        self._pending.pop(host, None)
-        exc = None if task.cancelled() else task.exception()
-        if isinstance(exc, OSError):
-            now = asyncio.get_running_loop().time()
-            if len(self._failed) >= _DNS_CACHE_MAX:
-                self._failed = {h: e for h, e in self._failed.items() if e[0] > now}
-            if len(self._failed) < _DNS_CACHE_MAX:
-                self._failed[host] = (now + DNS_FAILED_TTL_S, exc)
-        if not task.cancelled() and task.exception() is None:
-            if len(self._cache) >= _DNS_CACHE_MAX:
-                now = asyncio.get_running_loop().time()
-                self._cache = {h: e for h, e in self._cache.items() if e[0] > now}
-            expires = asyncio.get_running_loop().time() + self._ttl
-            self._cache[host] = (expires, task.result())
-
-    async def _lookup(self, host: str) -> tuple[str, ...] | str:
-        """The vetted addresses, or why none may be used."""
-        literal = parse_host_literal(host)
-        if literal is not None:
-            if isinstance(literal, ipaddress.IPv6Address) and literal.ipv4_mapped is not None:
-                literal = literal.ipv4_mapped
-            addresses = [str(literal)]
-        else:
-            addresses = list(dict.fromkeys(await self._dns(host)))
-        vetted = tuple(
-            a for a in addresses if blocked_reason(a, allow_loopback=self._allow_loopback) is None
-        )
-        if vetted:
-            return vetted
-        reasons = {blocked_reason(a, allow_loopback=self._allow_loopback) for a in addresses}
-        return f"{host}: refused ({', '.join(sorted(map(str, reasons)))})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +118,23 @@ def _retry_after(value: str | None) -> float | None:
     return seconds if math.isfinite(seconds) else None
 
 
-@functools.lru_cache(maxsize=8192)
+# Vetting parses the URL (yarl, IDNA) and judges its host: cached for the URLs an endpoint
+# sends to again and again (a POST's fixed URL), up to a size that keeps the cache's memory
+# small whatever a receiver's redirects or a template's values make of a URL.
+_VET_CACHED_CHARS = 2048
+
+
 def _vet(url: str, *, allow_loopback: bool) -> URL | _Refused:
     """The URL to request, or why it must not be requested."""
+    if len(url) > MAX_URL_BYTES:
+        return _Refused("invalid_url", f"invalid_url: {len(url):,} characters, over the "
+                                       f"{MAX_URL_BYTES:,} a postback URL may have")
+    if len(url) > _VET_CACHED_CHARS:
+        return _vet_url(url, allow_loopback=allow_loopback)
+    return _vet_cached(url, allow_loopback=allow_loopback)
+
+
+def _vet_url(url: str, *, allow_loopback: bool) -> URL | _Refused:
     try:
         target = URL(url)
         # Decoded lazily, and encoded again by the resolver: a name IDNA refuses (an empty
@@ -239,6 +156,9 @@ def _vet(url: str, *, allow_loopback: bool) -> URL | _Refused:
     if reason is not None:
         return _Refused("blocked_address", reason)
     return target
+
+
+_vet_cached = functools.lru_cache(maxsize=4096)(_vet_url)
 
 
 def _origin(u: URL) -> tuple[str, str | None, int | None]:

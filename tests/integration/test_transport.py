@@ -339,9 +339,9 @@ def test_a_name_that_does_not_resolve_is_not_asked_again_for_a_while(
         monkeypatch: pytest.MonkeyPatch, ttl_s: float, asked: int) -> None:
     import socket
 
-    from postbacks.transport import http
+    from postbacks.transport import resolver
 
-    monkeypatch.setattr(http, "DNS_FAILED_TTL_S", ttl_s)
+    monkeypatch.setattr(resolver, "DNS_FAILED_TTL_S", ttl_s)
     calls: list[str] = []
 
     async def lookup(host: str) -> list[str]:

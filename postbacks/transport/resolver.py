@@ -1,0 +1,149 @@
+"""Hostname -> the addresses the SSRF policy allows (the agent's resolver).
+
+Every name is looked up through :class:`VettingResolver`: ``loop.getaddrinfo`` (a thread
+of the loop's pool per lookup), results cached for :data:`DNS_TTL_S`, failures for
+:data:`DNS_FAILED_TTL_S`, and every address the SSRF policy refuses dropped. A lookup runs
+on after the send that asked for it has given up (others may ask for the same name), so
+a zone whose servers never answer would hold a thread per name for the resolver's whole
+timeout; a receiver redirecting each delivery to a new name under it could take every
+thread and stall every other endpoint's lookups. Lookups under one zone (a name's last
+two labels) therefore run at most :data:`ZONE_LOOKUPS` at once, and past
+:data:`ZONE_WAITING` waiting for one, a lookup under that zone fails at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ipaddress
+import socket
+from collections.abc import Awaitable, Callable
+
+from postbacks.core.ssrf import blocked_reason, parse_host_literal
+
+__all__ = ["DNS_FAILED_TTL_S", "DNS_TTL_S", "ZONE_LOOKUPS", "ZONE_WAITING", "BlockedAddress",
+           "Lookup", "VettingResolver"]
+
+DNS_TTL_S = 30.0
+# A name that did not resolve is not asked again for this long: a broken delegation makes
+# each lookup hang for the resolver's whole timeout on one of the few threads that serve
+# every lookup, and every delivery to that endpoint would ask again.
+DNS_FAILED_TTL_S = 5.0
+_DNS_CACHE_MAX = 4096
+ZONE_LOOKUPS = 4  # lookups in flight at once under one zone
+ZONE_WAITING = 64  # lookups waiting for one of those, past which one fails at once
+
+
+class BlockedAddress(OSError):
+    """Every address of the host is refused by the SSRF policy."""
+
+
+Lookup = Callable[[str], Awaitable[list[str]]]
+"""Name -> addresses (the DNS seam; the default is the system resolver)."""
+
+
+async def _system_lookup(host: str) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, None, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
+    return [str(info[4][0]) for info in infos]
+
+
+class VettingResolver:
+    """Hostname -> the addresses the SSRF policy allows, cached for ``ttl_s``.
+
+    IP literals (any form :func:`parse_host_literal` knows) are judged without DNS.
+    Raises :class:`BlockedAddress` when every address is refused (that verdict is cached
+    too), ``socket.gaierror`` when the name does not resolve (cached for
+    :data:`DNS_FAILED_TTL_S`).
+    """
+
+    def __init__(self, allow_loopback: bool, *, ttl_s: float = DNS_TTL_S,
+                 lookup: Lookup | None = None) -> None:
+        self._allow_loopback = allow_loopback
+        self._ttl = ttl_s
+        self._dns = lookup or _system_lookup
+        self._cache: dict[str, tuple[float, tuple[str, ...] | str]] = {}
+        self._failed: dict[str, tuple[float, OSError]] = {}
+        self._pending: dict[str, asyncio.Task[tuple[str, ...] | str]] = {}
+        self._zones: dict[str, _Zone] = {}
+
+    async def resolve(self, host: str) -> tuple[str, ...]:
+        loop = asyncio.get_running_loop()
+        failed = self._failed.get(host)
+        if failed is not None:
+            if failed[0] > loop.time():
+                raise failed[1].with_traceback(None)  # no frames kept from raise to raise
+            del self._failed[host]
+        hit = self._cache.get(host)
+        if hit is None or hit[0] <= loop.time():
+            task = self._pending.get(host)
+            if task is None:
+                task = self._pending[host] = loop.create_task(self._lookup(host))
+                task.add_done_callback(functools.partial(self._settled, host))
+            result = await asyncio.shield(task)
+        else:
+            result = hit[1]
+        if isinstance(result, str):
+            raise BlockedAddress(result)
+        return result
+
+    def _settled(self, host: str, task: asyncio.Task[tuple[str, ...] | str]) -> None:
+        self._pending.pop(host, None)
+        exc = None if task.cancelled() else task.exception()
+        if isinstance(exc, OSError):
+            now = asyncio.get_running_loop().time()
+            if len(self._failed) >= _DNS_CACHE_MAX:
+                self._failed = {h: e for h, e in self._failed.items() if e[0] > now}
+            if len(self._failed) < _DNS_CACHE_MAX:
+                self._failed[host] = (now + DNS_FAILED_TTL_S, exc)
+        if not task.cancelled() and task.exception() is None:
+            if len(self._cache) >= _DNS_CACHE_MAX:
+                now = asyncio.get_running_loop().time()
+                self._cache = {h: e for h, e in self._cache.items() if e[0] > now}
+            expires = asyncio.get_running_loop().time() + self._ttl
+            self._cache[host] = (expires, task.result())
+
+    async def _lookup(self, host: str) -> tuple[str, ...] | str:
+        """The vetted addresses, or why none may be used."""
+        literal = parse_host_literal(host)
+        if literal is not None:
+            if isinstance(literal, ipaddress.IPv6Address) and literal.ipv4_mapped is not None:
+                literal = literal.ipv4_mapped
+            addresses = [str(literal)]
+        else:
+            addresses = list(dict.fromkeys(await self._ask(host)))
+        vetted = tuple(
+            a for a in addresses if blocked_reason(a, allow_loopback=self._allow_loopback) is None
+        )
+        if vetted:
+            return vetted
+        reasons = {blocked_reason(a, allow_loopback=self._allow_loopback) for a in addresses}
+        return f"{host}: refused ({', '.join(sorted(map(str, reasons)))})"
+
+    async def _ask(self, host: str) -> list[str]:
+        """One DNS lookup, within its zone's share of the lookups (see the module)."""
+        labels = host.rstrip(".").lower().rsplit(".", 2)
+        name = ".".join(labels[-2:])
+        zone = self._zones.get(name)
+        if zone is None:
+            zone = self._zones[name] = _Zone()
+        if zone.users >= ZONE_LOOKUPS + ZONE_WAITING:
+            raise socket.gaierror(socket.EAI_AGAIN, f"{ZONE_LOOKUPS + ZONE_WAITING} lookups "
+                                  f"under {name} already in flight or waiting")
+        zone.users += 1
+        try:
+            async with zone.slots:
+                return await self._dns(host)
+        finally:
+            zone.users -= 1
+            if not zone.users:
+                del self._zones[name]
+
+
+class _Zone:
+    __slots__ = ("slots", "users")
+
+    def __init__(self) -> None:
+        self.slots = asyncio.Semaphore(ZONE_LOOKUPS)
+        self.users = 0

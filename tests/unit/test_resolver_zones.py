@@ -1,0 +1,43 @@
+"""The resolver's share of lookups per zone: a zone whose servers never answer holds at
+most ZONE_LOOKUPS of the lookup threads, so other endpoints' names still resolve."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from postbacks.transport.resolver import ZONE_LOOKUPS, ZONE_WAITING, VettingResolver
+
+
+def test_a_zone_that_never_answers_holds_its_share_and_no_more() -> None:
+    asked: list[str] = []
+    hang = asyncio.Event()
+
+    async def lookup(host: str) -> list[str]:
+        asked.append(host)
+        if host.lower().endswith("hostile.test"):
+            await hang.wait()  # a server that never answers (released at the end)
+        return ["93.184.216.34"]
+
+    async def main() -> None:
+        r = VettingResolver(False, lookup=lookup)
+        # each send gives up after its deadline; the lookups it started go on
+        for n in range(3 * ZONE_LOOKUPS):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(r.resolve(f"u{n}.Hostile.Test"), 0.01)
+        assert len([h for h in asked if "hostile" in h.lower()]) == ZONE_LOOKUPS
+        assert await asyncio.wait_for(r.resolve("good.test"), 1) == ("93.184.216.34",)
+        # past the waiting room, at once: a name that does not resolve (for now)
+        for n in range(ZONE_WAITING - 2 * ZONE_LOOKUPS):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(r.resolve(f"w{n}.hostile.test"), 0.01)
+        with pytest.raises(socket.gaierror, match=r"under hostile\.test"):
+            await asyncio.wait_for(r.resolve("late.hostile.test"), 1)
+        hang.set()  # the servers answer: every waiting lookup ends, the zone is forgotten
+        assert await asyncio.wait_for(r.resolve("again.hostile.test"), 1) == ("93.184.216.34",)
+        await asyncio.sleep(0)
+        assert not r._zones
+
+    asyncio.run(main())
