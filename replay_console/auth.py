@@ -10,9 +10,10 @@
   reject held deliveries), ``admin`` (everything, incl. endpoint config and secrets),
   ``publisher`` (read its own apps' deliveries; held and rejected ones never appear —
   enforced in the SQL of :mod:`replay_console.queries`).
-- **Sessions**: signing in with a token sets a cookie ``<token_id>.<expires>.<hmac>``;
-  each request re-checks the token is neither revoked nor expired. API clients may instead send
-  ``Authorization: Bearer <token>``.
+- **Sessions**: signing in sets a cookie ``<token_id>.<expires>.<nonce>.<hmac>``;
+  each request re-checks the token is neither revoked nor expired, and the session was
+  not signed out (:func:`end_session` records a signed-out cookie until its expiry). API
+  clients may instead send ``Authorization: Bearer <token>``.
 - **CSRF**: every state-changing request authenticated by the cookie must carry
   ``csrf`` (form field or ``X-CSRF-Token`` header) = HMAC(session cookie); bearer-token
   requests carry no ambient credential and need none.
@@ -45,6 +46,7 @@ __all__ = [
     "Unauthorized",
     "create_token",
     "csrf_for",
+    "end_session",
     "issue_step_up",
     "list_tokens",
     "lookup_session",
@@ -206,25 +208,50 @@ def _sig(key: bytes, message: str) -> str:
 
 def session_cookie(key: bytes, token_id: str, *, now_s: float | None = None) -> str:
     expires = int((now_s if now_s is not None else time.time()) + SESSION_S)
-    body = f"{token_id}.{expires}"
+    body = f"{token_id}.{expires}.{secrets.token_hex(8)}"  # each sign-in a session of its own
     return f"{body}.{_sig(key, 'session|' + body)}"
+
+
+def _session_parts(key: bytes, cookie: str, now_s: float | None) -> list[str] | None:
+    """The cookie's (token id, expiry, nonce, signature) if its signature holds and it has
+    not expired."""
+    parts = cookie.split(".")
+    if len(parts) != 4 or not parts[1].isdigit():
+        return None
+    body = ".".join(parts[:3])
+    if not hmac.compare_digest(_bytes(parts[3]), _sig(key, "session|" + body).encode()):
+        return None
+    if int(parts[1]) < (now_s if now_s is not None else time.time()):
+        return None
+    return parts
 
 
 def lookup_session(conn: psycopg.Connection[Any], key: bytes, cookie: str,
                    *, now_s: float | None = None) -> Principal | None:
-    parts = cookie.split(".")
-    if len(parts) != 3 or not parts[1].isdigit():
-        return None
-    body = f"{parts[0]}.{parts[1]}"
-    if not hmac.compare_digest(_bytes(parts[2]), _sig(key, "session|" + body).encode()):
-        return None
-    if int(parts[1]) < (now_s if now_s is not None else time.time()):
+    parts = _session_parts(key, cookie, now_s)
+    if parts is None:
         return None
     row = conn.execute(
         "SELECT token_id, name, role, app_ids FROM console_tokens"
-        f" WHERE token_id = %s AND {_LIVE}", (parts[0],),
+        f" WHERE token_id = %s AND {_LIVE} AND NOT EXISTS (SELECT 1 FROM"
+        " console_sessions_ended WHERE session = %s)", (parts[0], parts[3]),
     ).fetchone()
     return _touch(conn, _principal(row))
+
+
+def end_session(conn: psycopg.Connection[Any], key: bytes, cookie: str) -> bool:
+    """Sign out: the session ``cookie`` opened is refused from now on, on every console
+    instance, even a copy of the cookie taken before (kept until it would have expired;
+    the expired ones are dropped here). False: no live session to end."""
+    parts = _session_parts(key, cookie, None)
+    if parts is None:
+        return False
+    conn.execute("DELETE FROM console_sessions_ended WHERE expires_at < now()")
+    conn.execute(
+        "INSERT INTO console_sessions_ended (session, token_id, expires_at)"
+        " VALUES (%s, %s, to_timestamp(%s)) ON CONFLICT DO NOTHING",
+        (parts[3], parts[0], int(parts[1])))
+    return True
 
 
 def csrf_for(key: bytes, cookie: str) -> str:

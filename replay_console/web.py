@@ -46,7 +46,7 @@ from postbacks.settings import Settings
 from replay_console import queries as q
 from replay_console import reads as rd
 from replay_console import writes as w
-from replay_console.auth import check_csrf, lookup_token, session_cookie
+from replay_console.auth import check_csrf, end_session, lookup_token, session_cookie
 from replay_console.forms import MAX_BODY, body_of, text
 from replay_console.guard import check_request
 from replay_console.health import add_health_routes
@@ -97,7 +97,7 @@ def make_app(settings: Settings, *, lookup: Lookup | None = None,
     r.add_get("/metrics", _metrics)
     r.add_get("/login", _login_page(c))
     r.add_post("/login", _login(c, throttle))
-    r.add_post("/logout", _logout)
+    r.add_post("/logout", _logout(c))
     r.add_get("/", _home)
     for prefix in ("", "/api/v1"):
         r.add_get(f"{prefix}/deliveries", rd.deliveries(c))
@@ -300,10 +300,15 @@ def _login(c: Console, throttle: SignInThrottle) -> Handler:
     return h
 
 
-async def _logout(_request: web.Request) -> web.StreamResponse:
-    resp = redirect("/login")
-    resp.del_cookie(COOKIE, path="/")
-    return resp
+def _logout(c: Console) -> Handler:
+    async def h(request: web.Request) -> web.StreamResponse:
+        cookie: str | None = request.get(COOKIE_VALUE)
+        if cookie is not None:  # ended on the server too: a copy of the cookie is refused
+            await c.pool.run(lambda conn: end_session(conn, c.key, cookie))
+        resp = redirect("/login")
+        resp.del_cookie(COOKIE, path="/")
+        return resp
+    return h
 
 
 # --- reads ------------------------------------------------------------------------------

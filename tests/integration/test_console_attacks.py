@@ -333,6 +333,25 @@ def test_every_cookie_post_needs_its_own_csrf_token(settings: Settings, namespac
     assert done == [], done
 
 
+def test_signing_out_ends_the_session_on_the_server(settings: Settings, namespace: str) -> None:
+    """A copy of the session cookie taken before the sign-out (a shared browser, a proxy's
+    log) signs nothing in after it; the token's other sessions go on."""
+    ns = namespace
+    tok = token(settings, f"sup-{ns}", "support")
+    with console_server(settings) as port:
+        page, other = Client(port), Client(port)
+        page.sign_in(tok)
+        other.sign_in(tok)
+        copy = Client(port, cookie=page.cookie)
+        assert copy.get("/api/v1/deliveries").status == 200
+        r = page.post("/logout", form={"csrf": page.csrf})
+        assert r.status == 303 and "Max-Age=0" in r.headers["set-cookie"], r.headers
+        assert copy.get("/api/v1/deliveries").status == 401
+        assert copy.post("/logout", form={"csrf": copy.csrf or ""}).status == 401
+        assert other.get("/api/v1/deliveries").status == 200
+        assert Client(port, bearer=tok).get("/api/v1/deliveries").status == 200
+
+
 # --- XSS ----------------------------------------------------------------------------------
 
 _MARKUP = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
