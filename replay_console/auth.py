@@ -39,11 +39,13 @@ from psycopg.types.json import Jsonb
 from postbacks.ids import new_id
 
 __all__ = [
+    "CLI_PREFIX",
     "MAX_NAME",
     "ROLES",
     "STEP_UP_S",
     "Principal",
     "Unauthorized",
+    "cli_principal",
     "create_token",
     "csrf_for",
     "end_session",
@@ -52,6 +54,7 @@ __all__ = [
     "lookup_session",
     "lookup_token",
     "may",
+    "name_problem",
     "revoke_token",
     "session_cookie",
     "spend_step_up",
@@ -108,6 +111,26 @@ def _hash(token: str) -> bytes:
     return hashlib.sha256(_bytes(token)).digest()
 
 
+CLI_PREFIX = "cli:"  # a command's actor, <role>:cli:<--actor>: never a console token's
+
+
+def name_problem(name: str, what: str) -> str | None:
+    """Why ``name`` cannot be an audit actor (a token's name, a command's ``--actor``)."""
+    if not name.strip():
+        return f"{what} must name a person or a team"
+    if len(name.strip()) > MAX_NAME or any(ch < " " or ch == "\x7f" for ch in name):
+        return (f"{what} must be at most {MAX_NAME} characters, without control characters"
+                " (it is the audit log's actor)")
+    return None
+
+
+def cli_principal(actor: str, role: str) -> Principal:
+    """Who runs a command: ``actor`` (its ``--actor``, checked by :func:`name_problem`)
+    in ``role``, audited as ``<role>:cli:<actor>`` so it is never taken for the console
+    token of the same name."""
+    return Principal("cli", CLI_PREFIX + actor.strip(), role, ())
+
+
 def create_token(conn: psycopg.Connection[Any], *, name: str, role: str,
                  app_ids: Sequence[str] = (), created_by: str,
                  expires_in_s: float | None = None) -> tuple[str, str]:
@@ -116,11 +139,11 @@ def create_token(conn: psycopg.Connection[Any], *, name: str, role: str,
     name, app list or lifetime."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
-    if not name.strip():
-        raise ValueError("name must name a person or a team")
-    if len(name.strip()) > MAX_NAME or any(ch < " " or ch == "\x7f" for ch in name):
-        raise ValueError(f"name must be at most {MAX_NAME} characters, without control "
-                         "characters (it is the audit log's actor)")
+    problem = name_problem(name, "name")
+    if problem is None and name.strip().startswith(CLI_PREFIX):
+        problem = f"name may not begin with {CLI_PREFIX!r} (the command line's actors do)"
+    if problem:
+        raise ValueError(problem)
     if role == "publisher" and not app_ids:
         raise ValueError("a publisher token needs at least one app id")
     if role != "publisher" and app_ids:

@@ -16,12 +16,6 @@ from postbacks.settings import Settings
 __all__ = ["add_parser"]
 
 
-def _principal(args: argparse.Namespace) -> Any:
-    from replay_console.auth import Principal
-
-    return Principal("cli", args.actor.strip(), args.role, ())
-
-
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from postbacks.db.migrate import pending_migrations
     from replay_console.web import serve

@@ -24,9 +24,15 @@ __all__ = ["add_parser"]
 
 
 def _principal(args: argparse.Namespace) -> Any:
-    from replay_console.auth import Principal
+    from replay_console.auth import cli_principal
 
-    return Principal("cli", args.actor.strip(), args.role, ())
+    return cli_principal(args.actor, args.role)
+
+
+def _actor_problem(args: argparse.Namespace) -> str | None:
+    from replay_console.auth import name_problem
+
+    return name_problem(args.actor, "--actor")
 
 
 _FILTER_ARGS = ("q", "app", "endpoint", "status", "error", "error_class", "since", "until",
@@ -110,8 +116,9 @@ def _replay(settings: Settings, args: argparse.Namespace) -> int:
     from replay_console.queries import FilterError
     from replay_console.rules import ActionError
 
-    if not args.actor.strip():
-        return fail(args, "--actor must name who you are", 2)
+    problem = _actor_problem(args)
+    if problem:
+        return fail(args, problem, 2)
     has_filter = any(getattr(args, k, None) for k in _FILTER_ARGS)
     if bool(args.delivery_ids) == has_filter:
         return fail(args, "give delivery ids or filters (--app/--endpoint/--status/--error/"
@@ -173,8 +180,9 @@ def _rerender(settings: Settings, args: argparse.Namespace) -> int:
     from replay_console.rerender import rerender_preview, rerender_replay
     from replay_console.rules import ActionError
 
-    if not args.actor.strip():
-        return fail(args, "--actor must name who you are", 2)
+    problem = _actor_problem(args)
+    if problem:
+        return fail(args, problem, 2)
     p = _principal(args)
     with connect(settings.database_url) as conn:
         try:

@@ -56,10 +56,12 @@ def _enable_cmd(settings: Settings, args: argparse.Namespace) -> int:
     from postbacks.db.endpoint_health import enable
     from postbacks.errors import ServiceUnavailable
     from postbacks.kafka.operations import OperationalEvents
+    from replay_console.auth import name_problem
 
+    problem = name_problem(args.actor, "--actor")
+    if problem:
+        return fail(args, problem, 2)
     actor = args.actor.strip()
-    if not actor:
-        return fail(args, "--actor must name who you are", 2)
     with connect(settings.database_url) as conn:
         app = conn.execute("SELECT app_id FROM endpoints WHERE endpoint_id = %s",
                            (args.endpoint_id,)).fetchone()
@@ -105,13 +107,14 @@ def _create_cmd(settings: Settings, args: argparse.Namespace) -> int:
     import json
 
     from postbacks.db.connect import connect
-    from replay_console.auth import Principal
+    from replay_console.auth import cli_principal, name_problem
     from replay_console.endpoints import create_endpoint
     from replay_console.rules import ActionError
 
+    problem = name_problem(args.actor, "--actor")
+    if problem:
+        return fail(args, problem, 2)
     actor = args.actor.strip()
-    if not actor:
-        return fail(args, "--actor must name who you are", 2)
     try:
         config = json.loads(args.config) if args.config else None
     except ValueError as exc:
@@ -122,7 +125,7 @@ def _create_cmd(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings.database_url) as conn:
         try:
             problems, created = create_endpoint(
-                conn, settings, Principal("cli", actor, "admin", ()), app_id=args.app,
+                conn, settings, cli_principal(actor, "admin"), app_id=args.app,
                 url=args.url, provider=args.provider, event_types=types, config=config,
                 name=args.name or "", note=args.note)
         except ActionError as exc:

@@ -147,9 +147,9 @@ def selection_problem(delivery_ids: Sequence[str], *, endpoint: str | None,
         return "--all cannot be combined with --endpoint, --reason or --app"
     if not (delivery_ids or all_ or any(f is not None for f in filters)):
         return "choose what to resolve: --delivery-id ID..., --endpoint/--reason/--app, or --all"
-    if not actor.strip():
-        return "--actor must name who you are"
-    return None
+    from replay_console.auth import name_problem
+
+    return name_problem(actor, "--actor")
 
 
 def resolve_held(
@@ -227,9 +227,14 @@ def resolve_held(
 
 
 def _resolve(settings: Settings, args: argparse.Namespace, kind: str) -> int:
+    from replay_console.auth import CLI_PREFIX, name_problem
+
+    problem = name_problem(args.actor, "--actor")
+    if problem:
+        return fail(args, problem, 2)
     try:
-        r = resolve_held(
-            settings, kind=kind, actor=args.actor, note=args.note,
+        r = resolve_held(  # audited as cli:<actor>, never taken for a console user's
+            settings, kind=kind, actor=CLI_PREFIX + args.actor.strip(), note=args.note,
             delivery_ids=args.delivery_ids or (), endpoint=args.endpoint,
             reason=args.reason, app=args.app, all_=args.all, limit=args.limit, yes=args.yes,
         )

@@ -123,6 +123,9 @@ def _check_target(scope: str, scope_key: str, detector: str) -> None:
 def _check_actor(actor: str) -> None:
     if not actor or not actor.strip():
         raise ValueError("an actor is required (who is making this change)")
+    if len(actor.strip()) > 200 or any(ch < " " or ch == "\x7f" for ch in actor):
+        raise ValueError("the actor must be at most 200 characters, without control "
+                         "characters (it is the audit log's actor)")
 
 
 def validate_params(detector: str, params: Mapping[str, Any]) -> dict[str, Any]:

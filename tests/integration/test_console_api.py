@@ -428,11 +428,15 @@ def test_cli_parity_list_show_replay(settings: Settings, namespace: str,
     [m] = read_topic(settings, RETRY_5S, 1)
     d = decode("Delivery", m)
     assert (d["delivery_id"], d["triggered_by"], d["idempotency_key"]) == (
-        f"dlv_{ns}_5", "support:carol", w["d5"]["idempotency_key"])
+        f"dlv_{ns}_5", "support:cli:carol", w["d5"]["idempotency_key"])
     assert run_cli(monkeypatch, settings, "deliveries", "replay", f"dlv_{ns}_3",
                    "--actor", "carol") == 1
     assert "held" in capsys.readouterr().err
     assert run_cli(monkeypatch, settings, "deliveries", "replay", "--actor", "carol") == 2
+    # an actor that would forge an audit line: refused before anything is done
+    assert run_cli(monkeypatch, settings, "deliveries", "replay", f"dlv_{ns}_5",
+                   "--actor", "carol\nadmin:root") == 2
+    assert "without control characters" in capsys.readouterr().err
 
 
 def test_rotation_test_send_and_dead_letter_resolution(

@@ -85,22 +85,23 @@ def test_release_republishes_with_original_identity_in_one_transaction(
         assert m.key() == ep.encode()
         assert r["idempotency_key"] == orig["idempotency_key"]
         assert r["conversion"] == orig["conversion"]
-        assert (r["trigger"], r["triggered_by"], r["hold_reason"]) == ("release", "alice", None)
+        assert (r["trigger"], r["triggered_by"], r["hold_reason"]) == ("release", "cli:alice", None)
         assert r["attempt"] == orig["attempt"] and r["enqueued_at"] is None
         assert r["due_at"] is not None and before <= r["due_at"] <= int(time.time() * 1000)
     outs = [decode("Outcome", m) for m in read_topic(settings, TOPICS.outcomes.base, 2)]
     assert sorted(o["delivery_id"] for o in outs) == sorted(ids)
     assert {(o["kind"], o["actor"], o["reason"]) for o in outs} == {
-        ("released", "alice", "released by alice: false positive")}
+        ("released", "cli:alice", "released by cli:alice: false positive")}
     assert {o["idempotency_key"] for o in outs} == {d["idempotency_key"] for d in held}
     # Transactional: each partition written holds a commit marker after the records.
     assert topic_size(settings, RETRY_5S) == 3 and topic_size(settings, TOPICS.outcomes.base) == 3
 
     audits = audit_rows(settings, ids)
     assert [(a["action"], a["actor"], a["target_type"], a["note"]) for a in audits] == [
-        ("held.release", "alice", "delivery", "false positive")] * 2
+        ("held.release", "cli:alice", "delivery", "false positive")] * 2
     assert all(a["before"] == {"status": "held", "hold_reason": "retrodated"}
-               and a["after"] == {"status": "released", "triggered_by": "alice"} for a in audits)
+               and a["after"] == {"status": "released", "triggered_by": "cli:alice"}
+               for a in audits)
 
     # Resolved (even before the sink projects the outcome): never released twice.
     with connect(settings.database_url) as conn:
@@ -125,11 +126,11 @@ def test_reject_publishes_rejected_outcome_and_nothing_to_retry(
     outs = [decode("Outcome", m) for m in read_topic(settings, TOPICS.outcomes.base, 3)]
     assert sorted(o["delivery_id"] for o in outs) == sorted(d["delivery_id"] for d in held)
     assert {(o["kind"], o["actor"], o["reason"], o["payout_usd_micros"]) for o in outs} == {
-        ("rejected", "bob", "rejected by bob: fraud", None)}
+        ("rejected", "cli:bob", "rejected by cli:bob: fraud", None)}
     _no_retry_records(settings)
     audits = audit_rows(settings, [d["delivery_id"] for d in held])
     assert len(audits) == 3 and {a["action"] for a in audits} == {"held.reject"}
-    assert audits[0]["after"] == {"status": "rejected", "reason": "rejected by bob: fraud"}
+    assert audits[0]["after"] == {"status": "rejected", "reason": "rejected by cli:bob: fraud"}
 
 
 def test_more_than_100_needs_confirmation(
@@ -197,6 +198,7 @@ def test_invalid_snapshot_is_a_per_delivery_error(
     (["--all", "--endpoint", "e", "--actor", "x"], "--all cannot be combined"),
     (["--delivery-id", "a", "--reason", "r", "--actor", "x"], "--delivery-id cannot be"),
     (["--endpoint", "e", "--actor", "  "], "--actor must name"),
+    (["--endpoint", "e", "--actor", "x\nreviewer:root"], "without control characters"),
 ])
 def test_bad_selection_is_a_usage_error(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

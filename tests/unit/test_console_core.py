@@ -15,7 +15,7 @@ from postbacks.core.override import (
     parse_override,
 )
 from postbacks.core.render import render
-from replay_console.auth import check_csrf, csrf_for, session_cookie
+from replay_console.auth import check_csrf, cli_principal, create_token, csrf_for, session_cookie
 from replay_console.queries import FilterError, parse_filter
 from tests.unit.factories import make_delivery
 
@@ -110,3 +110,16 @@ def test_session_cookie_and_csrf_are_bound_to_the_key_and_the_session() -> None:
     assert not check_csrf(key, cookie, None) and not check_csrf(key, cookie, "")
     assert not check_csrf(other, cookie, token)
     assert not check_csrf(key, session_cookie(key, "tok_2", now_s=1000.0), token)
+
+
+@pytest.mark.parametrize(("name", "words"), [
+    ("", "must name"), ("  ", "must name"), ("a\nadmin:root", "control characters"),
+    ("x" * 101, "at most 100"), ("cli:alice", "may not begin with 'cli:'"),
+])
+def test_token_names_are_audit_actors_and_never_a_commands(name: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        create_token(None, name=name, role="support", created_by="test")  # type: ignore[arg-type]
+
+
+def test_a_command_is_audited_apart_from_the_token_of_the_same_name() -> None:
+    assert cli_principal(" alice ", "support").actor == "support:cli:alice"
