@@ -56,12 +56,12 @@ def _enable_cmd(settings: Settings, args: argparse.Namespace) -> int:
     from postbacks.db.endpoint_health import enable
     from postbacks.errors import ServiceUnavailable
     from postbacks.kafka.operations import OperationalEvents
-    from replay_console.auth import name_problem
+    from replay_console.auth import CLI_PREFIX, name_problem
 
     problem = name_problem(args.actor, "--actor")
     if problem:
         return fail(args, problem, 2)
-    actor = args.actor.strip()
+    actor = CLI_PREFIX + args.actor.strip()  # never taken for a console user's
     with connect(settings.database_url) as conn:
         app = conn.execute("SELECT app_id FROM endpoints WHERE endpoint_id = %s",
                            (args.endpoint_id,)).fetchone()
@@ -103,6 +103,16 @@ def _enable_cmd(settings: Settings, args: argparse.Namespace) -> int:
     return 1 if r.skipped else 0
 
 
+def _config_text(arg: str) -> str:
+    """``--config``'s JSON: the argument itself, ``@FILE``'s text or, for ``-``, stdin's."""
+    if arg == "-":
+        return sys.stdin.read()
+    if arg.startswith("@"):
+        with open(arg[1:], encoding="utf-8") as f:
+            return f.read()
+    return arg
+
+
 def _create_cmd(settings: Settings, args: argparse.Namespace) -> int:
     import json
 
@@ -116,7 +126,9 @@ def _create_cmd(settings: Settings, args: argparse.Namespace) -> int:
         return fail(args, problem, 2)
     actor = args.actor.strip()
     try:
-        config = json.loads(args.config) if args.config else None
+        config = json.loads(_config_text(args.config)) if args.config else None
+    except OSError as exc:
+        return fail(args, f"--config: cannot read {args.config[1:]!r}: {exc.strerror}", 2)
     except ValueError as exc:
         return fail(args, f"--config is not JSON: {exc}", 2)
     if config is not None and not isinstance(config, dict):
@@ -164,7 +176,9 @@ def add_parser(subparsers: Any) -> None:
     sp.add_argument("--provider", default="v3", help="payload provider (default v3)")
     sp.add_argument("--event-type", dest="event_types", action="append", metavar="TYPE",
                     help="an event type it is sent (repeat, or comma separated; default *)")
-    sp.add_argument("--config", help="endpoint config as a JSON object")
+    sp.add_argument("--config", help="endpoint config as a JSON object, @FILE to read it "
+                    "from a file or - from standard input (keeps custom header values, "
+                    "credentials, out of the command line and the shell's history)")
     sp.add_argument("--name", help="a display name")
     sp.add_argument("--actor", default="cli", help="who you are (audited; default cli)")
     sp.add_argument("--note", help="why (audited)")

@@ -6,7 +6,9 @@ dead letters paged with filters and counts per reason, and event types checked o
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -253,7 +255,7 @@ def _audited(settings: Settings, endpoint_id: str) -> list[tuple[str, Any]]:
 
 def test_endpoint_creation_in_the_console_and_the_cli(
         settings: Settings, namespace: str, stack: Any, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from postbacks.tools.procs import free_port, http_json, wait_for
 
     ns = namespace
@@ -334,4 +336,22 @@ def test_endpoint_creation_in_the_console_and_the_cli(
     cli = json.loads(capsys.readouterr().out)
     assert cli["secret"].startswith("whsec_")
     assert [a for a, _x in _audited(settings, cli["endpoint_id"])] == ["endpoint.create"]
+    # the config (custom header values: credentials) from a file or stdin, not argv
+    conf = tmp_path / "config.json"
+    conf.write_text('{"headers": {"X-Api-Key": "from-a-file"}}')
+    assert run_cli(monkeypatch, settings, "endpoints", "create", "--app", app, "--url",
+                   "http://93.184.216.34/file", "--config", f"@{conf}", "--json") == 0
+    from_file = json.loads(capsys.readouterr().out)["endpoint_id"]
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"headers": {"X-Api-Key": "from-stdin"}}'))
+    assert run_cli(monkeypatch, settings, "endpoints", "create", "--app", app, "--url",
+                   "http://93.184.216.34/stdin", "--config", "-", "--json") == 0
+    from_stdin = json.loads(capsys.readouterr().out)["endpoint_id"]
+    with connect(settings.database_url) as conn:
+        stored = dict(conn.execute(
+            "SELECT endpoint_id, config->'headers'->>'X-Api-Key' FROM endpoints"
+            " WHERE endpoint_id = ANY(%s)", ([from_file, from_stdin],)).fetchall())
+    assert stored == {from_file: "from-a-file", from_stdin: "from-stdin"}
+    assert run_cli(monkeypatch, settings, "endpoints", "create", "--app", app, "--url",
+                   "http://93.184.216.34/none", "--config", f"@{tmp_path}/missing.json") == 2
+    assert "cannot read" in capsys.readouterr().err
     assert run_cli(monkeypatch, settings, "endpoints", "disabled") == 0  # still there
