@@ -210,14 +210,16 @@ def create_replay(
         from postbacks.core.endpoint_check import endpoint_problems
 
         problems = endpoint_problems(edited, now_ms=int(time.time() * 1000))
+        why = None
         if override.url is not None:
             why = check_target(override.url,
                                      allow_loopback=settings.allow_loopback_targets,
                                      lookup=lookup)
             if why:
                 problems.append(why)
-        if problems:
-            raise ActionError("edit refused: " + "; ".join(problems), 400, audit=True,
+        if problems:  # audited when the URL's address is what is refused
+            raise ActionError("edit refused: " + "; ".join(problems), 400,
+                              audit=why is not None,
                               problems=problems)
     if kind in ("bulk_replay", "rerender") and len(ok) > settings.console_bulk_confirm_above \
             and confirm != len(ok):

@@ -147,9 +147,9 @@ def selection_problem(delivery_ids: Sequence[str], *, endpoint: str | None,
         return "--all cannot be combined with --endpoint, --reason or --app"
     if not (delivery_ids or all_ or any(f is not None for f in filters)):
         return "choose what to resolve: --delivery-id ID..., --endpoint/--reason/--app, or --all"
-    from replay_console.auth import name_problem
-
-    return name_problem(actor, "--actor")
+    if not actor.strip():  # a command's --actor, a token's name: checked where they come in
+        return "--actor must name who you are"
+    return None
 
 
 def resolve_held(

@@ -207,6 +207,11 @@ def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) ->
         except ServiceUnavailable as exc:
             status = 503
             return problem(c, request, 503, str(exc), {})
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            status = 503
+            log.warning("console: database read only: %s", exc)
+            return problem(c, request, 503, "the database takes no changes now (read only);"
+                           " try again later", {})
         except psycopg.OperationalError as exc:
             status = 503
             log.warning("console: database unavailable: %s", exc)

@@ -26,10 +26,25 @@ __all__ = ["run_sink"]
 log = logging.getLogger("sinks.postgres")
 
 
+# PostgreSQL unable to take writes for now: down, or read only (a standby after a failover,
+# default_transaction_read_only set in a disk emergency): the sink waits, then catches up.
+DOWN: tuple[type[BaseException], ...] = (
+    psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction,
+    OSError, ServiceUnavailable)
+
+
 def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0) -> None:
     check_broker(settings)
     sink = PostgresSink(settings)
-    sink.conn()  # fail fast with a clear message when PostgreSQL is missing
+    while not stop.is_set():  # fail fast with a clear message when PostgreSQL is missing
+        try:
+            sink.conn()
+            break
+        except psycopg.errors.ReadOnlySqlTransaction as exc:  # there, but takes no writes
+            log.warning("sink: PostgreSQL is read only (%s); waiting for it to take writes",
+                        str(exc).strip())
+            sink.discard()
+            time.sleep(retry_s)
 
     def on_assign(consumer: Consumer, partitions: list[TopicPartition]) -> None:
         while not stop.is_set():
@@ -84,8 +99,7 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
                               " one (%s); retrying", exc)
                 sink.discard()
                 _rewind_to_stored(consumer, sink, stop, retry_s)
-            except (psycopg.OperationalError, psycopg.InterfaceError, OSError,
-                    ServiceUnavailable) as exc:
+            except DOWN as exc:
                 log.warning("sink: PostgreSQL write failed (%s); rewinding and retrying", exc)
                 sink.discard()
                 _rewind_to_stored(consumer, sink, stop, retry_s)

@@ -259,9 +259,14 @@ class _Conn(asyncio.Protocol):
         self._pool.conns.discard(self)
         fut = self._fut
         if fut is not None and not fut.done():
-            if exc is None and self._until_eof and not self._interim and self._status:
-                self._finish()  # the body was delimited by the end of the connection
-                # (a clean one: a reset or an error cuts the body short, RFC 9112 8)
+            if self._until_eof and not self._interim and self._status and (
+                    exc is None or not 200 <= self._status < 300):
+                # The body was delimited by the end of the connection. A reset may have cut
+                # it short (RFC 9112 8): a 2xx is then no proof of delivery (its body may be
+                # what a validator judges), while another status says all it has to say (a
+                # receiver answering early and closing on a request it never read resets).
+                self._truncated = self._truncated or exc is not None
+                self._finish()
             else:
                 fut.set_exception(ServerDisconnected(self._received, exc))
 

@@ -6,9 +6,10 @@ of the loop's pool per lookup), results cached for :data:`DNS_TTL_S`, failures f
 on after the send that asked for it has given up (others may ask for the same name), so
 a zone whose servers never answer would hold a thread per name for the resolver's whole
 timeout; a receiver redirecting each delivery to a new name under it could take every
-thread and stall every other endpoint's lookups. Lookups under one zone (a name's last
-two labels) therefore run at most :data:`ZONE_LOOKUPS` at once, and past
-:data:`ZONE_WAITING` waiting for one, a lookup under that zone fails at once.
+thread and stall every other endpoint's lookups. Lookups under one zone (a name's
+registrable domain, :func:`zone_of`) therefore run at most :data:`ZONE_LOOKUPS` at once,
+and past :data:`ZONE_WAITING` waiting for one, a lookup under that zone fails at once
+(:class:`ZoneBusy`, not remembered as a failed name).
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import ipaddress
 import socket
 from collections.abc import Awaitable, Callable
 
+from publicsuffixlist import PublicSuffixList
+
 from postbacks.core.ssrf import blocked_reason, parse_host_literal
 
 __all__ = ["DNS_FAILED_TTL_S", "DNS_TTL_S", "ZONE_LOOKUPS", "ZONE_WAITING", "BlockedAddress",
-           "Lookup", "VettingResolver"]
+           "Lookup", "VettingResolver", "ZoneBusy", "zone_of"]
 
 DNS_TTL_S = 30.0
 # A name that did not resolve is not asked again for this long: a broken delegation makes
@@ -91,7 +94,7 @@ class VettingResolver:
     def _settled(self, host: str, task: asyncio.Task[tuple[str, ...] | str]) -> None:
         self._pending.pop(host, None)
         exc = None if task.cancelled() else task.exception()
-        if isinstance(exc, OSError):
+        if isinstance(exc, OSError) and not isinstance(exc, ZoneBusy):
             now = asyncio.get_running_loop().time()
             if len(self._failed) >= _DNS_CACHE_MAX:
                 self._failed = {h: e for h, e in self._failed.items() if e[0] > now}
@@ -123,14 +126,13 @@ class VettingResolver:
 
     async def _ask(self, host: str) -> list[str]:
         """One DNS lookup, within its zone's share of the lookups (see the module)."""
-        labels = host.rstrip(".").lower().rsplit(".", 2)
-        name = ".".join(labels[-2:])
+        name = zone_of(host)
         zone = self._zones.get(name)
         if zone is None:
             zone = self._zones[name] = _Zone()
         if zone.users >= ZONE_LOOKUPS + ZONE_WAITING:
-            raise socket.gaierror(socket.EAI_AGAIN, f"{ZONE_LOOKUPS + ZONE_WAITING} lookups "
-                                  f"under {name} already in flight or waiting")
+            raise ZoneBusy(socket.EAI_AGAIN, f"{ZONE_LOOKUPS + ZONE_WAITING} lookups under "
+                           f"{name} already in flight or waiting")
         zone.users += 1
         try:
             async with zone.slots:
@@ -139,6 +141,22 @@ class VettingResolver:
             zone.users -= 1
             if not zone.users:
                 del self._zones[name]
+
+
+class ZoneBusy(socket.gaierror):
+    """A lookup not made: its zone's share is taken (not remembered as a failed name)."""
+
+
+_PSL = PublicSuffixList()
+
+
+@functools.lru_cache(maxsize=4096)
+def zone_of(host: str) -> str:
+    """The registrable domain of ``host`` (by the Public Suffix List, its private section
+    included: ``api.bbc.co.uk`` -> ``bbc.co.uk``, ``app.herokuapp.com`` is its own), or the
+    name itself when it has none."""
+    name = host.rstrip(".").lower()
+    return _PSL.privatesuffix(name) or name
 
 
 class _Zone:

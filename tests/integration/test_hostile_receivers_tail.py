@@ -12,7 +12,7 @@ import socket
 import struct
 
 from postbacks.core.classify import Retryable, classify
-from postbacks.core.render import MAX_URL_BYTES
+from postbacks.core.render import MAX_URL_BYTES, RenderedRequest
 from postbacks.transport.http import HttpTransport, _vet_cached
 from tests.integration.test_h1 import Raw, _req, raw_server, read_request, run
 
@@ -139,5 +139,27 @@ def test_redirects_to_ever_longer_locations_are_refused_and_not_cached() -> None
                 assert result.http.error_class == "invalid_url", result
                 assert "over the" in (result.blocked or ""), result.blocked
         assert _vet_cached.cache_info().currsize <= before + 1  # the first URL only
+
+    run(main)
+
+
+def test_an_early_answer_closed_with_the_request_unread_keeps_its_status() -> None:
+    """A receiver that answers from the head alone (an HTTP/1.0 410, the body delimited by
+    the close) and closes with the request's body unread: the kernel resets the connection,
+    but the status said all it had to say. A 2xx cut so is not proof of delivery (the test
+    above); a 410 stays a 410, permanent, not a retried connection error."""
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _r: Raw) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the head only: the body stays unread
+        writer.write(b"HTTP/1.0 410 Gone\r\n\r\ngone")
+        await writer.drain()
+
+    async def main() -> None:
+        async with raw_server(script) as raw, HttpTransport(
+                timeout_s=WAIT_S, allow_loopback=True) as t:
+            for _ in range(3):
+                req = _req(f"http://127.0.0.1:{raw.port}/")
+                result = await t.send(RenderedRequest(req.method, req.url, req.headers,
+                                                      b"x" * 200_000))
+                assert result.http.status == 410, result
 
     run(main)

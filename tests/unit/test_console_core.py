@@ -123,3 +123,13 @@ def test_token_names_are_audit_actors_and_never_a_commands(name: str, words: str
 
 def test_a_command_is_audited_apart_from_the_token_of_the_same_name() -> None:
     assert cli_principal(" alice ", "support").actor == "support:cli:alice"
+
+
+def test_held_resolution_takes_the_longest_actor_a_token_or_a_command_may_have() -> None:
+    from replay_console.auth import MAX_NAME, Principal
+    from replay_console.held import selection_problem
+
+    for actor in (Principal("t", "n" * MAX_NAME, "reviewer", ()).actor,
+                  cli_principal("n" * MAX_NAME, "admin").actor):
+        assert selection_problem(["dlv_1"], endpoint=None, reason=None, app=None,
+                                 all_=False, actor=actor) is None

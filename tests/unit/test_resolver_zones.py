@@ -8,7 +8,13 @@ import socket
 
 import pytest
 
-from postbacks.transport.resolver import ZONE_LOOKUPS, ZONE_WAITING, VettingResolver
+from postbacks.transport.resolver import (
+    ZONE_LOOKUPS,
+    ZONE_WAITING,
+    VettingResolver,
+    ZoneBusy,
+    zone_of,
+)
 
 
 def test_a_zone_that_never_answers_holds_its_share_and_no_more() -> None:
@@ -39,5 +45,39 @@ def test_a_zone_that_never_answers_holds_its_share_and_no_more() -> None:
         assert await asyncio.wait_for(r.resolve("again.hostile.test"), 1) == ("93.184.216.34",)
         await asyncio.sleep(0)
         assert not r._zones
+
+    asyncio.run(main())
+
+
+def test_zones_are_registrable_domains_not_public_suffixes() -> None:
+    assert zone_of("api.bbc.co.uk") == zone_of("www.BBC.co.uk.") == "bbc.co.uk"
+    assert zone_of("r1.attacker.co.uk") == "attacker.co.uk"
+    assert zone_of("one.herokuapp.com") != zone_of("two.herokuapp.com")
+    assert zone_of("u7.hostile.test") == "hostile.test" and zone_of("localhost") == "localhost"
+
+
+def test_a_busy_zone_holds_up_no_other_under_the_same_public_suffix_nor_is_remembered() -> None:
+    hang = asyncio.Event()
+
+    async def lookup(host: str) -> list[str]:
+        if host.endswith("attacker.co.uk"):
+            await hang.wait()
+        return ["93.184.216.34"]
+
+    async def main() -> None:
+        r = VettingResolver(False, lookup=lookup)
+        for n in range(ZONE_LOOKUPS + ZONE_WAITING):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(r.resolve(f"r{n}.attacker.co.uk"), 0.01)
+        assert await asyncio.wait_for(r.resolve("api.bbc.co.uk"), 1) == ("93.184.216.34",)
+        with pytest.raises(ZoneBusy):
+            await asyncio.wait_for(r.resolve("late.attacker.co.uk"), 1)
+        hang.set()  # the zone answers again: the name refused while it was busy resolves
+        for _ in range(100):
+            if not r._zones:
+                break
+            await asyncio.sleep(0.01)
+        assert await asyncio.wait_for(r.resolve("late.attacker.co.uk"), 1) == (
+            "93.184.216.34",)
 
     asyncio.run(main())
