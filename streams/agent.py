@@ -28,7 +28,6 @@ from postbacks.codec import codec_for
 from postbacks.core.endpoint import Endpoint
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
-from postbacks.errors import PostbacksError
 from postbacks.ids import new_id
 from postbacks.kafka.clients import (
     check_broker,
@@ -42,6 +41,7 @@ from postbacks.kafka.watchdog import subscribe_watched
 from postbacks.loopwatch import LoopWatch
 from postbacks.metrics import STAGE_RECORDS, UNFINISHED
 from postbacks.policies import breaker_policy, retry_policy
+from postbacks.records import DeliveryRecord
 from postbacks.settings import Settings
 from postbacks.transport.http import HttpTransport
 from streams.breakers import BreakerFollower, breaker_publisher
@@ -58,26 +58,27 @@ __all__ = ["run_agent"]
 log = logging.getLogger(__name__)
 
 GROUP = "postbacks-agent"
+_CLOCK_MARGIN_MS = 5_000  # the fan-out's and the agent's clocks may differ by this much
 _DEAD_LETTERS = codec_for("DeadLetter")
 
 
 class _Endpoints:
-    """Endpoint lookup with a rate-limited reload when an id is not (yet) known."""
+    """Endpoint lookup; an id the view lacks asks for a refresh without waiting for it (a
+    database that hangs must not hold up the event loop)."""
 
     def __init__(self, cache: EndpointCache) -> None:
         self._cache = cache
-        self._last_reload = 0.0
 
     def __call__(self, endpoint_id: str) -> Endpoint | None:
         ep = self._cache.get(endpoint_id)
-        if ep is None and time.monotonic() - self._last_reload > 1.0:
-            self._last_reload = time.monotonic()
-            try:
-                self._cache.load()
-            except PostbacksError as exc:
-                log.warning("endpoint reload failed: %s", exc)
-            ep = self._cache.get(endpoint_id)
+        if ep is None:
+            self._cache.request_refresh()
         return ep
+
+    def unseen(self, d: DeliveryRecord) -> bool:
+        """Whether the view may predate ``d``'s endpoint: not refreshed since ``d`` was
+        made (less a margin for the clocks of two hosts), so its absence proves nothing."""
+        return bool(self._cache.checked_ms <= d["created_at"] + _CLOCK_MARGIN_MS)
 
 
 async def _run(settings: Settings, stop: threading.Event) -> None:
@@ -118,10 +119,11 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
             deliverer = Deliverer(transport, retry_policy(settings), settings.failing_after,
                                   intents=direct if settings.attempt_intents else None,
                                   instance=instance)
-            lanes = Lanes(deliverer, _Endpoints(cache), breaker_policy(settings),
+            endpoints = _Endpoints(cache)
+            lanes = Lanes(deliverer, endpoints, breaker_policy(settings),
                           settings.endpoint_budget_s, settings.endpoint_max_queue,
                           settings.quarantine_delay_s,
-                          publish=breaker_publisher(direct, instance))
+                          publish=breaker_publisher(direct, instance), unseen=endpoints.unseen)
             # every agent's breakers (and this one's before a restart) before any send
             breakers = BreakerFollower(settings, loop, lanes.adopt)
             try:

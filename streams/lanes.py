@@ -37,6 +37,9 @@ __all__ = ["Lane", "Lanes"]
 
 log = logging.getLogger(__name__)
 
+UNSEEN = "endpoint_unseen"  # the quarantine reason of a delivery whose endpoint is not seen yet
+UNSEEN_S = 2.0  # how long it waits (the endpoint view is refreshed meanwhile)
+
 
 @dataclass
 class Lanes:
@@ -52,6 +55,10 @@ class Lanes:
     # where this agent's breaker transitions go (endpoint id, new state); None: nowhere
     publish: Callable[[str, BreakerState], None] | None = None
     strict: StrictOrder | None = None  # strict-ordering endpoints (None: built here)
+    # Whether the endpoint view may predate a delivery: its endpoint, missing from the
+    # view, may be new rather than gone; the delivery waits UNSEEN_S in quarantine (no
+    # attempt used) instead of being dead-lettered. None: a missing endpoint is gone.
+    unseen: Callable[[DeliveryRecord], bool] | None = None
 
     def __post_init__(self) -> None:
         self._codec = codec_for("Delivery")
@@ -195,7 +202,12 @@ class Lanes:
         started = time.monotonic()
         try:
             ep = self.endpoint(lane.endpoint_id)
-            if ep is None:
+            if ep is None and self.unseen is not None and self.unseen(work.delivery):
+                QUARANTINED.labels(reason=UNSEEN).inc()
+                now_ms = self._now_ms()
+                self.deliverer.quarantine(out, work.delivery, UNSEEN,
+                                          now_ms + int(UNSEEN_S * 1000), now_ms)
+            elif ep is None:
                 exc = DeadLetterError(f"endpoint {lane.endpoint_id} is unknown or disabled")
                 now_ms = self._now_ms()
                 self.deliverer.dead_letter(out, work.msg, exc, "unknown_endpoint", now_ms,

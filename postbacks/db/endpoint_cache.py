@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 # (migration 0003): any change, a row added or deleted; secrets expiring with time need
 # no reload (render checks windows).
 _VERSION = "SELECT version FROM config_versions WHERE name = 'endpoints'"
+_MIN_GAP_S = 0.5  # between two refreshes, however often one is requested
 
 
 class EndpointCache:
@@ -51,6 +53,10 @@ class EndpointCache:
         self._lock = threading.Lock()  # one load at a time on it
         self.loads = 0  # full loads so far (the change counter saved the others)
         self.failed_refreshes = 0
+        # When the view was last known current: the wall-clock ms at which the last
+        # successful refresh began (a row written before that is in the view).
+        self.checked_ms = 0
+        self._wake = threading.Event()
 
     def load(self, if_changed: bool = False) -> None:
         """Load every enabled endpoint; with ``if_changed``, only if a row changed since.
@@ -63,9 +69,11 @@ class EndpointCache:
             self._db.run(lambda conn: self._load(conn, if_changed))
 
     def _load(self, conn: psycopg.Connection[Any], if_changed: bool) -> None:
+        began_ms = int(time.time() * 1000)
         row = conn.execute(_VERSION).fetchone()
         version = None if row is None else int(row[0])
         if if_changed and version is not None and version == self._version:
+            self.checked_ms = began_ms
             return
         endpoints = load_endpoints(conn, self._box)  # read after it: never older
         self._version = version
@@ -75,20 +83,31 @@ class EndpointCache:
             by_app.setdefault(ep.app_id, []).append(ep)
         self._by_id = MappingProxyType({e.endpoint_id: e for e in endpoints})
         self._by_app = MappingProxyType({k: tuple(v) for k, v in by_app.items()})
+        self.checked_ms = began_ms
 
     def start(self) -> None:
         self.load()
         self._thread = threading.Thread(target=self._loop, name="endpoint-cache", daemon=True)
         self._thread.start()
 
+    def request_refresh(self) -> None:
+        """Refresh soon, on the refresh thread (a stage met an endpoint its view lacks): the
+        caller does not wait, so a database that hangs holds up no event loop."""
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is None:
             with self._lock:
                 self._db.close()  # no refresh thread that could be using it
 
     def _loop(self) -> None:
-        while not self._stop.wait(self._refresh_s):
+        while True:
+            self._wake.wait(self._refresh_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             try:
                 self.load(if_changed=True)
             except PostbacksError as exc:  # the next refresh reconnects
@@ -97,6 +116,7 @@ class EndpointCache:
             except Exception:  # never end the refresh thread: the view would freeze
                 self.failed_refreshes += 1
                 log.exception("endpoint config refresh failed, keeping last view")
+            self._stop.wait(_MIN_GAP_S)  # requests coming fast share one refresh
         with self._lock:
             self._db.close()
 

@@ -22,18 +22,31 @@ __all__ = ["add_secret", "end_other_secrets", "load_endpoints", "upsert_endpoint
 def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox,
                    only: str | None = None) -> list[Endpoint]:
     """Every enabled endpoint (or just ``only``, enabled or not) with its (decrypted)
-    secrets that have not expired."""
+    secrets that have not expired. A secret that does not open (a row written by hand, or
+    sealed under another key) gives its endpoint a ``config_error`` (its deliveries fail
+    to render, loudly) and the other endpoints load; when not one secret opens, the key is
+    wrong and :class:`ConfigError` is raised."""
     secrets: dict[str, list[SigningSecret]] = {}
+    unopened: dict[str, str] = {}  # endpoint -> why one of its secrets cannot be used
+    first: ConfigError | None = None
     one = " AND endpoint_id = %(only)s" if only is not None else ""
     for secret_id, endpoint_id, ciphertext, active_from, active_until in conn.execute(
         "SELECT secret_id, endpoint_id, ciphertext, active_from, active_until"
         " FROM endpoint_secrets WHERE (active_until IS NULL OR active_until > now())"
         f"{one} ORDER BY active_from", {"only": only},
     ):
-        key = decode_secret(box.open(bytes(ciphertext), secret_id))
+        try:
+            key = decode_secret(box.open(bytes(ciphertext), secret_id))
+        except (ConfigError, ValueError) as exc:  # one row written by hand, or mangled
+            first = first or ConfigError(str(exc))
+            unopened.setdefault(endpoint_id, f"signing secret {secret_id} cannot be used "
+                                             f"({exc}); rotate it")
+            continue
         secrets.setdefault(endpoint_id, []).append(
             SigningSecret(secret_id, key, ms_of(active_from) or 0, ms_of(active_until))
         )
+    if first is not None and not secrets:
+        raise first  # not one secret opens: the key is wrong, not a row
     out = []
     for row in conn.execute(
         "SELECT endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency,"
@@ -44,7 +57,7 @@ def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox,
         (endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency, cfg,
          disabled_at) = row
         try:
-            config, error = EndpointConfig.from_json(cfg), None
+            config, error = EndpointConfig.from_json(cfg), unopened.get(endpoint_id)
         except ConfigError as exc:
             config, error = EndpointConfig(), f"stored endpoint config is invalid: {exc}"
         out.append(

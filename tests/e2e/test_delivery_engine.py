@@ -9,7 +9,7 @@ import pytest
 
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
-from tests.e2e.harness import Harness, dead_letters_counted
+from tests.e2e.harness import STAGES, Harness, dead_letters_counted
 from tests.kafka_util import murmur2_partition, read_topic
 from topics import TOPICS
 
@@ -161,3 +161,39 @@ def test_render_failure_never_calls_the_endpoint(h: Harness) -> None:
         "SELECT reason FROM postback_suppressions WHERE endpoint_id = %s", (ep,))
     [req] = h.received(good)
     assert req["method"] == "GET" and f"c={cid}" in req["query"] and "p=1.250000" in req["query"]
+
+
+def test_an_endpoint_the_agents_view_does_not_have_yet_waits_and_is_delivered(
+        h: Harness) -> None:
+    """The fan-out sees a new endpoint before the agent's view does (here: the agent's
+    view is refreshed every 60 s unless asked): its first deliveries wait briefly in
+    quarantine while the view is refreshed, and are delivered, never dead-lettered as
+    unknown. The agent does not reload on its event loop (a database that hangs would
+    stall every endpoint's sends)."""
+    old = h.endpoint("old")
+    for stage in STAGES:
+        env = {"POSTBACKS_CONFIG_REFRESH_S": "60"} if stage == "agent" else None
+        h.stack.start(stage, stage, extra_env=env)
+    h.emit("old", 1)
+    h.wait_status(old, "delivered", 1)
+    new = h.endpoint("new")  # after the agent's last refresh
+    sent = [0]
+
+    def fanned_out() -> int:  # a conversion a second until the fan-out's view has it
+        h.emit("new", 1)
+        sent[0] += 1
+        return int(h.scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = %s", (new,)))
+
+    wait_for(fanned_out, 30, interval=1.0, what="the fan-out seeing the new endpoint")
+    h.emit("new", 2)
+
+    def all_delivered() -> bool:  # every delivery made for it (3 at least), each received
+        counts = h.status_counts(new)
+        n = counts.get("delivered", 0)
+        return set(counts) == {"delivered"} and n >= 3 and len(h.received(new)) == n
+
+    wait_for(all_delivered, 60, what="every delivery of the new endpoint delivered",
+             progress=lambda: (h.status_counts(new), len(h.received(new)), sent[0]))
+    assert h.scalar("SELECT count(*) FROM dead_letters WHERE endpoint_id = %s", (new,)) == 0
+    assert h.scalar("SELECT count(*) FROM delivery_outcomes WHERE endpoint_id = %s"
+                    " AND kind = 'quarantined' AND reason = 'endpoint_unseen'", (new,)) >= 1

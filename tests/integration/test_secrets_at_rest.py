@@ -44,3 +44,29 @@ def test_a_malformed_secret_is_refused_before_it_is_stored(settings: Settings,
         with pytest.raises(ValueError, match="whsec_"):
             add_secret(conn, box, ep, "not-a-secret", now_ms=0)
         conn.rollback()
+
+
+def test_one_secret_row_that_does_not_open_fails_its_endpoint_only(settings: Settings,
+                                                                   namespace: str) -> None:
+    """A secret row written by hand (plaintext, or sealed under another environment's key):
+    its endpoint loads with a config error (its deliveries fail to render, loudly), every
+    other endpoint loads as before. Before, the whole load failed: the stages kept a stale
+    view for ever, or did not start, blaming the key."""
+    box = SecretBox(settings.secrets_key.reveal())
+    good, bad = f"ep_{namespace}_good", f"ep_{namespace}_hand"
+    secret = generate_secret()
+    with connect(settings.database_url) as conn:  # one transaction, rolled back
+        for ep in (good, bad):
+            upsert_endpoint(conn, endpoint_id=ep, app_id=f"app_{namespace}",
+                            url="https://x.example/")
+        add_secret(conn, box, good, secret, now_ms=int(time.time() * 1000))
+        conn.execute("INSERT INTO endpoint_secrets (secret_id, endpoint_id, ciphertext,"
+                     " active_from) VALUES (%s, %s, %s, now())",
+                     (f"sec_{namespace}_hand", bad, secret.encode()))
+        loaded = {e.endpoint_id: e for e in load_endpoints(conn, box)
+                  if e.endpoint_id in (good, bad)}
+        conn.rollback()
+    assert [s.key for s in loaded[good].secrets] == [decode_secret(secret)]
+    assert loaded[good].config_error is None
+    assert loaded[bad].secrets == ()
+    assert f"sec_{namespace}_hand cannot be used" in (loaded[bad].config_error or "")
