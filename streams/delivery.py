@@ -21,6 +21,7 @@ from postbacks.core.endpoint import Endpoint
 from postbacks.core.intents import INTENT
 from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.core.override import OverrideError, apply_override, parse_override
+from postbacks.core.quarantine import quarantine_note, times_quarantined
 from postbacks.core.redact import NO_REDACTION, Redaction, redact_request
 from postbacks.core.render import RenderedRequest, RenderError, render
 from postbacks.core.retry import DeadLetter, RetryPolicy, ScheduleRetry, next_step
@@ -126,11 +127,11 @@ class Deliverer:
     def quarantine(self, out: list[Item], d: DeliveryRecord, reason: str, due_at_ms: int,
                    now_ms: int) -> None:
         """Divert without consuming an attempt; it comes back through the relay at due_at."""
-        already = (d["last_error"] or "").startswith("quarantined")
+        times = times_quarantined(d["last_error"])
         q = DeliveryRecord(**{**d, "due_at": due_at_ms, "enqueued_at": now_ms,
-                              "last_error": f"quarantined: {reason}"})
+                              "last_error": quarantine_note(reason, times + 1)})
         self.forward(out, TOPICS.quarantine.base, q)
-        if not already:
+        if not times:
             self.outcome(out, d, "quarantined", now_ms, reason)
 
     async def deliver(self, raw: object, d: DeliveryRecord, ep: Endpoint,

@@ -24,6 +24,7 @@ from confluent_kafka import Message
 from postbacks.codec import codec_for
 from postbacks.core.breaker import BreakerPolicy, BreakerState, Divert, admit, merge, on_result
 from postbacks.core.endpoint import Endpoint
+from postbacks.core.quarantine import quarantine_due, times_quarantined
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import BREAKER_OPEN, IN_FLIGHT, QUARANTINED
 from postbacks.records import DeliveryRecord
@@ -92,9 +93,8 @@ class Lanes:
             self.pump(lane)
             return
         if self._over_budget(lane, d["endpoint_id"]):
-            QUARANTINED.labels(reason="over_budget").inc()
-            due = now_ms + int(self.quarantine_delay_s * 1000)
-            self.deliverer.quarantine(out, d, "over_budget", due, now_ms)
+            self._divert(out, d, "over_budget", now_ms + int(self.quarantine_delay_s * 1000),
+                         now_ms)
             slot.finish(out)
             return
         lane.push(Work(msg, d, slot))
@@ -181,20 +181,26 @@ class Lanes:
             # strict: the oldest goes to quarantine and the rest wait behind it there
             work = lane.pop()
             head: list[Item] = []
-            QUARANTINED.labels(reason=decision.reason).inc()
-            self.deliverer.quarantine(head, work.delivery, decision.reason, decision.due_at_ms,
-                                      now_ms)
+            due = self._divert(head, work.delivery, decision.reason, decision.due_at_ms, now_ms)
             work.slot.finish(head)  # before the ones parked behind it
-            self.strict.block(lane, work.delivery["delivery_id"], TOPICS.quarantine.base,
-                              decision.due_at_ms)
+            self.strict.block(lane, work.delivery["delivery_id"], TOPICS.quarantine.base, due)
             return
         while lane.queue or lane.redrives:
             work = lane.pop()
             out: list[Item] = []
-            QUARANTINED.labels(reason=decision.reason).inc()
-            self.deliverer.quarantine(out, work.delivery, decision.reason, decision.due_at_ms,
-                                      now_ms)
+            self._divert(out, work.delivery, decision.reason, decision.due_at_ms, now_ms)
             work.slot.finish(out)
+
+    def _divert(self, out: list[Item], d: DeliveryRecord, reason: str, due_at_ms: int,
+                now_ms: int) -> int:
+        """Quarantine ``d`` (no attempt used) until about ``due_at_ms``: spread, and backed
+        off when it is diverted again in a row (core/quarantine.py). Returns its due time."""
+        QUARANTINED.labels(reason=reason).inc()
+        due = quarantine_due(reason, due_at_ms, now_ms,
+                             times=times_quarantined(d["last_error"]) + 1,
+                             ramp_s=self.policy.ramp_s, rand=self.deliverer.rng.random())
+        self.deliverer.quarantine(out, d, reason, due, now_ms)
+        return due
 
     async def _run(self, lane: Lane, work: Work, probe: bool) -> None:
         out: list[Item] = []
@@ -203,10 +209,8 @@ class Lanes:
         try:
             ep = self.endpoint(lane.endpoint_id)
             if ep is None and self.unseen is not None and self.unseen(work.delivery):
-                QUARANTINED.labels(reason=UNSEEN).inc()
                 now_ms = self._now_ms()
-                self.deliverer.quarantine(out, work.delivery, UNSEEN,
-                                          now_ms + int(UNSEEN_S * 1000), now_ms)
+                self._divert(out, work.delivery, UNSEEN, now_ms + int(UNSEEN_S * 1000), now_ms)
             elif ep is None:
                 exc = DeadLetterError(f"endpoint {lane.endpoint_id} is unknown or disabled")
                 now_ms = self._now_ms()

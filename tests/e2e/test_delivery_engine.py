@@ -10,7 +10,7 @@ import pytest
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
 from tests.e2e.harness import STAGES, Harness, dead_letters_counted
-from tests.kafka_util import murmur2_partition, read_topic
+from tests.kafka_util import decode, murmur2_partition, read_topic
 from topics import TOPICS
 
 
@@ -75,6 +75,13 @@ def test_breaker_opens_quarantines_without_attempts_then_probe_and_ramp(h: Harne
     got = [r for r in h.received(ep) if r["status"] == 200]
     assert len(got) == 5
     assert got[0]["at"] - h.received(ep)[19]["at"] >= 4.0  # not before the open period
+    # the quarantined come back spread over the ramp after the reopening, not in one wave
+    diverted = [decode("Delivery", m) for m in read_topic(h.settings, TOPICS.quarantine.base,
+                                                          5, 30)]
+    dues = sorted(d["due_at"] for d in diverted if d["endpoint_id"] == ep
+                  and d["last_error"] == "quarantined: breaker_open")  # the first divert
+    assert len(dues) == 5 and len(set(dues)) == 5, dues
+    assert dues[-1] - dues[0] < 4_000 + 2_000, dues  # within the open period and the ramp
 
 
 def _partition(key: str, partitions: int = TOPICS.dispatch.partitions) -> int:
