@@ -97,11 +97,13 @@ class IntentBook:
     """Collects one batch's intents and attempt ids; :meth:`settle` writes them."""
 
     def __init__(self, lost_after_s: float, *, sweep_s: float = 10.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 ticks: Callable[[], float] = time.monotonic) -> None:
         self.lost_after_ms = int(lost_after_s * 1000)
         self.sweep_s = sweep_s
-        self._clock = clock
-        self._last_sweep = 0.0  # sweep at the first flush
+        self._clock = clock  # record times (the agents' attempted_at)
+        self._ticks = ticks  # the sweep's schedule: a clock stepped back must not stop it
+        self._last_sweep: float | None = None  # sweep at the first flush
         self._new: dict[str, tuple[Any, ...]] = {}  # intents read, not answered in batch
         self._answered: list[str] = []  # attempt ids whose intent may be stored
         self._seen: list[Seen] = []
@@ -125,7 +127,7 @@ class IntentBook:
         return False
 
     def sweep_due(self) -> bool:
-        return self._clock() - self._last_sweep >= self.sweep_s
+        return self._last_sweep is None or self._ticks() - self._last_sweep >= self.sweep_s
 
     def clear(self) -> None:
         self._new.clear()
@@ -166,7 +168,7 @@ class IntentBook:
             lost += lost_intents([p.intent for a, p in pending.items() if a not in settled],
                                  self._seen, now_ms=now_ms, lost_after_ms=self.lost_after_ms)
             if self.sweep_due():
-                self._last_sweep = self._clock()
+                self._last_sweep = self._ticks()
                 cur.execute(_PENDING + " AND attempted_at < %s",
                             (ts_from_ms(now_ms - int(self.sweep_s * 1000)),))
                 known = {x.intent.attempt_id for x in lost}
