@@ -85,6 +85,8 @@ class Lanes:
         if ep is not None and ep.disabled_at_ms is not None:
             self.deliverer.park(out, d, now_ms)  # disabled: held until re-enabled
             slot.finish(out)
+            with contextlib.suppress(KeyError):  # nothing is sent, nothing probes: an open
+                BREAKER_OPEN.remove(d["endpoint_id"])  # breaker would be shown for ever
             return
         lane = self._lane(d["endpoint_id"])
         if self._strict(ep):
@@ -129,11 +131,15 @@ class Lanes:
             return
         log.info("breaker %s: %s -> %s%s", lane.endpoint_id, before.state, after.state,
                  "" if own else " (another agent)")
-        if after.state == "open":
+        if after.state == "open" and not self._disabled(lane.endpoint_id):
             BREAKER_OPEN.labels(endpoint=lane.endpoint_id).set(1)
         elif after.state in ("ramping", "closed") and before.state in ("open", "half_open"):
             with contextlib.suppress(KeyError):  # never open here (adopted half-open)
                 BREAKER_OPEN.remove(lane.endpoint_id)
+
+    def _disabled(self, endpoint_id: str) -> bool:
+        ep = self.endpoint(endpoint_id)
+        return ep is not None and ep.disabled_at_ms is not None
 
     def _over_budget(self, lane: Lane, endpoint_id: str) -> bool:
         """Budget of buffered work, in time: divert when the backlog would take longer than
