@@ -24,7 +24,7 @@ from confluent_kafka import Message
 from postbacks.codec import codec_for
 from postbacks.core.breaker import BreakerPolicy, BreakerState, Divert, admit, merge, on_result
 from postbacks.core.endpoint import Endpoint
-from postbacks.core.quarantine import quarantine_due, times_quarantined
+from postbacks.core.quarantine import UNSEEN, quarantine_due, times_quarantined
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import BREAKER_OPEN, IN_FLIGHT, QUARANTINED
 from postbacks.records import DeliveryRecord
@@ -38,8 +38,8 @@ __all__ = ["Lane", "Lanes"]
 
 log = logging.getLogger(__name__)
 
-UNSEEN = "endpoint_unseen"  # the quarantine reason of a delivery whose endpoint is not seen yet
-UNSEEN_S = 2.0  # how long it waits (the endpoint view is refreshed meanwhile)
+UNSEEN_S = 2.0  # how long a delivery whose endpoint is not seen yet waits (the view is
+# refreshed meanwhile)
 
 
 @dataclass

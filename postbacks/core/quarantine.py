@@ -13,6 +13,9 @@ partition waited behind the churn. So:
   :data:`MAX_DOUBLINGS` doublings, and gets up to :data:`JITTER` more at random;
 * behind an open breaker, the returns are spread over the breaker's ramp after it reopens
   (the ramp is when the endpoint takes more again), not all at the reopening;
+* a delivery whose endpoint the agent has not seen yet (:data:`UNSEEN`) comes back when
+  asked, unspread: the endpoint may order its deliveries strictly, which the agent cannot
+  know yet, and deliveries diverted one after the other must come back in that order;
 * any other wait gets up to :data:`JITTER` more at random.
 """
 
@@ -20,10 +23,12 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["JITTER", "MAX_DOUBLINGS", "quarantine_due", "quarantine_note", "times_quarantined"]
+__all__ = ["JITTER", "MAX_DOUBLINGS", "UNSEEN", "quarantine_due", "quarantine_note",
+           "times_quarantined"]
 
 JITTER = 0.2  # a wait gets up to this fraction more, at random
 MAX_DOUBLINGS = 4  # over budget: 30 s, 60 s, 120 s, 240 s, then 480 s each time
+UNSEEN = "endpoint_unseen"  # the reason of a delivery whose endpoint is not in the view yet
 
 _MARK = re.compile(r"^quarantined(?: \((\d+)\))?:")
 
@@ -52,4 +57,6 @@ def quarantine_due(reason: str, due_at_ms: int, now_ms: int, *, times: int, ramp
         return now_ms + int(wait_ms * (1 + JITTER * rand))
     if reason == "breaker_open":
         return due_at_ms + int(rand * ramp_s * 1000)
+    if reason == UNSEEN:
+        return due_at_ms
     return now_ms + int(wait_ms * (1 + JITTER * rand))

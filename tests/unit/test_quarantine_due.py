@@ -7,6 +7,7 @@ import pytest
 from postbacks.core.quarantine import (
     JITTER,
     MAX_DOUBLINGS,
+    UNSEEN,
     quarantine_due,
     quarantine_note,
     times_quarantined,
@@ -55,3 +56,10 @@ def test_an_open_breakers_returns_are_spread_over_its_ramp() -> None:
             for r in range(100)]
     assert min(dues) == reopen and max(dues) < reopen + 300_000
     assert len(set(dues)) == 100  # not one wave at the reopening
+
+
+def test_an_unseen_endpoints_deliveries_come_back_in_the_order_they_left() -> None:
+    """Its endpoint may order deliveries strictly (the agent cannot know yet): unspread."""
+    dues = [quarantine_due(UNSEEN, NOW + i + 2_000, NOW + i, times=1, ramp_s=300,
+                           rand=(7 * i % 10) / 10) for i in range(10)]
+    assert dues == sorted(dues) == [NOW + i + 2_000 for i in range(10)]
