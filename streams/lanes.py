@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 UNSEEN_S = 2.0  # how long a delivery whose endpoint is not seen yet waits (the view is
 # refreshed meanwhile)
+UNSEEN_GRACE_MS = 60_000  # one not back this long after its due time is given up on
 
 
 @dataclass
@@ -65,6 +66,8 @@ class Lanes:
         self._codec = codec_for("Delivery")
         if self.strict is None:
             self.strict = StrictOrder(self.deliverer, self._now_ms)
+        # endpoint -> its deliveries diverted as not seen yet, not back: id -> due time
+        self._unseen: dict[str, dict[str, int]] = {}
         tasks = self.tasks
         IN_FLIGHT.set_function(lambda: len(tasks))  # a task per delivery in flight
 
@@ -79,6 +82,9 @@ class Lanes:
             d: DeliveryRecord = self._codec.decode(msg.value())  # type: ignore[assignment]
         except DeadLetterError as exc:
             self.deliverer.dead_letter(out, msg, exc, exc.reason, now_ms)
+            slot.finish(out)
+            return
+        if self._behind_unseen(out, d, now_ms):
             slot.finish(out)
             return
         ep = self.endpoint(d["endpoint_id"])
@@ -197,6 +203,28 @@ class Lanes:
             self._divert(out, work.delivery, decision.reason, decision.due_at_ms, now_ms)
             work.slot.finish(out)
 
+    def _divert_unseen(self, out: list[Item], d: DeliveryRecord, now_ms: int) -> None:
+        """Quarantine ``d``, whose endpoint is not in the view yet, behind any of the
+        endpoint's diverted so before it (they come back in the order they left)."""
+        waiting = self._unseen.setdefault(d["endpoint_id"], {})
+        due = max(now_ms + int(UNSEEN_S * 1000), max(waiting.values(), default=0) + 1)
+        waiting[d["delivery_id"]] = self._divert(out, d, UNSEEN, due, now_ms)
+
+    def _behind_unseen(self, out: list[Item], d: DeliveryRecord, now_ms: int) -> bool:
+        """While deliveries of ``d``'s endpoint diverted as not seen yet are still out,
+        ``d`` follows them to quarantine (True), seen or not, so it cannot overtake them --
+        the endpoint may order its deliveries strictly. One of them coming back goes on."""
+        waiting = self._unseen.get(d["endpoint_id"])
+        if not waiting:
+            return False
+        if d["delivery_id"] in waiting or now_ms > max(waiting.values()) + UNSEEN_GRACE_MS:
+            waiting.pop(d["delivery_id"], None)
+            if not waiting or now_ms > max(waiting.values()) + UNSEEN_GRACE_MS:
+                del self._unseen[d["endpoint_id"]]  # all back, or given up on
+            return False
+        self._divert_unseen(out, d, now_ms)
+        return True
+
     def _divert(self, out: list[Item], d: DeliveryRecord, reason: str, due_at_ms: int,
                 now_ms: int) -> int:
         """Quarantine ``d`` (no attempt used) until about ``due_at_ms``: spread, and backed
@@ -216,7 +244,7 @@ class Lanes:
             ep = self.endpoint(lane.endpoint_id)
             if ep is None and self.unseen is not None and self.unseen(work.delivery):
                 now_ms = self._now_ms()
-                self._divert(out, work.delivery, UNSEEN, now_ms + int(UNSEEN_S * 1000), now_ms)
+                self._divert_unseen(out, work.delivery, now_ms)
             elif ep is None:
                 exc = DeadLetterError(f"endpoint {lane.endpoint_id} is unknown or disabled")
                 now_ms = self._now_ms()
@@ -260,6 +288,7 @@ class Lanes:
                                self.lanes)
 
     def clear(self) -> None:
+        self._unseen.clear()  # every record consumed comes again, in its order
         for lane in self.lanes.values():
             lane.queue.clear()
             lane.redrives.clear()
