@@ -41,7 +41,6 @@ from postbacks.kafka.watchdog import subscribe_watched
 from postbacks.loopwatch import LoopWatch
 from postbacks.metrics import STAGE_RECORDS, UNFINISHED
 from postbacks.policies import breaker_policy, retry_policy
-from postbacks.records import DeliveryRecord
 from postbacks.settings import Settings
 from postbacks.transport.http import HttpTransport
 from streams.breakers import BreakerFollower, breaker_publisher
@@ -58,7 +57,6 @@ __all__ = ["run_agent"]
 log = logging.getLogger(__name__)
 
 GROUP = "postbacks-agent"
-_CLOCK_MARGIN_MS = 5_000  # the fan-out's and the agent's clocks may differ by this much
 _DEAD_LETTERS = codec_for("DeadLetter")
 
 
@@ -75,10 +73,9 @@ class _Endpoints:
             self._cache.request_refresh()
         return ep
 
-    def unseen(self, d: DeliveryRecord) -> bool:
-        """Whether the view may predate ``d``'s endpoint: not refreshed since ``d`` was
-        made (less a margin for the clocks of two hosts), so its absence proves nothing."""
-        return bool(self._cache.checked_ms <= d["created_at"] + _CLOCK_MARGIN_MS)
+    def checked_ms(self) -> int:
+        """When the view was last known current (this process's clock)."""
+        return self._cache.checked_ms
 
 
 async def _run(settings: Settings, stop: threading.Event) -> None:
@@ -123,7 +120,8 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
             lanes = Lanes(deliverer, endpoints, breaker_policy(settings),
                           settings.endpoint_budget_s, settings.endpoint_max_queue,
                           settings.quarantine_delay_s,
-                          publish=breaker_publisher(direct, instance), unseen=endpoints.unseen)
+                          publish=breaker_publisher(direct, instance),
+                          view_checked_ms=endpoints.checked_ms)
             # every agent's breakers (and this one's before a restart) before any send
             breakers = BreakerFollower(settings, loop, lanes.adopt)
             try:

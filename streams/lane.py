@@ -40,6 +40,7 @@ class Lane:
     starts: int = 0
     breaker: BreakerState = field(default_factory=BreakerState)
     latency_s: float = 0.0  # EWMA of attempt durations (0 = none finished yet)
+    paced_until_ms: int = 0  # where the next paced divert may come back (core/quarantine.py)
 
     def observe(self, seconds: float, alpha: float = 0.2) -> None:
         self.latency_s = seconds if self.latency_s == 0 else (

@@ -24,7 +24,7 @@ from confluent_kafka import Message
 from postbacks.codec import codec_for
 from postbacks.core.breaker import BreakerPolicy, BreakerState, Divert, admit, merge, on_result
 from postbacks.core.endpoint import Endpoint
-from postbacks.core.quarantine import UNSEEN, quarantine_due, times_quarantined
+from postbacks.core.quarantine import UNSEEN, paced_due, slot_ms
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import BREAKER_OPEN, IN_FLIGHT, QUARANTINED
 from postbacks.records import DeliveryRecord
@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 UNSEEN_S = 2.0  # how long a delivery whose endpoint is not seen yet waits (the view is
 # refreshed meanwhile)
 UNSEEN_GRACE_MS = 60_000  # one not back this long after its due time is given up on
+_FIRST_MISS_MAX = 10_000
+_PACED = frozenset({"over_budget", "breaker_open"})  # diverts paced at the endpoint's pace
 
 
 @dataclass
@@ -57,10 +59,11 @@ class Lanes:
     # where this agent's breaker transitions go (endpoint id, new state); None: nowhere
     publish: Callable[[str, BreakerState], None] | None = None
     strict: StrictOrder | None = None  # strict-ordering endpoints (None: built here)
-    # Whether the endpoint view may predate a delivery: its endpoint, missing from the
-    # view, may be new rather than gone; the delivery waits UNSEEN_S in quarantine (no
-    # attempt used) instead of being dead-lettered. None: a missing endpoint is gone.
-    unseen: Callable[[DeliveryRecord], bool] | None = None
+    # When the endpoint view was last known current (ms, this process's clock). A delivery
+    # whose endpoint the view lacks waits UNSEEN_S in quarantine (no attempt used) until
+    # the view has been refreshed since it first missed it; only then is it dead-lettered
+    # as unknown. None: a missing endpoint is gone at once.
+    view_checked_ms: Callable[[], int] | None = None
 
     def __post_init__(self) -> None:
         self._codec = codec_for("Delivery")
@@ -68,6 +71,7 @@ class Lanes:
             self.strict = StrictOrder(self.deliverer, self._now_ms)
         # endpoint -> its deliveries diverted as not seen yet, not back: id -> due time
         self._unseen: dict[str, dict[str, int]] = {}
+        self._first_miss: dict[str, int] = {}  # delivery id -> when the view first lacked it
         tasks = self.tasks
         IN_FLIGHT.set_function(lambda: len(tasks))  # a task per delivery in flight
 
@@ -203,6 +207,21 @@ class Lanes:
             self._divert(out, work.delivery, decision.reason, decision.due_at_ms, now_ms)
             work.slot.finish(out)
 
+    def _not_seen_yet(self, d: DeliveryRecord) -> bool:
+        """Whether the view may lack ``d``'s endpoint only for not having been refreshed
+        since this agent first missed it (a new, re-created or re-enabled endpoint)."""
+        if self.view_checked_ms is None:
+            return False
+        now_ms = self._now_ms()
+        if len(self._first_miss) > _FIRST_MISS_MAX:  # ids that never came back
+            self._first_miss = {k: t for k, t in self._first_miss.items()
+                                if t > now_ms - UNSEEN_GRACE_MS}
+        first = self._first_miss.setdefault(d["delivery_id"], now_ms)
+        if self.view_checked_ms() <= first:
+            return True
+        del self._first_miss[d["delivery_id"]]
+        return False
+
     def _divert_unseen(self, out: list[Item], d: DeliveryRecord, now_ms: int) -> None:
         """Quarantine ``d``, whose endpoint is not in the view yet, behind any of the
         endpoint's diverted so before it (they come back in the order they left)."""
@@ -227,12 +246,20 @@ class Lanes:
 
     def _divert(self, out: list[Item], d: DeliveryRecord, reason: str, due_at_ms: int,
                 now_ms: int) -> int:
-        """Quarantine ``d`` (no attempt used) until about ``due_at_ms``: spread, and backed
-        off when it is diverted again in a row (core/quarantine.py). Returns its due time."""
+        """Quarantine ``d`` (no attempt used) until ``due_at_ms`` or, over budget or behind
+        an open breaker, paced behind the endpoint's earlier diverts (core/quarantine.py).
+        Returns its due time."""
         QUARANTINED.labels(reason=reason).inc()
-        due = quarantine_due(reason, due_at_ms, now_ms,
-                             times=times_quarantined(d["last_error"]) + 1,
-                             ramp_s=self.policy.ramp_s, rand=self.deliverer.rng.random())
+        due = due_at_ms
+        if reason in _PACED:
+            lane = self._lane(d["endpoint_id"])
+            ep = self.endpoint(d["endpoint_id"])
+            cap = 1 if ep is None or self._strict(ep) else ep.concurrency
+            due, lane.paced_until_ms = paced_due(due_at_ms, lane.paced_until_ms, now_ms,
+                                                 slot_ms(lane.latency_s, cap))
+            if reason == "breaker_open" and ep is not None and ep.disabled_at_ms is None:
+                BREAKER_OPEN.labels(endpoint=d["endpoint_id"]).set(1)  # (again, if enabled
+                # while open: shown while it diverts)
         self.deliverer.quarantine(out, d, reason, due, now_ms)
         return due
 
@@ -242,9 +269,8 @@ class Lanes:
         started = time.monotonic()
         try:
             ep = self.endpoint(lane.endpoint_id)
-            if ep is None and self.unseen is not None and self.unseen(work.delivery):
-                now_ms = self._now_ms()
-                self._divert_unseen(out, work.delivery, now_ms)
+            if ep is None and self._not_seen_yet(work.delivery):
+                self._divert_unseen(out, work.delivery, self._now_ms())
             elif ep is None:
                 exc = DeadLetterError(f"endpoint {lane.endpoint_id} is unknown or disabled")
                 now_ms = self._now_ms()
@@ -255,6 +281,7 @@ class Lanes:
             elif ep.disabled_at_ms is not None:  # disabled while this waited in its lane
                 self.deliverer.park(out, work.delivery, self._now_ms())
             else:
+                self._first_miss.pop(work.delivery["delivery_id"], None)
                 result = await self.deliverer.deliver(work.msg, work.delivery, ep, out)
                 unhealthy = result.unhealthy
         except Exception as exc:  # a bug must not stall the partition: dead-letter it

@@ -6,29 +6,28 @@ agent's view yet. Every diverted delivery of one endpoint used to come back at t
 moment (``now + POSTBACKS_QUARANTINE_DELAY_S``, or exactly when the breaker reopens): after
 a long outage, a backlog of millions went dispatch -> agent -> quarantine -> relay ->
 dispatch once a cycle on that endpoint's partition, and every other endpoint on the
-partition waited behind the churn. So:
+partition waited behind the churn.
 
-* over budget, the wait doubles each time the delivery is diverted again in a row (the
-  count is kept in its ``last_error``, ``quarantined (3): over_budget``), up to
-  :data:`MAX_DOUBLINGS` doublings, and gets up to :data:`JITTER` more at random;
-* behind an open breaker, the returns are spread over the breaker's ramp after it reopens
-  (the ramp is when the endpoint takes more again), not all at the reopening;
-* a delivery whose endpoint the agent has not seen yet (:data:`UNSEEN`) comes back when
-  asked, unspread: the endpoint may order its deliveries strictly, which the agent cannot
-  know yet, and deliveries diverted one after the other must come back in that order;
-* any other wait gets up to :data:`JITTER` more at random.
+So diverts over budget and behind an open breaker are **paced** (:func:`paced_due`): each
+comes back one *slot* after the one diverted before it, a slot being the time the endpoint
+takes per delivery at its own pace (its mean answer time over its concurrency). The first
+comes back when the divert asked (the quarantine delay, or the breaker's reopening, where
+it is the probe), the backlog then at the pace the endpoint drains it, in the order it
+left, and never more than :data:`PACE_MAX_MS` ahead (past that, a delivery comes back then
+and is paced again). A delivery diverted again in a row counts it in its ``last_error``
+(``quarantined (3): over_budget``), for whoever looks at it.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["JITTER", "MAX_DOUBLINGS", "UNSEEN", "quarantine_due", "quarantine_note",
-           "times_quarantined"]
+__all__ = ["DEFAULT_SLOT_S", "PACE_MAX_MS", "UNSEEN", "paced_due", "quarantine_note",
+           "slot_ms", "times_quarantined"]
 
-JITTER = 0.2  # a wait gets up to this fraction more, at random
-MAX_DOUBLINGS = 4  # over budget: 30 s, 60 s, 120 s, 240 s, then 480 s each time
 UNSEEN = "endpoint_unseen"  # the reason of a delivery whose endpoint is not in the view yet
+PACE_MAX_MS = 3_600_000  # a paced delivery comes back at most this far ahead
+DEFAULT_SLOT_S = 0.1  # the time per delivery of an endpoint with no answer timed yet
 
 _MARK = re.compile(r"^quarantined(?: \((\d+)\))?:")
 
@@ -46,17 +45,15 @@ def quarantine_note(reason: str, times: int) -> str:
     return f"quarantined: {reason}" if times <= 1 else f"quarantined ({times}): {reason}"
 
 
-def quarantine_due(reason: str, due_at_ms: int, now_ms: int, *, times: int, ramp_s: float,
-                   rand: float) -> int:
-    """When a delivery diverted for ``reason`` (the ``times``-th time in a row, counting this
-    one) comes back, given the time the divert asked for (``due_at_ms``) and a uniform
-    ``rand`` in [0, 1)."""
-    wait_ms = max(0, due_at_ms - now_ms)
-    if reason == "over_budget":
-        wait_ms *= 2 ** min(max(0, times - 1), MAX_DOUBLINGS)
-        return now_ms + int(wait_ms * (1 + JITTER * rand))
-    if reason == "breaker_open":
-        return due_at_ms + int(rand * ramp_s * 1000)
-    if reason == UNSEEN:
-        return due_at_ms
-    return now_ms + int(wait_ms * (1 + JITTER * rand))
+def slot_ms(latency_s: float, concurrency: int) -> int:
+    """The time the endpoint takes per delivery at its pace (``latency_s``: its mean answer
+    time, 0 when none is timed yet)."""
+    return max(1, int(1000 * (latency_s or DEFAULT_SLOT_S) / max(1, concurrency)))
+
+
+def paced_due(earliest_ms: int, paced_until_ms: int, now_ms: int, slot: int) -> tuple[int, int]:
+    """``(due, paced_until)``: when a delivery diverted now comes back -- at ``earliest_ms``
+    or one slot after the one paced before it (``paced_until_ms``, where the next may go),
+    whichever is later, but at most :data:`PACE_MAX_MS` ahead -- and where the next may go."""
+    due = min(max(earliest_ms, paced_until_ms), max(earliest_ms, now_ms + PACE_MAX_MS))
+    return due, due + slot

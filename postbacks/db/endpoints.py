@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,14 +19,17 @@ from postbacks.ids import new_id
 
 __all__ = ["add_secret", "end_other_secrets", "load_endpoints", "upsert_endpoint"]
 
+log = logging.getLogger(__name__)
+
 
 def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox,
                    only: str | None = None) -> list[Endpoint]:
     """Every enabled endpoint (or just ``only``, enabled or not) with its (decrypted)
     secrets that have not expired. A secret that does not open (a row written by hand, or
-    sealed under another key) gives its endpoint a ``config_error`` (its deliveries fail
-    to render, loudly) and the other endpoints load; when not one secret opens, the key is
-    wrong and :class:`ConfigError` is raised."""
+    sealed under another key) is left out, logged; an endpoint none of whose secrets opens
+    gets a ``config_error`` (its deliveries fail to render, loudly) and the other
+    endpoints load. When not one secret of a full load opens, the key is wrong and
+    :class:`ConfigError` is raised."""
     secrets: dict[str, list[SigningSecret]] = {}
     unopened: dict[str, str] = {}  # endpoint -> why one of its secrets cannot be used
     first: ConfigError | None = None
@@ -38,15 +42,20 @@ def load_endpoints(conn: psycopg.Connection[Any], box: SecretBox,
         try:
             key = decode_secret(box.open(bytes(ciphertext), secret_id))
         except (ConfigError, ValueError) as exc:  # one row written by hand, or mangled
-            first = first or ConfigError(str(exc))
+            first = first or ConfigError(f"{exc} (not one signing secret opens)")
+            log.warning("endpoint %s: signing secret %s cannot be used (%s); left out",
+                        endpoint_id, secret_id, exc)
             unopened.setdefault(endpoint_id, f"signing secret {secret_id} cannot be used "
-                                             f"({exc}); rotate it")
+                                             f"({exc}), and no other of its secrets can: "
+                                             "add a new one")
             continue
         secrets.setdefault(endpoint_id, []).append(
             SigningSecret(secret_id, key, ms_of(active_from) or 0, ms_of(active_until))
         )
-    if first is not None and not secrets:
+    if first is not None and not secrets and only is None:
         raise first  # not one secret opens: the key is wrong, not a row
+    for endpoint_id in secrets:  # another of its secrets opens: it signs with that one
+        unopened.pop(endpoint_id, None)
     out = []
     for row in conn.execute(
         "SELECT endpoint_id, app_id, url, method, provider, event_types, enabled, concurrency,"

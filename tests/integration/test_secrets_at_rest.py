@@ -70,3 +70,27 @@ def test_one_secret_row_that_does_not_open_fails_its_endpoint_only(settings: Set
     assert loaded[good].config_error is None
     assert loaded[bad].secrets == ()
     assert f"sec_{namespace}_hand cannot be used" in (loaded[bad].config_error or "")
+
+
+def test_a_secret_that_does_not_open_beside_one_that_does_is_left_out(
+        settings: Settings, namespace: str) -> None:
+    """Rotating a bad secret away keeps it active for the overlap: meanwhile its endpoint
+    signs with the secret that opens (the bad one left out), and a load of that endpoint
+    alone whose one secret does not open is a config error, not a wrong key."""
+    box = SecretBox(settings.secrets_key.reveal())
+    ep, lone = f"ep_{namespace}_rot", f"ep_{namespace}_lone"
+    secret = generate_secret()
+    with connect(settings.database_url) as conn:  # one transaction, rolled back
+        for e in (ep, lone):
+            upsert_endpoint(conn, endpoint_id=e, app_id=f"app_{namespace}",
+                            url="https://x.example/")
+            conn.execute("INSERT INTO endpoint_secrets (secret_id, endpoint_id, ciphertext,"
+                         " active_from) VALUES (%s, %s, %s, now() - interval '1 hour')",
+                         (f"sec_{e}_hand", e, b"whsec_written_by_hand"))
+        add_secret(conn, box, ep, secret, now_ms=int(time.time() * 1000))
+        [rotated] = load_endpoints(conn, box, only=ep)
+        [alone] = load_endpoints(conn, box, only=lone)
+        conn.rollback()
+    assert rotated.config_error is None
+    assert [s.key for s in rotated.secrets] == [decode_secret(secret)]
+    assert alone.secrets == () and "cannot be used" in (alone.config_error or "")

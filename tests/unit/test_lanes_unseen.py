@@ -58,7 +58,7 @@ def test_a_seen_delivery_does_not_overtake_the_unseen_ones_before_it() -> None:
     lanes = Lanes(Deliverer(transport, RetryPolicy(5, 3600, 86400, 0.2, 10, {}),  # type: ignore[arg-type]
                             clock=lambda: clock[0]),
                   view.get, BreakerPolicy(), 30, 1000, 30, clock=lambda: clock[0],
-                  unseen=lambda d: ep.endpoint_id not in view)
+                  view_checked_ms=lambda: 0)  # never refreshed meanwhile
     tracker = Tracker()
     quarantined: list[tuple[str, int]] = []
 

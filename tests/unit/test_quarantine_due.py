@@ -1,15 +1,15 @@
-"""When a diverted delivery comes back: spread, and backed off when diverted again."""
+"""When a diverted delivery comes back: paced at the endpoint's own pace, in order."""
 
 from __future__ import annotations
 
 import pytest
 
 from postbacks.core.quarantine import (
-    JITTER,
-    MAX_DOUBLINGS,
-    UNSEEN,
-    quarantine_due,
+    DEFAULT_SLOT_S,
+    PACE_MAX_MS,
+    paced_due,
     quarantine_note,
+    slot_ms,
     times_quarantined,
 )
 
@@ -20,6 +20,7 @@ NOW = 1_700_000_000_000
     (None, 0), ("", 0), ("http_503", 0), ("timeout", 0),
     ("quarantined: over_budget", 1), ("quarantined (2): breaker_open", 2),
     ("quarantined (17): over_budget", 17), ("not quarantined: x", 0),
+    ("waiting: strict order behind dlv_1", 0),
 ])
 def test_the_count_of_diverts_in_a_row_is_read_back(last_error: str | None, times: int) -> None:
     assert times_quarantined(last_error) == times
@@ -31,35 +32,34 @@ def test_the_note_round_trips() -> None:
     assert quarantine_note("breaker_open", 1) == "quarantined: breaker_open"
 
 
-def test_over_budget_doubles_in_a_row_up_to_the_limit() -> None:
-    asked = NOW + 30_000
-    waits = [quarantine_due("over_budget", asked, NOW, times=t, ramp_s=300, rand=0.0) - NOW
-             for t in range(1, MAX_DOUBLINGS + 4)]
-    assert waits[:5] == [30_000, 60_000, 120_000, 240_000, 480_000]
-    assert waits[5:] == [480_000] * (len(waits) - 5)
+def test_a_slot_is_the_time_per_delivery_at_the_endpoints_pace() -> None:
+    assert slot_ms(0.2, 4) == 50  # 200 ms answers, 4 at a time
+    assert slot_ms(0.0, 4) == int(DEFAULT_SLOT_S * 1000 / 4)  # none timed yet
+    assert slot_ms(0.0001, 100) == 1 and slot_ms(10, 0) == 10_000
 
 
-def test_jitter_only_adds_and_spreads() -> None:
-    asked = NOW + 30_000
-    dues = {quarantine_due("over_budget", asked, NOW, times=1, ramp_s=300, rand=r / 10)
-            for r in range(10)}
-    assert len(dues) == 10 and min(dues) == asked
-    assert max(dues) <= NOW + int(30_000 * (1 + JITTER))
-    probing = quarantine_due("breaker_probing", NOW + 5_000, NOW, times=3, ramp_s=300,
-                             rand=0.99)
-    assert NOW + 5_000 <= probing <= NOW + int(5_000 * (1 + JITTER))
+def test_a_backlog_comes_back_at_the_pace_the_endpoint_drains_it_in_order() -> None:
+    """3,000 diverted at once from an endpoint doing 10 a second: they come back from the
+    quarantine delay on, one every 100 ms, in the order they left -- not all at once."""
+    until, dues = 0, []
+    for _ in range(3000):
+        due, until = paced_due(NOW + 30_000, until, NOW, slot_ms(0.4, 4))
+        dues.append(due)
+    assert dues[0] == NOW + 30_000 and dues == sorted(dues)
+    assert dues[-1] == NOW + 30_000 + 2999 * 100
+    # a later divert, once those are due: at its own quarantine delay again
+    later = NOW + 400_000
+    assert paced_due(later + 30_000, until, later, 100)[0] == later + 30_000
 
 
-def test_an_open_breakers_returns_are_spread_over_its_ramp() -> None:
+def test_behind_an_open_breaker_the_first_is_the_probe_at_the_reopening() -> None:
     reopen = NOW + 300_000
-    dues = [quarantine_due("breaker_open", reopen, NOW, times=1, ramp_s=300, rand=r / 100)
-            for r in range(100)]
-    assert min(dues) == reopen and max(dues) < reopen + 300_000
-    assert len(set(dues)) == 100  # not one wave at the reopening
+    first, until = paced_due(reopen, 0, NOW, 2_500)
+    second, _ = paced_due(reopen, until, NOW, 2_500)
+    assert (first, second) == (reopen, reopen + 2_500)
 
 
-def test_an_unseen_endpoints_deliveries_come_back_in_the_order_they_left() -> None:
-    """Its endpoint may order deliveries strictly (the agent cannot know yet): unspread."""
-    dues = [quarantine_due(UNSEEN, NOW + i + 2_000, NOW + i, times=1, ramp_s=300,
-                           rand=(7 * i % 10) / 10) for i in range(10)]
-    assert dues == sorted(dues) == [NOW + i + 2_000 for i in range(10)]
+def test_pacing_never_reaches_further_than_the_cap() -> None:
+    until = NOW + 10 * PACE_MAX_MS  # a backlog paced far ahead
+    due, _ = paced_due(NOW + 30_000, until, NOW, 100)
+    assert due == NOW + PACE_MAX_MS
