@@ -114,7 +114,7 @@ def test_an_intent_with_no_result_is_written_after_the_bound(
         feed.batch(lost, same_process)
         assert _rows(settings, lost["delivery_id"]) == []  # not superseded by its own agent
         time.sleep(1.2)
-        feed.sink._intents._last_sweep = 0.0  # the sweep is due (every 10 s otherwise)
+        feed.sink._intents._last_sweep = None  # the sweep is due (every 10 s otherwise)
         assert feed.sink.pending()
         feed.sink.flush()
     finally:

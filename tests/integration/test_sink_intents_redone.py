@@ -145,7 +145,7 @@ def test_the_sweep_settles_an_intent_whose_dispatch_another_sink_recorded(
                 " 0, request_method, request_url, request_headers FROM attempt_intents"
                 " WHERE attempt_id = %s", (other, intent["attempt_id"]))
         assert _lost(settings, intent["delivery_id"]) == [(intent["attempt_id"], None)]
-        feed.sink._intents._last_sweep = 0.0  # the sweep is due
+        feed.sink._intents._last_sweep = None  # the sweep is due
         assert feed.sink.pending()
         feed.sink.flush()
     finally:
