@@ -174,7 +174,6 @@ class Lanes:
             decision, state = admit(self.policy, before, now_ms, cap)
             if strict and not isinstance(decision, Divert) and self._over_budget(
                     lane, lane.endpoint_id):
-                QUARANTINED.labels(reason="over_budget").inc()
                 decision = Divert("over_budget", now_ms + int(self.quarantine_delay_s * 1000))
                 state = before  # the breaker admitted nothing
             if isinstance(decision, Divert):
