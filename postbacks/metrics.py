@@ -35,6 +35,8 @@ __all__ = [
     "DEAD_LETTER_REASONS",
     "DLQ_TOTAL",
     "ENDPOINTS_DISABLED",
+    "ENDPOINT_VIEW_CHECKED",
+    "ENDPOINT_VIEW_FAILURES",
     "GAP_DELIVERIES",
     "GAP_OLDEST_AGE",
     "GATE_AGGREGATOR",
@@ -218,6 +220,13 @@ LOOP_LAG = Histogram(
     "How late the asyncio event loop ran a 10-ms timer: the wait every ready callback had",
     ["process"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
 )
+ENDPOINT_VIEW_CHECKED = Gauge(
+    "postbacks_endpoint_view_checked_timestamp_seconds",
+    "When this process's endpoint view was last known current: the start of its last "
+    "successful refresh (a refresh failing, or hanging, keeps the last view and this time)")
+ENDPOINT_VIEW_FAILURES = Counter(
+    "postbacks_endpoint_view_refresh_failures_total",
+    "Endpoint view refreshes that failed (the last view is kept)")
 GC_FROZEN = Gauge("postbacks_gc_frozen_objects",
                   "Start-up objects frozen out of the garbage collector's way (gc.freeze)")
 GC_GEN0_THRESHOLD = Gauge("postbacks_gc_gen0_threshold",

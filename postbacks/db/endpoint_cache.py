@@ -27,6 +27,7 @@ from postbacks.db.connect import KeptConnection
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoints import load_endpoints
 from postbacks.errors import PostbacksError
+from postbacks.metrics import ENDPOINT_VIEW_CHECKED, ENDPOINT_VIEW_FAILURES
 
 __all__ = ["EndpointCache"]
 
@@ -87,6 +88,7 @@ class EndpointCache:
 
     def start(self) -> None:
         self.load()
+        ENDPOINT_VIEW_CHECKED.set_function(lambda: self.checked_ms / 1000)
         self._thread = threading.Thread(target=self._loop, name="endpoint-cache", daemon=True)
         self._thread.start()
 
@@ -112,11 +114,14 @@ class EndpointCache:
                 self.load(if_changed=True)
             except PostbacksError as exc:  # the next refresh reconnects
                 self.failed_refreshes += 1
+                ENDPOINT_VIEW_FAILURES.inc()
                 log.warning("endpoint config refresh failed, keeping last view: %s", exc)
             except Exception:  # never end the refresh thread: the view would freeze
                 self.failed_refreshes += 1
+                ENDPOINT_VIEW_FAILURES.inc()
                 log.exception("endpoint config refresh failed, keeping last view")
-            self._stop.wait(_MIN_GAP_S)  # requests coming fast share one refresh
+            if self._wake.is_set():  # asked again meanwhile: requests coming fast share one
+                self._stop.wait(_MIN_GAP_S)  # refresh (the period stays refresh_s)
         with self._lock:
             self._db.close()
 

@@ -9,6 +9,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,14 @@ def test_failing_endpoints_are_disabled_parked_and_re_enabled_three_ways(
     stage_env = {**stack_env, **env, "POSTBACKS_DATABASE_URL": own_database}
     with Stack(stage_env, ROOT / ".local" / "test-logs" / namespace) as stack:
         _scenario(settings, stack, stage_env, namespace)
+
+
+def _view_checked(stack: Stack) -> float:
+    """The agent's postbacks_endpoint_view_checked_timestamp_seconds."""
+    for line in (stack.procs["agent"].metrics() or "").splitlines():
+        if line.startswith("postbacks_endpoint_view_checked_timestamp_seconds "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def _scenario(settings: Settings, stack: Stack, stage_env: dict[str, str],
@@ -80,6 +89,11 @@ def _scenario(settings: Settings, stack: Stack, stage_env: dict[str, str],
     assert scalar(settings, "SELECT count(*) FROM audit_log WHERE action = 'endpoint.disabled'"
                   " AND target_id LIKE %s", (f"ep_{namespace}_%",)) == 4
 
+    # the agent's endpoint view refreshed since the last disable (it parks by that view)
+    disabled_by = time.time()
+    wait_for(lambda: _view_checked(stack) > disabled_by, 30,
+             what="the agent's endpoint view refreshed after the disables",
+             progress=lambda: (_view_checked(stack), disabled_by))
     # while disabled: deliveries are parked, never sent, never dropped
     sent_before = {ep: len(h.received(ep)) for ep in eps.values()}
     for name in FAILING:
