@@ -13,7 +13,7 @@ import struct
 
 from postbacks.core.classify import Retryable, classify
 from postbacks.core.render import MAX_URL_BYTES, RenderedRequest
-from postbacks.transport.http import HttpTransport, _vet_cached
+from postbacks.transport.http import HttpTransport, SendResult, _vet_cached
 from tests.integration.test_h1 import Raw, _req, raw_server, read_request, run
 
 WAIT_S = 5.0
@@ -50,41 +50,40 @@ def test_a_reset_cutting_a_body_delimited_by_the_close_is_a_connection_error() -
     run(main)
 
 
-def test_a_second_response_in_the_same_read_lends_the_answer_none_of_its_headers() -> None:
+def _answered_with(answer: bytes) -> list[SendResult]:
+    """What one send gets from a receiver answering ``answer``, under asyncio and uvloop."""
+    got: list[SendResult] = []
+
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _r: Raw) -> None:
         await read_request(reader)
-        writer.write(b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\n\r\n"
-                     b"HTTP/1.1 200 OK\r\nRetry-After: 3600\r\n"
-                     b"Location: http://169.254.169.254/\r\nContent-Length: 0\r\n\r\n")
+        writer.write(answer)
         await writer.drain()
         await reader.read()
 
     async def main() -> None:
         async with raw_server(script) as raw, HttpTransport(
                 timeout_s=WAIT_S, allow_loopback=True) as t:
-            result = await t.send(_req(f"http://127.0.0.1:{raw.port}/"))
-            assert (result.http.status, result.http.retry_after_s) == (503, None), result
+            got.append(await t.send(_req(f"http://127.0.0.1:{raw.port}/")))
 
     run(main)
+    assert len(got) == 2
+    return got
+
+
+def test_a_second_response_in_the_same_read_lends_the_answer_none_of_its_headers() -> None:
+    for result in _answered_with(
+            b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\n\r\nHTTP/1.1 200 OK\r\n"
+            b"Retry-After: 3600\r\nLocation: http://169.254.169.254/\r\nContent-Length: 0"
+            b"\r\n\r\n"):
+        assert (result.http.status, result.http.retry_after_s) == (503, None), result
 
 
 def test_trailers_are_not_taken_as_headers() -> None:
     """A trailer ``Retry-After`` (RFC 9110 6.5.1: not to be merged into the header)."""
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _r: Raw) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"4\r\nbusy\r\n0\r\nRetry-After: 3600\r\n\r\n")
-        await writer.drain()
-        await reader.read()
-
-    async def main() -> None:
-        async with raw_server(script) as raw, HttpTransport(
-                timeout_s=WAIT_S, allow_loopback=True) as t:
-            result = await t.send(_req(f"http://127.0.0.1:{raw.port}/"))
-            assert (result.http.status, result.http.retry_after_s) == (503, None), result
-            assert result.body == b"busy"
-
-    run(main)
+    for result in _answered_with(b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                 b"4\r\nbusy\r\n0\r\nRetry-After: 3600\r\n\r\n"):
+        assert (result.http.status, result.http.retry_after_s) == (503, None), result
+        assert result.body == b"busy"
 
 
 def test_an_endless_trailer_is_cut_at_the_head_limit() -> None:
