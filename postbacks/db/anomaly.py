@@ -124,8 +124,7 @@ def _check_actor(actor: str) -> None:
     if not actor or not actor.strip():
         raise ValueError("an actor is required (who is making this change)")
     if len(actor.strip()) > 200 or any(ch < " " or ch == "\x7f" for ch in actor):
-        raise ValueError("the actor must be at most 200 characters, without control "
-                         "characters (it is the audit log's actor)")
+        raise ValueError("the actor must be at most 200 characters, no control characters")
 
 
 def validate_params(detector: str, params: Mapping[str, Any]) -> dict[str, Any]:
