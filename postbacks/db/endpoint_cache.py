@@ -62,10 +62,10 @@ class EndpointCache:
     def load(self, if_changed: bool = False) -> None:
         """Load every enabled endpoint; with ``if_changed``, only if a row changed since.
 
-        Called by the refresh thread and by a stage meeting an unknown endpoint (its own
-        thread): one at a time (a lock), on the kept connection (:class:`KeptConnection`:
-        one retry on a new connection, then :class:`ServiceUnavailable`; the view is
-        kept)."""
+        Called at start and by the refresh thread (a stage meeting an unknown endpoint asks
+        it with :meth:`request_refresh`): one at a time (a lock), on the kept connection
+        (:class:`KeptConnection`: one retry on a new connection, then
+        :class:`ServiceUnavailable`; the view is kept)."""
         with self._lock:
             self._db.run(lambda conn: self._load(conn, if_changed))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -46,6 +47,17 @@ def test_a_malformed_secret_is_refused_before_it_is_stored(settings: Settings,
         conn.rollback()
 
 
+def _with_hand_written_secret(conn: Any, endpoint_id: str, secret_id: str,
+                              raw: bytes) -> None:
+    """Endpoint ``endpoint_id`` with a secret row written by hand: ``raw`` where the sealed
+    secret belongs, active since an hour ago."""
+    upsert_endpoint(conn, endpoint_id=endpoint_id, app_id=f"app_{endpoint_id}",
+                    url="https://x.example/")
+    conn.execute("INSERT INTO endpoint_secrets (secret_id, endpoint_id, ciphertext,"
+                 " active_from) VALUES (%s, %s, %s, now() - interval '1 hour')",
+                 (secret_id, endpoint_id, raw))
+
+
 def test_one_secret_row_that_does_not_open_fails_its_endpoint_only(settings: Settings,
                                                                    namespace: str) -> None:
     """A secret row written by hand (plaintext, or sealed under another environment's key):
@@ -56,13 +68,10 @@ def test_one_secret_row_that_does_not_open_fails_its_endpoint_only(settings: Set
     good, bad = f"ep_{namespace}_good", f"ep_{namespace}_hand"
     secret = generate_secret()
     with connect(settings.database_url) as conn:  # one transaction, rolled back
-        for ep in (good, bad):
-            upsert_endpoint(conn, endpoint_id=ep, app_id=f"app_{namespace}",
-                            url="https://x.example/")
+        upsert_endpoint(conn, endpoint_id=good, app_id=f"app_{namespace}",
+                        url="https://x.example/")
         add_secret(conn, box, good, secret, now_ms=int(time.time() * 1000))
-        conn.execute("INSERT INTO endpoint_secrets (secret_id, endpoint_id, ciphertext,"
-                     " active_from) VALUES (%s, %s, %s, now())",
-                     (f"sec_{namespace}_hand", bad, secret.encode()))
+        _with_hand_written_secret(conn, bad, f"sec_{namespace}_hand", secret.encode())
         loaded = {e.endpoint_id: e for e in load_endpoints(conn, box)
                   if e.endpoint_id in (good, bad)}
         conn.rollback()
@@ -82,11 +91,7 @@ def test_a_secret_that_does_not_open_beside_one_that_does_is_left_out(
     secret = generate_secret()
     with connect(settings.database_url) as conn:  # one transaction, rolled back
         for e in (ep, lone):
-            upsert_endpoint(conn, endpoint_id=e, app_id=f"app_{namespace}",
-                            url="https://x.example/")
-            conn.execute("INSERT INTO endpoint_secrets (secret_id, endpoint_id, ciphertext,"
-                         " active_from) VALUES (%s, %s, %s, now() - interval '1 hour')",
-                         (f"sec_{e}_hand", e, b"whsec_written_by_hand"))
+            _with_hand_written_secret(conn, e, f"sec_{e}_hand", b"whsec_written_by_hand")
         add_secret(conn, box, ep, secret, now_ms=int(time.time() * 1000))
         [rotated] = load_endpoints(conn, box, only=ep)
         [alone] = load_endpoints(conn, box, only=lone)
