@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from postbacks.cli_output import fail
 from postbacks.core.anomaly.burst_recommend import (
     MIN_BURST_COUNT,
     BurstCalibration,
@@ -24,10 +23,12 @@ from postbacks.core.anomaly.burst_recommend import (
     recommend_burst,
 )
 from postbacks.core.anomaly.retro_burst import BurstPolicy
-from postbacks.settings import Settings
 from streams.anomaly_gate.calibrate_common import iso
 
-__all__ = ["apply_burst", "burst_report"]
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["burst_report", "write_burst"]
 
 
 def _trip(label: str, cal: BurstCalibration, incident: tuple[int, int] | None) -> str:
@@ -76,27 +77,22 @@ def burst_report(series: Iterable[tuple[int, int]], policy: BurstPolicy, window_
     }
 
 
-def apply_burst(settings: Settings, args: argparse.Namespace, rec: BurstPolicy) -> int:
+def write_burst(conn: psycopg.Connection[Any], args: argparse.Namespace, key: str,
+                rec: BurstPolicy) -> str:
     """Write the recommended ``burst_count`` to the global retrodating row, audited. The
-    row's mode is read and kept in the same transaction; a missing row is created
-    ``off``, so arming nothing (not even detect-mode signals for every endpoint)."""
+    row's mode is read and kept (locked until the transaction ends); a missing row is
+    created ``off``, so arming nothing (not even detect-mode signals for every endpoint).
+    The caller runs it in its transaction (``calibrate_common.apply``)."""
     from postbacks.db.anomaly import set_mode
-    from postbacks.db.connect import connect
 
-    with connect(settings.database_url) as conn, conn.transaction():
-        got = conn.execute(
-            "SELECT mode FROM payout_anomaly_settings WHERE scope = 'global'"
-            " AND scope_key = %s AND detector = 'retrodating' FOR UPDATE",
-            (settings.anomaly_global_key,)).fetchone()
-        try:
-            row = set_mode(conn, scope="global", scope_key=settings.anomaly_global_key,
-                           detector="retrodating", mode="off" if got is None else got[0],
-                           params={"burst_count": rec.floor}, actor=args.actor,
-                           note=args.note or "postbacks anomaly calibrate --apply-burst")
-        except ValueError as exc:
-            return fail(args, str(exc), 2)
-    print(f"\napplied: {row.target_id} mode {row.mode}, burst_count {rec.floor} (audited; "
-          "the global aggregator follows it at the gates' next config refresh"
-          + ("; it halts nothing until the row is set to enforce)" if row.mode != "enforce"
-             else ")"))
-    return 0
+    got = conn.execute(
+        "SELECT mode FROM payout_anomaly_settings WHERE scope = 'global'"
+        " AND scope_key = %s AND detector = 'retrodating' FOR UPDATE", (key,)).fetchone()
+    row = set_mode(conn, scope="global", scope_key=key, detector="retrodating",
+                   mode="off" if got is None else got[0], params={"burst_count": rec.floor},
+                   actor=args.actor,
+                   note=args.note or "postbacks anomaly calibrate --apply-burst")
+    return (f"\napplied: {row.target_id} mode {row.mode}, burst_count {rec.floor} (audited; "
+            "the global aggregator follows it at the gates' next config refresh"
+            + ("; it halts nothing until the row is set to enforce)" if row.mode != "enforce"
+               else ")"))

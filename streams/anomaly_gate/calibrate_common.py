@@ -5,9 +5,9 @@ recommendation (audited)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from postbacks.cli_output import fail, print_table
 from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS
@@ -16,7 +16,11 @@ from postbacks.core.anomaly.rolling import RollingThresholds
 from postbacks.core.instants import MIN_OCCURRED_AT_MS, InstantError, parse_instant
 from postbacks.settings import Settings
 
-__all__ = ["apply", "iso", "minute_of", "parse_ms", "print_days", "read_range"]
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["Write", "apply", "iso", "minute_of", "parse_ms", "print_days", "read_range",
+           "write_thresholds"]
 
 
 def parse_ms(text: str | None, what: str) -> int | None:
@@ -76,21 +80,38 @@ def print_days(days: Iterable[DayRow], minutes: str = "MINUTES") -> None:
           "-" if d.closest_h is None else f"{d.closest_h:.2f}"] for d in days])
 
 
-def apply(settings: Settings, args: argparse.Namespace, scope: str, scope_key: str,
-          rec: RollingThresholds, mode: str | None, who_follows: str) -> int:
+Write = Callable[["psycopg.Connection[Any]"], str]  # one row written; what to print
+
+
+def apply(settings: Settings, args: argparse.Namespace, writes: Sequence[Write]) -> int:
+    """Run ``writes`` in one transaction and print what each wrote once it has committed:
+    ``--apply --apply-burst`` writes both rows or neither. A refusal (a bad value, the
+    database's) rolls every write back and is the command's error (exit 2)."""
+    import psycopg
+
+    from postbacks.db.connect import connect
+
+    try:
+        with connect(settings.database_url) as conn, conn.transaction():
+            done = [write(conn) for write in writes]
+    except (ValueError, psycopg.Error) as exc:
+        what = str(exc).strip() or type(exc).__name__
+        return fail(args, f"nothing applied: {what}", 2)
+    for line in done:
+        print(line)
+    return 0
+
+
+def write_thresholds(conn: psycopg.Connection[Any], args: argparse.Namespace, scope: str,
+                     scope_key: str, rec: RollingThresholds, mode: str | None,
+                     who_follows: str) -> str:
     """Write the recommended ``k`` and ``h`` to a value-rate row, audited; its mode kept,
     a missing row created in ``detect`` (nothing enforces without an explicit decision)."""
     from postbacks.db.anomaly import set_mode
-    from postbacks.db.connect import connect
 
-    with connect(settings.database_url) as conn:
-        try:
-            row = set_mode(conn, scope=scope, scope_key=scope_key, detector="value_rate",
-                           mode=mode or "detect", params={"k": rec.k, "h": rec.cusum_h},
-                           actor=args.actor, note=args.note or (
-                               f"postbacks anomaly calibrate --scope {scope} --apply"))
-        except ValueError as exc:
-            return fail(args, str(exc), 2)
-    print(f"\napplied: {row.target_id} mode {row.mode}, params {row.params} (audited; "
-          f"{who_follows} at the gates' next config refresh)")
-    return 0
+    row = set_mode(conn, scope=scope, scope_key=scope_key, detector="value_rate",
+                   mode=mode or "detect", params={"k": rec.k, "h": rec.cusum_h},
+                   actor=args.actor, note=args.note or (
+                       f"postbacks anomaly calibrate --scope {scope} --apply"))
+    return (f"\napplied: {row.target_id} mode {row.mode}, params {row.params} (audited; "
+            f"{who_follows} at the gates' next config refresh)")

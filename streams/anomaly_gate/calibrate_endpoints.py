@@ -36,7 +36,14 @@ from postbacks.core.anomaly.recommend import (
 from postbacks.core.anomaly.rolling import ENDPOINT_ROLLING, RollingThresholds
 from postbacks.core.instants import MIN_OCCURRED_AT_MS
 from postbacks.settings import Settings
-from streams.anomaly_gate.calibrate_common import apply, iso, minute_of, print_days, read_range
+from streams.anomaly_gate.calibrate_common import (
+    apply,
+    iso,
+    minute_of,
+    print_days,
+    read_range,
+    write_thresholds,
+)
 
 __all__ = ["Endpoints", "endpoint_minutes_from_db", "run_endpoints"]
 
@@ -254,7 +261,8 @@ def run_endpoints(settings: Settings, args: argparse.Namespace, since: int, unti
                                    "incident_trip_ms": r.cal.incident_trip_ms}
                                   for r in now]})
     if args.apply:
-        return apply(settings, args, "endpoint", "*", rec, mode,
-                     "every endpoint without a value-rate row of its own follows it")
+        return apply(settings, args, [lambda conn: write_thresholds(
+            conn, args, "endpoint", "*", rec, mode,
+            "every endpoint without a value-rate row of its own follows it")])
     print("\n(not applied: --apply --actor YOU writes it to the default row, audited)")
     return 0

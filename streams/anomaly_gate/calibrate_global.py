@@ -34,14 +34,16 @@ from postbacks.core.anomaly.recommend import MIN_H, Calibration, calibrate, reco
 from postbacks.core.anomaly.rolling import RollingThresholds
 from postbacks.core.instants import MAX_MS, MIN_OCCURRED_AT_MS
 from postbacks.settings import Settings
-from streams.anomaly_gate.calibrate_burst import apply_burst, burst_report
+from streams.anomaly_gate.calibrate_burst import burst_report, write_burst
 from streams.anomaly_gate.calibrate_common import (
+    Write,
     apply,
     iso,
     minute_of,
     parse_ms,
     print_days,
     read_range,
+    write_thresholds,
 )
 from streams.anomaly_gate.calibrate_endpoints import run_endpoints
 from streams.anomaly_gate.config import GateConfig, build_config
@@ -271,13 +273,15 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
                     "incident_trip_ms": {"current": cal.incident_trip_ms,
                                          "recommended": again.incident_trip_ms},
                     "burst": burst_json})
+    key = settings.anomaly_global_key
+    writes: list[Write] = []
     if args.apply:
-        rc = apply(settings, args, "global", settings.anomaly_global_key, rec, mode,
-                   "the global scope follows it")
-        if rc:
-            return rc
-    if args.apply_burst:
-        return apply_burst(settings, args, burst)
+        writes.append(lambda conn: write_thresholds(conn, args, "global", key, rec, mode,
+                                                    "the global scope follows it"))
+    if args.apply_burst:  # with --apply, in the same transaction: both rows or neither
+        writes.append(lambda conn: write_burst(conn, args, key, burst))
+    if writes:
+        return apply(settings, args, writes)
     if not args.apply:
         print("\n(not applied: --apply --actor YOU writes k and h, --apply-burst the "
               "burst_count; audited)")

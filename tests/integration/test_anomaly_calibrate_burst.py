@@ -6,6 +6,7 @@ own retrodating window decides what is retrodated, as in the gate."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import zlib
@@ -146,13 +147,9 @@ def test_burst_count_recommended_applied_then_rerun_trips_only_on_the_incident(
           f"{(tripped - incident[0]) / MIN:.0f} min after its start")
 
 
-def test_a_file_with_iso_times_and_the_burst_off(
-    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """From a file, offline: ISO-8601 and epoch source times both count; with no
-    burst_count the burst is reported off and only the recommendation is shown."""
-    base = int(datetime(2004, 3, 1, tzinfo=UTC).timestamp() * 1000)
+def _file_history(tmp_path: Path, base: int) -> Path:
+    """An hour of conversions from ``base``: each minute three 9 days old (ISO-8601 times
+    on odd minutes, epoch ms on even ones) and one a minute old."""
     lines = []
     for i in range(60):
         at = base + i * MIN
@@ -166,6 +163,17 @@ def test_a_file_with_iso_times_and_the_burst_off(
                       "source_created_at": at, "source_completed_at": at - 60_000})
     path = tmp_path / "history.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_a_file_with_iso_times_and_the_burst_off(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """From a file, offline: ISO-8601 and epoch source times both count; with no
+    burst_count the burst is reported off and only the recommendation is shown."""
+    base = int(datetime(2004, 3, 1, tzinfo=UTC).timestamp() * 1000)
+    path = _file_history(tmp_path, base)
     assert run_cli(monkeypatch, settings, "anomaly", "calibrate", "--file", str(path),
                    "--from", _iso(base), "--to", _iso(base + 60 * MIN), "--quiet",
                    "--json") == 0
@@ -183,6 +191,43 @@ def test_a_file_with_iso_times_and_the_burst_off(
     out = capsys.readouterr().out
     assert "burst_count 68" in out and "halts nothing until the row is set to enforce" in out
     assert _burst_row(settings) == ("off", {"burst_count": 68})
+
+
+def test_apply_and_apply_burst_write_both_rows_or_neither(
+    settings: Settings, own_database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--apply --apply-burst`` is one transaction: when PostgreSQL refuses the burst's
+    row (here a trigger; in life a constraint, a lock timeout, a failover), the k and h
+    written just before it are rolled back too, and the command says nothing was applied."""
+    own = dataclasses.replace(settings, database_url=own_database)
+    base = int(datetime(2004, 3, 1, tzinfo=UTC).timestamp() * 1000)
+    argv = ("anomaly", "calibrate", "--file", str(_file_history(tmp_path, base)), "--from",
+            _iso(base), "--to", _iso(base + 60 * MIN), "--quiet", "--apply", "--apply-burst",
+            "--actor", "carol")
+    with connect(own.database_url) as conn:
+        conn.execute("CREATE FUNCTION refuse_retrodating() RETURNS trigger LANGUAGE plpgsql"
+                      " AS $$ BEGIN IF NEW.detector = 'retrodating' THEN"
+                      " RAISE EXCEPTION 'retrodating rows are frozen'; END IF;"
+                      " RETURN NEW; END $$")
+        conn.execute("CREATE TRIGGER refuse_retrodating BEFORE INSERT OR UPDATE ON"
+                      " payout_anomaly_settings FOR EACH ROW EXECUTE FUNCTION"
+                      " refuse_retrodating()")
+        conn.commit()
+    assert run_cli(monkeypatch, own, *argv) == 2
+    err = capsys.readouterr().err
+    assert "nothing applied" in err and "retrodating rows are frozen" in err, err
+    with connect(own.database_url) as conn:
+        assert load_rows(conn) == []  # the value-rate row written first: rolled back
+        assert audit_rows(own, [f"global/{own.anomaly_global_key}/value_rate"]) == []
+        conn.execute("DROP TRIGGER refuse_retrodating ON payout_anomaly_settings")
+        conn.commit()
+    assert run_cli(monkeypatch, own, *argv) == 0
+    out = capsys.readouterr().out
+    assert "applied: global/" in out and "burst_count 68" in out
+    with connect(own.database_url) as conn:
+        got = {(r.detector, r.mode) for r in load_rows(conn)}
+    assert got == {("value_rate", "detect"), ("retrodating", "off")}
 
 
 def test_apply_burst_needs_an_actor_and_the_global_scope(
