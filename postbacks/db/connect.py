@@ -5,14 +5,20 @@ from __future__ import annotations
 import contextlib
 import urllib.parse
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from postbacks.errors import ServiceUnavailable
 
-__all__ = ["KeptConnection", "connect", "scratch_database", "with_dbname"]
+__all__ = ["Connection", "DatabaseError", "KeptConnection", "connect", "scratch_database",
+           "with_dbname"]
+
+# For modules outside the database layer (psycopg stays fenced in it): what connect()
+# returns, and the base of every error PostgreSQL or the driver raises.
+Connection: TypeAlias = psycopg.Connection[Any]
+DatabaseError = psycopg.Error
 
 
 # A connection held open between uses (the background refreshers): TCP keepalives and a

@@ -26,7 +26,7 @@ from postbacks.core.anomaly.retro_burst import BurstPolicy
 from streams.anomaly_gate.calibrate_common import iso
 
 if TYPE_CHECKING:
-    import psycopg
+    from postbacks.db.connect import Connection
 
 __all__ = ["burst_report", "write_burst"]
 
@@ -77,7 +77,7 @@ def burst_report(series: Iterable[tuple[int, int]], policy: BurstPolicy, window_
     }
 
 
-def write_burst(conn: psycopg.Connection[Any], args: argparse.Namespace, key: str,
+def write_burst(conn: Connection, args: argparse.Namespace, key: str,
                 rec: BurstPolicy) -> str:
     """Write the recommended ``burst_count`` to the global retrodating row, audited. The
     row's mode is read and kept (locked until the transaction ends); a missing row is

@@ -17,7 +17,7 @@ from postbacks.core.instants import MIN_OCCURRED_AT_MS, InstantError, parse_inst
 from postbacks.settings import Settings
 
 if TYPE_CHECKING:
-    import psycopg
+    from postbacks.db.connect import Connection
 
 __all__ = ["Write", "apply", "iso", "minute_of", "parse_ms", "print_days", "read_range",
            "write_thresholds"]
@@ -80,21 +80,19 @@ def print_days(days: Iterable[DayRow], minutes: str = "MINUTES") -> None:
           "-" if d.closest_h is None else f"{d.closest_h:.2f}"] for d in days])
 
 
-Write = Callable[["psycopg.Connection[Any]"], str]  # one row written; what to print
+Write = Callable[["Connection"], str]  # one row written; what to print
 
 
 def apply(settings: Settings, args: argparse.Namespace, writes: Sequence[Write]) -> int:
     """Run ``writes`` in one transaction and print what each wrote once it has committed:
     ``--apply --apply-burst`` writes both rows or neither. A refusal (a bad value, the
     database's) rolls every write back and is the command's error (exit 2)."""
-    import psycopg
-
-    from postbacks.db.connect import connect
+    from postbacks.db.connect import DatabaseError, connect
 
     try:
         with connect(settings.database_url) as conn, conn.transaction():
             done = [write(conn) for write in writes]
-    except (ValueError, psycopg.Error) as exc:
+    except (ValueError, DatabaseError) as exc:
         what = str(exc).strip() or type(exc).__name__
         return fail(args, f"nothing applied: {what}", 2)
     for line in done:
@@ -102,7 +100,7 @@ def apply(settings: Settings, args: argparse.Namespace, writes: Sequence[Write])
     return 0
 
 
-def write_thresholds(conn: psycopg.Connection[Any], args: argparse.Namespace, scope: str,
+def write_thresholds(conn: Connection, args: argparse.Namespace, scope: str,
                      scope_key: str, rec: RollingThresholds, mode: str | None,
                      who_follows: str) -> str:
     """Write the recommended ``k`` and ``h`` to a value-rate row, audited; its mode kept,
