@@ -99,7 +99,7 @@ class Deliverer:
         child(OUTCOMES_TOTAL, kind).inc()
         if kind in _ENDS:
             micros = d["conversion"]["payout_usd_micros"]
-            if micros:
+            if micros and micros > 0:  # a negative one (another producer's) counts nothing
                 child(PAYOUT_USD, kind).inc(micros / 1_000_000)
         rec = make_outcome(d, kind, now_ms=now_ms, reason=reason)
         out.append((TOPICS.outcomes.base, d["endpoint_id"].encode(), self._out.encode(rec)))

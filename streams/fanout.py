@@ -5,7 +5,10 @@ Beyond :func:`~postbacks.core.fanout.validate_conversion`, a conversion is dead-
 here (reason ``invalid_record``, the field named) when a later stage could not handle it:
 a NUL character in any string (PostgreSQL text and jsonb cannot hold one: the sink failed
 on the row after every restart), an id longer than :data:`MAX_ID_CHARS` (the sink's
-conversion_id index refuses a long incompressible key), an event type that is not one of
+conversion_id index refuses a long incompressible key) or holding a control character
+(the delivery id and idempotency key join the ids with one: two conversions could share
+them), a negative payout, a ``source_created_at`` or ``source_completed_at`` outside
+1970..9999 (it cannot be rendered as a date), an event type that is not one of
 :data:`~postbacks.core.event_types.EVENT_TYPES` (endpoints can subscribe only to those, so
 it silently reached none of them), a payout over :data:`MAX_PAYOUT_MICROS` (the gate's
 per-minute sums overflowed their Avro long and it restarted without end), or an
@@ -23,6 +26,7 @@ runner's :func:`~postbacks.kafka.stage.dead_letter_for`).
 from __future__ import annotations
 
 import logging
+import re
 import threading
 
 from confluent_kafka import Message
@@ -31,7 +35,7 @@ from postbacks.codec import codec_for
 from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS
 from postbacks.core.event_types import EVENT_TYPES
 from postbacks.core.fanout import plan_deliveries, validate_conversion
-from postbacks.core.instants import MAX_FUTURE_MS, MIN_OCCURRED_AT_MS
+from postbacks.core.instants import MAX_FUTURE_MS, MAX_MS, MIN_OCCURRED_AT_MS
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
 from postbacks.errors import DeadLetterError, InvalidRecord
@@ -53,6 +57,9 @@ MAX_ID_CHARS = 200  # event_id, conversion_id, app_id, goal_id (as the backfill 
 TOO_LARGE = "too_large"
 _HEADROOM = 65_536  # what later stages add to a delivery (hold reason, errors, override)
 _IDS = ("event_id", "conversion_id", "app_id", "goal_id")
+# In an id, a control character (tab, newline, the unit separator ...) is no one's
+# intent, and the derived ids join their parts with one (postbacks.ids).
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 _TEXTS = ("event_id", "conversion_id", "app_id", "event_type", "goal_id", "original_amount",
           "original_currency", "producer")
 
@@ -79,6 +86,8 @@ def check_conversion(event: ConversionEvent, now_ms: int) -> None:
         v = event.get(f)
         if isinstance(v, str) and len(v) > MAX_ID_CHARS:
             problems.append(f"{f} is {len(v):,} characters long (at most {MAX_ID_CHARS})")
+        elif isinstance(v, str) and _CONTROL.search(v.replace("\x00", "")):
+            problems.append(f"{f} {_shown(v)} holds a control character")
     event_type = event.get("event_type")
     if event_type not in EVENT_TYPES:
         problems.append(f"event_type {_shown(str(event_type))} is not a known event type "
@@ -87,6 +96,12 @@ def check_conversion(event: ConversionEvent, now_ms: int) -> None:
     if isinstance(payout, int) and payout > MAX_PAYOUT_MICROS:
         problems.append(f"payout_usd_micros {payout} is over {MAX_PAYOUT_MICROS} "
                         "(USD 1,000,000 for one conversion)")
+    elif isinstance(payout, int) and payout < 0:
+        problems.append(f"payout_usd_micros {payout} is negative")
+    for f in ("source_created_at", "source_completed_at"):
+        v = event.get(f)
+        if isinstance(v, int) and not 0 <= v <= MAX_MS:
+            problems.append(f"{f} {v} is outside 1970-01-01 .. 9999-12-31 (epoch ms)")
     at = event.get("occurred_at")
     if isinstance(at, int) and 0 < at < MIN_OCCURRED_AT_MS:
         problems.append(f"occurred_at {at} is before 2000-01-01T00:00:00Z: epoch seconds "

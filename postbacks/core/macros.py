@@ -66,7 +66,10 @@ def format_usd_micros(micros: int) -> str:
 def iso_utc(epoch_ms: int) -> str:
     """Epoch milliseconds as UTC ISO-8601 with millisecond precision, e.g.
     ``2023-11-14T22:13:20.000Z``."""
-    t = _EPOCH + timedelta(milliseconds=epoch_ms)
+    try:
+        t = _EPOCH + timedelta(milliseconds=epoch_ms)
+    except OverflowError:  # from another producer: the fan-out refuses such a time
+        raise RenderError(f"time {epoch_ms} is outside 0001..9999 (epoch ms)") from None
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
 

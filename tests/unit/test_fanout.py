@@ -63,6 +63,12 @@ NOW = 1_700_000_300_000
     ({"payout_usd_micros": 10**12 + 1}, "payout_usd_micros 1000000000001 is over"),
     ({"occurred_at": 1_700_000_200}, "before 2000-01-01T00:00:00Z: epoch seconds"),
     ({"occurred_at": NOW + 3_600_001}, "more than 60 minutes ahead of the clock"),
+    ({"payout_usd_micros": -1}, "payout_usd_micros -1 is negative"),
+    ({"source_completed_at": -1}, "source_completed_at -1 is outside 1970-01-01 .. 9999"),
+    ({"source_created_at": 253_402_300_800_000}, "source_created_at 253402300800000 is out"),
+    ({"conversion_id": "x\x1f\x01conversion"}, "conversion_id 'x\\x1f\\x01conversion' holds a co"),
+    ({"goal_id": "g\n1"}, "goal_id 'g\\n1' holds a control character"),
+    ({"app_id": "a\x7f"}, "app_id 'a\\x7f' holds a control character"),
 ])
 def test_a_value_a_later_stage_cannot_hold_is_invalid_and_named(over: dict[str, object],
                                                                  words: str) -> None:
@@ -75,3 +81,20 @@ def test_values_at_the_limits_pass() -> None:
     check_conversion(make_conversion(goal_id="g" * 200, payout_usd_micros=10**12,
                                      occurred_at=NOW + 3_600_000), NOW)
     check_conversion(make_conversion(occurred_at=946_684_800_000, payout_usd_micros=None), NOW)
+    check_conversion(make_conversion(payout_usd_micros=0, source_completed_at=0,
+                                     source_created_at=253_402_300_799_999,
+                                     conversion_id="cv é ü 漢 - _ . : / @"), NOW)
+
+
+def test_ids_with_a_separator_in_them_cannot_share_a_delivery() -> None:
+    """The derived ids join (endpoint, conversion, event type, goal) with control
+    characters: two conversions whose ids move one part into the other share a delivery id
+    (as here). The fan-out refuses a control character in an id, so neither gets one."""
+    from postbacks.core.identity import delivery_id
+
+    a = ("ep", "x", "conversion", "w\x1f\x01conversion\x1f\x01g2")
+    b = ("ep", "x\x1f\x01conversion\x1f\x01w", "conversion", "g2")
+    assert delivery_id(*a) == delivery_id(*b)
+    for conv, goal in ((a[1], a[3]), (b[1], b[3])):
+        with pytest.raises(InvalidRecord, match="control character"):
+            check_conversion(make_conversion(conversion_id=conv, goal_id=goal), NOW)

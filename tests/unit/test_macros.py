@@ -78,6 +78,14 @@ def test_iso_utc(ms: int, iso: str) -> None:
     assert iso_utc(ms) == iso
 
 
+@pytest.mark.parametrize("ms", [253_402_300_800_000, -62_135_596_800_001, 2**62])
+def test_a_time_no_date_can_show_is_a_render_error(ms: int) -> None:
+    """From a producer other than the fan-out (which refuses such times): the delivery
+    fails to render (render_failed), not the agent's batch (internal_error)."""
+    with pytest.raises(PublicRenderError, match=f"time {ms} is outside"):
+        iso_utc(ms)
+
+
 @pytest.mark.parametrize(("template", "message"), [
     ("{conversionId}", "unknown macro {conversionId}"),   # renamed = unknown
     ("{payout}", "unknown macro {payout}"),
