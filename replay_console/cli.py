@@ -58,18 +58,32 @@ def parse_duration(text: str) -> float | None:
     return float(int(m.group(1)) * _UNITS[m.group(2)])
 
 
+def _by(args: argparse.Namespace, what: str) -> str | None:
+    """The audit actor of a token command: ``cli`` without ``--by``, else ``cli:<by>``
+    (so never taken for a console token's name), after the check every actor gets."""
+    from replay_console.auth import CLI_PREFIX, name_problem
+
+    if args.by is None:
+        return "cli"
+    problem = name_problem(args.by, f"--by (who {what} it)")
+    if problem:
+        raise ValueError(problem)
+    return CLI_PREFIX + args.by.strip()
+
+
 def _token(settings: Settings, args: argparse.Namespace) -> int:
     from postbacks.db.connect import connect
     from replay_console.auth import create_token
 
     try:
+        by = _by(args, "issues")
         expires_in_s = parse_duration(args.expires_in)
     except ValueError as exc:
         return fail(args, str(exc), 2)
     with connect(settings.database_url) as conn:
         try:
             token_id, token = create_token(conn, name=args.name, role=args.role,
-                                           app_ids=args.apps or (), created_by=args.by,
+                                           app_ids=args.apps or (), created_by=str(by),
                                            expires_in_s=expires_in_s)
         except ValueError as exc:
             return fail(args, str(exc), 2)
@@ -117,10 +131,12 @@ def _token_revoke(settings: Settings, args: argparse.Namespace) -> int:
     from postbacks.db.connect import connect
     from replay_console.auth import revoke_token
 
-    if not args.by.strip():
-        return fail(args, "--by must name who revokes it", 2)
+    try:
+        by = _by(args, "revokes")
+    except ValueError as exc:
+        return fail(args, str(exc), 2)
     with connect(settings.database_url) as conn:
-        ok = revoke_token(conn, args.token_id, by=args.by.strip(), note=args.note)
+        ok = revoke_token(conn, args.token_id, by=str(by), note=args.note)
         conn.commit()
     if not ok:
         return fail(args, f"no token {args.token_id!r}, or it is already revoked", 1)
@@ -159,7 +175,7 @@ def add_parser(subparsers: Any) -> None:
                     "(read its apps' deliveries; needs --app)")
     sp.add_argument("--app", dest="apps", action="append", metavar="APP_ID",
                     help="a publisher's app (repeat); required for publishers")
-    sp.add_argument("--by", default="cli", help="who issues it (audited)")
+    sp.add_argument("--by", help="who issues it (audited as cli:<by>; without it, cli)")
     sp.add_argument("--expires-in", default=DEFAULT_EXPIRES_IN, metavar="DURATION",
                     help="lifetime: 30d, 12h, 45m, 2w, or never "
                     f"(default {DEFAULT_EXPIRES_IN})")
@@ -176,7 +192,7 @@ def add_parser(subparsers: Any) -> None:
                           description="Revoke a token: it signs nothing in from now on and "
                           "its sessions end at their next request.")
     sp.add_argument("token_id", metavar="ID", help="the token id (tok_..., see token list)")
-    sp.add_argument("--by", default="cli", help="who revokes it (audited)")
+    sp.add_argument("--by", help="who revokes it (audited as cli:<by>; without it, cli)")
     sp.add_argument("--note", help="why (audited)")
     sp.add_argument("--json", action="store_true", help="print JSON")
     sp.set_defaults(func=_token_revoke)

@@ -145,8 +145,10 @@ def _replay(settings: Settings, args: argparse.Namespace) -> int:
             needs = exc.extra.get("needs_confirmation")
             if needs is not None and args.yes:
                 try:
-                    job = create_replay(conn, settings, _principal(args), flt=flt,
-                                        note=args.note, confirm=int(needs))
+                    job = create_replay(conn, settings, _principal(args),
+                                        delivery_ids=args.delivery_ids or (), flt=flt,
+                                        override=override, note=args.note,
+                                        confirm=int(needs))
                 except ActionError as again:
                     return fail(args, str(again), 1)
             else:

@@ -14,6 +14,7 @@ role's checks, so a support token cannot use it to map names it may not send to.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 from urllib.parse import urlsplit
 
@@ -23,6 +24,8 @@ from postbacks.core.override import Override
 from postbacks.core.ssrf import blocked_reason, parse_host_literal, url_blocked_reason
 from replay_console.auth import Principal, may
 from replay_console.rules import ActionError, Lookup
+
+log = logging.getLogger(__name__)
 
 __all__ = ["WIDE_REACH", "check_edit", "check_reach", "check_target"]
 
@@ -48,13 +51,15 @@ def check_target(url: str, *, allow_loopback: bool, lookup: Lookup | None = None
     try:
         addresses = (lookup or _system_lookup)(host)
     except (OSError, UnicodeError) as exc:
-        return f"{url}: host {host!r} does not resolve ({exc})"
+        log.info("reach: %s does not resolve (%s)", host, exc)
+        return f"{url}: host {host!r} does not resolve"
     if not addresses:
         return f"{url}: host {host!r} does not resolve"
     for a in addresses:
         why = blocked_reason(a, allow_loopback=allow_loopback)
-        if why:
-            return f"{url}: host {host!r} resolves to {a}, refused ({why})"
+        if why:  # the address is not shown: a caller could map internal names with it
+            log.info("reach: %s resolves to %s, refused (%s)", host, a, why)
+            return f"{url}: host {host!r} resolves to a refused address ({why})"
     return None
 
 

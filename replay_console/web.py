@@ -204,9 +204,11 @@ def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) ->
         except q.NotFound as exc:
             status = 404
             return problem(c, request, 404, str(exc), {})
-        except ServiceUnavailable as exc:
+        except ServiceUnavailable as exc:  # its text names hosts and users: the log's
             status = 503
-            return problem(c, request, 503, str(exc), {})
+            log.warning("console: a service is unavailable: %s", exc)
+            return problem(c, request, 503, "a service the console needs (PostgreSQL or "
+                           "Kafka) is unavailable; try again", {})
         except psycopg.errors.ReadOnlySqlTransaction as exc:
             status = 503
             log.warning("console: database read only: %s", exc)

@@ -352,6 +352,23 @@ def test_signing_out_ends_the_session_on_the_server(settings: Settings, namespac
         assert Client(port, bearer=tok).get("/api/v1/deliveries").status == 200
 
 
+
+def test_a_database_outage_tells_a_caller_nothing_about_the_database(
+        settings: Settings) -> None:
+    """PostgreSQL unreachable (an outage, a failover): any caller, signed in or not, gets a
+    503 that names no user, host, port or database; the details go to the log."""
+    from postbacks.tools.procs import free_port
+
+    gone = settings.database_url.rsplit("@", 1)[0] + f"@127.0.0.1:{free_port()}/pb_secret_db"
+    with console_server(dataclasses.replace(settings, database_url=gone)) as port:
+        for client in (Client(port, bearer="pbk_anything"), Client(port, cookie="x.y.z.w")):
+            r = client.get("/api/v1/deliveries")
+            assert r.status == 503, r.text
+            assert "unavailable" in r.json()["error"], r.text
+            for leak in ("pb_secret_db", "127.0.0.1", gone.split("://")[1].split("@")[0],
+                         "POSTBACKS_DATABASE_URL"):
+                assert leak not in r.text, (leak, r.text)
+
 # --- XSS ----------------------------------------------------------------------------------
 
 _MARKUP = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
@@ -782,6 +799,9 @@ def test_cli_help_and_bad_arguments(settings: Settings, namespace: str,
         ("console", "token", "create", "--name", "x", "--role", "support", "--expires-in", "0d"),
         ("console", "token", "revoke"),
         ("console", "token", "revoke", f"tok_{ns}", "--by", " "),
+        ("console", "token", "revoke", f"tok_{ns}", "--by", "admin:alice\nforged"),
+        ("console", "token", "create", "--name", f"x-{ns}", "--role", "support", "--by",
+         "admin:alice\x1b[2K"),
         ("deliveries", "list", "--limit", "0"), ("deliveries", "list", "--limit", "x"),
         ("deliveries", "list", "--limit", "9" * 30), ("deliveries", "list", "--app", "a' OR 1=1"),
         ("deliveries", "list", "--since", "yesterday"), ("deliveries", "list", "--cursor", "x"),

@@ -213,6 +213,10 @@ def test_tokens_expire_and_are_listed_and_revoked_from_the_cli(
         capsys.readouterr()
         assert run_cli(monkeypatch, settings, "console", "token", "revoke", made["token_id"],
                        "--by", f"ops-{ns}", "--note", "left the team") == 0
+        with connect(settings.database_url) as conn:  # never taken for a console user's
+            assert conn.execute(
+                "SELECT actor FROM audit_log WHERE action = 'console.token_revoke'"
+                " AND target_id = %s", (made["token_id"],)).fetchall() == [(f"cli:ops-{ns}",)]
         assert api.get("/api/v1/deliveries").status == 401
         assert page.get("/api/v1/deliveries").status == 401
         r = page.get("/deliveries")
@@ -248,7 +252,7 @@ def test_tokens_expire_and_are_listed_and_revoked_from_the_cli(
             "SELECT actor, action, note FROM audit_log WHERE target_id = %s ORDER BY audit_id",
             (made["token_id"],)).fetchall()
     assert [(a, b) for a, b, _ in audit] == [("cli", "console.token_create"),
-                                             (f"ops-{ns}", "console.token_revoke")]
+                                             (f"cli:ops-{ns}", "console.token_revoke")]
     assert audit[1][2] == "left the team"
 
 
