@@ -58,17 +58,18 @@ def parse_duration(text: str) -> float | None:
     return float(int(m.group(1)) * _UNITS[m.group(2)])
 
 
-def _by(args: argparse.Namespace, what: str) -> str | None:
+def _by(args: argparse.Namespace, what: str) -> str:
     """The audit actor of a token command: ``cli`` without ``--by``, else ``cli:<by>``
     (so never taken for a console token's name), after the check every actor gets."""
     from replay_console.auth import CLI_PREFIX, name_problem
 
-    if args.by is None:
+    by: str | None = args.by
+    if by is None:
         return "cli"
-    problem = name_problem(args.by, f"--by (who {what} it)")
+    problem = name_problem(by, f"--by (who {what} it)")
     if problem:
         raise ValueError(problem)
-    return CLI_PREFIX + args.by.strip()
+    return CLI_PREFIX + by.strip()
 
 
 def _token(settings: Settings, args: argparse.Namespace) -> int:
@@ -83,7 +84,7 @@ def _token(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings.database_url) as conn:
         try:
             token_id, token = create_token(conn, name=args.name, role=args.role,
-                                           app_ids=args.apps or (), created_by=str(by),
+                                           app_ids=args.apps or (), created_by=by,
                                            expires_in_s=expires_in_s)
         except ValueError as exc:
             return fail(args, str(exc), 2)
@@ -136,7 +137,7 @@ def _token_revoke(settings: Settings, args: argparse.Namespace) -> int:
     except ValueError as exc:
         return fail(args, str(exc), 2)
     with connect(settings.database_url) as conn:
-        ok = revoke_token(conn, args.token_id, by=str(by), note=args.note)
+        ok = revoke_token(conn, args.token_id, by=by, note=args.note)
         conn.commit()
     if not ok:
         return fail(args, f"no token {args.token_id!r}, or it is already revoked", 1)
