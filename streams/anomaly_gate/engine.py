@@ -2,7 +2,7 @@
 
 For each delivery of a batch, in offset order per partition:
 
-1. decode (undecodable -> a dead letter, the partition keeps flowing);
+1. decode (undecodable, misplaced or too large -> a dead letter: :mod:`.placement`);
 2. count its payout in the endpoint's rolling state and the partition's partial --
    unless its offset is at or below the one persisted with that state (a re-processed
    delivery after a crash is decided again, never counted twice: see
@@ -81,6 +81,7 @@ from postbacks.metrics import (
 )
 from postbacks.records import DeadLetterRecord, DeliveryRecord
 from streams.anomaly_gate.config import GateConfig, HaltBook
+from streams.anomaly_gate.placement import check_placed
 from topics import TOPICS
 
 _NO_RUN = (0, -1)  # an empty run of decided offsets
@@ -160,9 +161,10 @@ def dead_letter(rec: In, exc: BaseException, reason: str, now_ms: int) -> DeadLe
 class GateEngine:
     """Per-endpoint and per-partition state (cached from the table) and the decisions."""
 
-    def __init__(self, config: GateConfig, halts: HaltBook,
-                 window_ms: int = DEFAULT_WINDOW_MS, partials_interval_ms: int = 0) -> None:
+    def __init__(self, config: GateConfig, halts: HaltBook, window_ms: int = DEFAULT_WINDOW_MS,
+                 partials_interval_ms: int = 0, partitions: int = 0) -> None:
         self.config = config
+        self.partitions = partitions  # of deliveries.v1 (0: a delivery's is not checked)
         self.halts = halts
         self.window_ms = window_ms
         self.partials_interval_ms = partials_interval_ms
@@ -233,13 +235,10 @@ class GateEngine:
         done = self._done
         for rec in batch:
             # Faust hands a partition's last record over again after a pause of its fetch
-            # (its drain loop accepts offset >= the last read; seen under load: 4 of 60,000
-            # in `make demo`, no restart or rebalance). Its outputs are already produced --
-            # a failed produce restarts the process -- so deciding it again would only
-            # send a duplicate. Only offsets inside the run decided since the assignment
-            # are skipped: a record below it (the partition sought back) starts a new run
-            # and is decided -- a duplicate at worst, never a record skipped unseen. A
-            # rebalance clears the runs (forget); a restart starts empty.
+            # (4 of 60,000 in `make demo`), its outputs already produced. Only offsets in
+            # the run decided since the assignment are skipped: a record below it (sought
+            # back) starts a new run and is decided (a duplicate at worst, never a record
+            # skipped unseen). A rebalance clears the runs (forget); a restart starts empty.
             lo, hi = done.get(rec.partition, _NO_RUN)
             if lo <= rec.offset <= hi:
                 out.redelivered += 1
@@ -247,6 +246,8 @@ class GateEngine:
             done[rec.partition] = (lo if lo <= hi < rec.offset else rec.offset, rec.offset)
             try:
                 d: DeliveryRecord = self._delivery.decode(rec.value)  # type: ignore[assignment]
+                check_placed(rec.key, len(rec.value or b""), rec.partition, d["endpoint_id"],
+                             self.partitions)  # else neither counted nor judged
             except DeadLetterError as exc:
                 dl = dead_letter(rec, exc, exc.reason, now_ms)
                 out.records.append((TOPICS.dlq.base, dl["original_key"], self._dlq.encode(dl)))

@@ -110,7 +110,8 @@ class GateProcess:
         cfg = refresher.apply_initial(self.halts)
         self.engine = GateEngine(
             cfg, self.halts, window_ms=PARTIAL_WINDOW_MS,
-            partials_interval_ms=int(settings.gate_partials_interval_s * 1000))
+            partials_interval_ms=int(settings.gate_partials_interval_s * 1000),
+            partitions=TOPICS.deliveries.partitions)  # as its tables' changelogs
         self.aggregator = GlobalAggregator(cfg, self.halts, settings.anomaly_global_key)
         refresher.targets = (self.engine, self.aggregator)
         self.writer = TripWriter(settings, self.halts)

@@ -33,6 +33,17 @@ def metric(port: int, name: str, **labels: str) -> float:
     return 0.0
 
 
+def endpoint_on(partition: int, prefix: str) -> str:
+    """An endpoint id ``<prefix>_<n>`` whose key goes to ``partition`` of deliveries.v1 (the
+    gate dead-letters a delivery off its endpoint's partition)."""
+    from streams.anomaly_gate.placement import home_partition
+
+    n = 0
+    while home_partition(f"{prefix}_{n}".encode(), TOPICS.deliveries.partitions) != partition:
+        n += 1
+    return f"{prefix}_{n}"
+
+
 class GateFeed:
     """Deliveries straight onto deliveries.v1 (keyed by endpoint); outputs read back."""
 

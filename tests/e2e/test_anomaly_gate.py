@@ -250,6 +250,46 @@ def test_garbage_on_deliveries_is_dead_lettered_by_the_gate_and_the_partition_fl
              progress=lambda: dead_letters_counted(gate.log_path, "gate"))
 
 
+def test_misplaced_and_oversized_deliveries_are_dead_lettered_and_the_gate_goes_on(
+    settings: Settings, stack: Stack,
+) -> None:
+    """From another producer: a delivery keyed by something else, one on a partition its
+    endpoint's key does not go to (it switched the endpoint's detector off), and one the
+    gate could not pass on (it restarted on it for ever). Each is dead-lettered, named and
+    counted; the endpoint's next delivery is dispatched."""
+    from streams.anomaly_gate.placement import home_partition
+
+    feed = GateFeed(settings)
+    topic = settings.topic(TOPICS.deliveries.base)
+    ep = "ep_misplaced"
+    home = home_partition(ep.encode(), TOPICS.deliveries.partitions)
+    at = feed.hour_ago(weeks=0) + 60_000
+    feed.send(ep, at, 1_000_000, partition=(home + 1) % TOPICS.deliveries.partitions)
+    d = make_delivery(delivery_id="dlv_wrong_key", endpoint_id=ep, created_at=at,
+                      conversion=make_conversion(occurred_at=at))
+    feed.producer.produce(topic, codec_for("Delivery").encode(d), b"not-the-endpoint",
+                          partition=home)
+    big = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                    "message.max.bytes": 1_040_000})
+    d = make_delivery(delivery_id="dlv_big", endpoint_id=ep, created_at=at,
+                      conversion=make_conversion(occurred_at=at,
+                                                 source_snapshot={"blob": "x" * 998_000}))
+    big.produce(topic, codec_for("Delivery").encode(d), ep.encode(), partition=home)
+    assert big.flush(30) == 0
+    good = feed.send(ep, at, 1_000_000)
+    gate = stack.start("gate", "gate")
+    feed.wait_outputs(1)
+    assert set(feed.dispatched) == {good}
+    dead = [decode("DeadLetter", m) for m in read_topic(settings, TOPICS.dlq.base, 3)]
+    assert sorted(d["reason"] for d in dead) == ["invalid_record", "invalid_record", "too_large"]
+    why = " | ".join(d["error_message"] for d in dead)
+    assert "key b'not-the-endpoint'" in why and f"belongs on {home} of" in why, why
+    wait_for(lambda: dead_letters_counted(gate.log_path, "gate") == {
+        "invalid_record": 2, "too_large": 1}, 30, what="the gate's dead letters counted",
+        progress=lambda: dead_letters_counted(gate.log_path, "gate"))
+    assert "restarting in place" not in gate.tail(400)
+
+
 def test_a_delivery_of_an_aborted_fanout_transaction_is_never_dispatched(
     settings: Settings, stack: Stack,
 ) -> None:

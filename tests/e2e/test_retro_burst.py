@@ -16,7 +16,7 @@ from postbacks.db.anomaly import set_mode
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
-from tests.e2e.gate_util import GateFeed
+from tests.e2e.gate_util import GateFeed, endpoint_on
 from tests.integration.anomaly_helpers import run_cli
 from topics import TOPICS
 
@@ -44,7 +44,7 @@ def test_a_burst_of_retrodated_deliveries_halts_the_global_scope(
     # One endpoint per partition, each sent to every minute, so every partition moves on
     # and the roll-up closes each minute as the next one begins.
     parts = TOPICS.deliveries.partitions
-    eps = [f"ep_{namespace}_{p}" for p in range(parts)]
+    eps = [endpoint_on(p, f"ep_{namespace}_{p}") for p in range(parts)]
     feed = GateFeed(settings)
     stack.start("gate", "gate")
     wait_for(lambda: "gate running" in stack.procs["gate"].tail(400), 60, what="the gate")

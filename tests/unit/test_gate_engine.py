@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 from typing import Any
@@ -550,3 +551,48 @@ def test_the_partial_counts_retrodated_deliveries_whatever_the_mode(
     part, off = engine.partials[0]
     assert (part.count, part.retro, off) == (4, 2, 3)  # exactly 7 days is not retrodated
     assert [(p, sent.retro) for p, sent, _ in out.partials] == [(0, 2)]  # what goes out
+
+
+def test_a_delivery_off_its_endpoints_partition_is_dead_lettered_and_counts_nothing() -> None:
+    """One delivery of ep_1 with another key, or on a partition its key does not go to
+    (another producer's partitioner), used to move ep_1's counted offset to a number from
+    another log: none of ep_1's own deliveries below it was counted again, so a burst went
+    through an enforcing detector. It is dead-lettered, named, and ep_1 is still judged."""
+    from streams.anomaly_gate.placement import home_partition
+
+    n = 12
+    home = home_partition(b"ep_1", n)
+    other = (home + 1) % n
+    rows = (row("endpoint", "ep_1", "value_rate", "enforce"),)
+    engines = {"clean": GateEngine(*build_config(rows, GKEY)[:1], HaltBook(), partitions=n),
+               "strays": GateEngine(*build_config(rows, GKEY)[:1], HaltBook(), partitions=n)}
+    history = [rec(i, at=T0 - 21 * 1440 * 60_000 + i * 3_600_000, partition=home,
+                   payout_usd_micros=USD) for i in range(504)]  # three weeks, one an hour
+    burst = [rec(1000 + i, at=T0 + 60_000 + i * 1000, partition=home,
+                 payout_usd_micros=100 * USD) for i in range(50)]
+    wrong_key = dataclasses.replace(rec(504, partition=home), key=b"ep_2")
+    wrong_part = rec(5_000_001, partition=other)
+    outs = {}
+    for name, engine in engines.items():
+        store: dict[str, Any] = {}
+        run(engine, store, history, now=T0)
+        strays = [wrong_key, wrong_part] if name == "strays" else []
+        outs[name] = run(engine, store, strays + burst, now=T0 + 120_000)
+    clean, strayed = outs["clean"], outs["strays"]
+    assert clean.held > 0  # the burst trips ep_1's detector
+    assert (strayed.held, strayed.dispatched) == (clean.held, clean.dispatched)
+    assert dict(strayed.dead) == {"invalid_record": 2}
+    why = [d["error_message"] for d in on(strayed, "dlq.v1", DLQ)]
+    assert "with key b'ep_2'" in why[0] and "keyed by its endpoint_id" in why[0]
+    assert f"on partition {other}, where its key belongs on {home} of {n}" in why[1]
+
+
+def test_a_delivery_the_gate_could_not_pass_on_is_dead_lettered_too_large() -> None:
+    """A valid delivery near the broker's limit (another producer's) made the gate's own
+    produce fail, and it restarted on it for ever: it is dead-lettered ``too_large``."""
+    big = rec(7, source_snapshot={"blob": "x" * 999_000})
+    out = run(gate(), {}, [big, rec(8)])
+    [dl] = on(out, "dlq.v1", DLQ)
+    assert dl["reason"] == "too_large" and "the gate passes on at most" in dl["error_message"]
+    assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == ["dlv_ep_1_8"]
+    assert dict(out.dead) == {"too_large": 1}
