@@ -227,6 +227,10 @@ ENDPOINT_VIEW_CHECKED = Gauge(
 ENDPOINT_VIEW_FAILURES = Counter(
     "postbacks_endpoint_view_refresh_failures_total",
     "Endpoint view refreshes that failed (the last view is kept)")
+RESTARTS_IN_PLACE = Counter(
+    "postbacks_restarts_in_place",
+    "Times this process replaced itself with a fresh copy (same PID: an unusable Kafka "
+    "client, a stalled call or loop), counted on across the copies")
 GC_FROZEN = Gauge("postbacks_gc_frozen_objects",
                   "Start-up objects frozen out of the garbage collector's way (gc.freeze)")
 GC_GEN0_THRESHOLD = Gauge("postbacks_gc_gen0_threshold",

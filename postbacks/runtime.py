@@ -11,7 +11,13 @@ from types import FrameType
 
 from postbacks import logfilter
 from postbacks.kafka import watchdog
-from postbacks.metrics import GC_FROZEN, GC_GEN0_THRESHOLD, serve_metrics, start_series
+from postbacks.metrics import (
+    GC_FROZEN,
+    GC_GEN0_THRESHOLD,
+    RESTARTS_IN_PLACE,
+    serve_metrics,
+    start_series,
+)
 from postbacks.settings import Settings
 
 __all__ = ["settle_gc", "setup_process"]
@@ -35,6 +41,8 @@ def setup_process(name: str, settings: Settings) -> threading.Event:
     # `kill -USR1 <pid>` writes every thread's stack to the log: how to see a stuck stage.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     watchdog.start(settings.stall_restart_s, stop)
+    if watchdog.restarts_so_far():
+        RESTARTS_IN_PLACE.inc(watchdog.restarts_so_far())
     serve_metrics(settings.metrics_port)
     start_series(name)
     return stop

@@ -88,20 +88,18 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
     direct = DirectLog(settings)  # intents (and breaker transitions)
     # this process: the instance id and a run id of its own, new at every start
     instance = f"{settings.instance_id}/{new_id('run', int(time.time() * 1000))}"
-    revoked: list[TopicPartition] = []
-    assigned: list[TopicPartition] = []
-    skip: dict[tuple[str, int], set[int]] = {}  # finished above the committed offset
+    moves = Rebalances()
+    skip = moves.skip  # finished above the committed offset, per partition
     create_topics(settings, [TOPICS.ordering])  # idempotent; verifies its configs
 
     def on_assign(c: Consumer, partitions: list[TopicPartition]) -> None:
-        _load_skips(c, partitions, skip)
-        assigned.extend(partitions)
-
-    def on_revoke(_c: Consumer, partitions: list[TopicPartition]) -> None:
-        revoked.extend(partitions)
+        loaded: dict[tuple[str, int], set[int]] = {}
+        _load_skips(c, partitions, loaded)
+        moves.assign(loaded)
 
     subscribe_watched(consumer, [settings.topic(TOPICS.dispatch.base)], settings, GROUP, stop,
-                      on_assign=on_assign, on_revoke=on_revoke)
+                      on_assign=on_assign,
+                      on_revoke=lambda _c, parts: moves.revoke(parts))
     kafka = ThreadPoolExecutor(1, thread_name_prefix="kafka")  # every Kafka call, serialized
     loop = asyncio.get_running_loop()
     watch = LoopWatch("agent")
@@ -142,15 +140,12 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                     msgs = await loop.run_in_executor(
                         kafka, consume_ready, consumer, min(settings.batch_size, room), interval
                     )
-                if revoked:
-                    gone = {(tp.topic, tp.partition) for tp in revoked}
-                    revoked.clear()
+                gone, came = moves.settle()
+                if gone:
                     for topic, partition in gone:
                         tracker.forget(topic, partition)
-                        skip.pop((topic, partition), None)
                     lanes.drop_partitions(gone)
-                if assigned:  # strict endpoints' committed state, before their deliveries
-                    assigned.clear()
+                if came:  # strict endpoints' committed state, before their deliveries
                     loaded = await loop.run_in_executor(kafka, load_states, settings)
                     assert lanes.strict is not None
                     lanes.strict.adopt(loaded)
@@ -182,6 +177,37 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
         direct.close()
         await loop.run_in_executor(kafka, consumer.close)
         kafka.shutdown()
+
+
+class Rebalances:
+    """What the consumer's callbacks saw during a poll, for the loop to act on after it:
+    the revoked partitions, then the assigned ones with the offsets that already finished
+    above their committed offset (``skip``). The loop settles the revocations first, so a
+    partition revoked and assigned again in one poll keeps the set loaded at its
+    assignment (dropping it re-sent every finished delivery above the committed offset)."""
+
+    def __init__(self) -> None:
+        self.skip: dict[tuple[str, int], set[int]] = {}
+        self._revoked: set[tuple[str, int]] = set()
+        self._loaded: dict[tuple[str, int], set[int]] = {}
+        self._assigned = False
+
+    def revoke(self, partitions: list[TopicPartition]) -> None:
+        self._revoked |= {(tp.topic, tp.partition) for tp in partitions}
+
+    def assign(self, loaded: dict[tuple[str, int], set[int]]) -> None:
+        self._loaded.update(loaded)
+        self._assigned = True
+
+    def settle(self) -> tuple[set[tuple[str, int]], bool]:
+        """(the partitions revoked since the last call, whether any were assigned)."""
+        gone, self._revoked = self._revoked, set()
+        for tp in gone:
+            self.skip.pop(tp, None)
+        self.skip.update(self._loaded)
+        self._loaded = {}
+        came, self._assigned = self._assigned, False
+        return gone, came
 
 
 def _load_skips(c: Consumer, partitions: list[TopicPartition],

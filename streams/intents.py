@@ -14,14 +14,25 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from postbacks.kafka import watchdog
 from postbacks.kafka.clients import make_producer
 from postbacks.settings import Settings
 
 __all__ = ["DirectLog"]
 
 log = logging.getLogger(__name__)
+
+
+def _fatal(err: object, topic: str) -> None:
+    """A fatal error of the idempotent producer (the broker lost records it had
+    acknowledged, an unclean leader election) refuses every later produce: the agent
+    restarts before it sends or dead-letters anything else (it used to dead-letter every
+    later delivery as ``internal_error``). Its open transaction is aborted: nothing lost."""
+    if isinstance(err, KafkaError) and err.fatal():
+        watchdog.restart_in_place(f"agent: the direct producer's fatal error on {topic}: {err}",
+                         backoff_s=1.0)
 
 
 class DirectLog:
@@ -61,6 +72,9 @@ class DirectLog:
                 self._producer.poll(0)
                 await asyncio.sleep(0.01)
                 continue
+            except KafkaException as exc:
+                _fatal(exc.args[0] if exc.args else None, topic)
+                raise
             self._waiting += 1
             if self._poller is None:
                 self._poller = loop.create_task(self._serve())
@@ -70,6 +84,7 @@ class DirectLog:
                 self._waiting -= 1
             if err is None:
                 return
+            _fatal(err, topic)
             log.warning("agent: a record for %s was not stored (%s); producing it again",
                         topic, err)
             await asyncio.sleep(0.5)
@@ -80,6 +95,9 @@ class DirectLog:
             self._producer.produce(self._settings.topic(topic_base), value, key)
         except BufferError:
             log.warning("agent: producer queue full; a breaker transition was not published")
+        except KafkaException as exc:
+            _fatal(exc.args[0] if exc.args else None, topic_base)
+            raise
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._producer.flush(timeout_s)

@@ -61,9 +61,22 @@ def guard(what: str, limit_s: float | None = None) -> Iterator[None]:
                 _busy[key] = outer
 
 
+RESTARTS_ENV = "POSTBACKS_RESTARTS_IN_PLACE"  # how many copies came before this one
+
+
+def restarts_so_far() -> int:
+    """How many times this process has restarted in place (0 in a fresh process)."""
+    try:
+        return max(0, int(os.environ.get(RESTARTS_ENV, "0")))
+    except ValueError:
+        return 0
+
+
 def restart_in_place(reason: str, *, dump: bool = False, backoff_s: float = 0.0) -> None:
-    """Replace this process with a fresh copy of itself (same PID and arguments)."""
+    """Replace this process with a fresh copy of itself (same PID and arguments); the copy
+    counts it in ``postbacks_restarts_in_place_total`` (a supervisor sees no restart)."""
     log.critical("%s: restarting in place", reason)
+    os.environ[RESTARTS_ENV] = str(restarts_so_far() + 1)
     if dump:
         faulthandler.dump_traceback(all_threads=True)
     for handler in logging.getLogger().handlers:
