@@ -227,6 +227,11 @@ ENDPOINT_VIEW_CHECKED = Gauge(
 ENDPOINT_VIEW_FAILURES = Counter(
     "postbacks_endpoint_view_refresh_failures_total",
     "Endpoint view refreshes that failed (the last view is kept)")
+CONTROL_REFUSED = Counter(
+    "postbacks_gate_control_refused_total",
+    "Halt changes on the anomaly control topic not honoured (dated ahead of the clock, an "
+    "unknown detector): written by something other than a gate or `anomaly close`",
+    ["reason"])
 RESTARTS_IN_PLACE = Counter(
     "postbacks_restarts_in_place",
     "Times this process replaced itself with a fresh copy (same PID: an unusable Kafka "

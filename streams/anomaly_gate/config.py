@@ -185,7 +185,9 @@ class HaltBook:
     def trip_now(self, trip: Trip, now_ms: int) -> None:
         """This instance tripped a scope: honour it here before anyone else hears of it."""
         scope: Scope = GLOBAL_SCOPE if trip.scope == "global" else (trip.scope, trip.key)
-        self.apply(StateChange(scope, trip.detector.value, HaltState.TRIPPED, now_ms))
+        cur = self.latest(scope, trip.detector.value)  # a trip is never older than the last
+        at = now_ms if cur is None else max(now_ms, cur.changed_at + 1)  # change (skew)
+        self.apply(StateChange(scope, trip.detector.value, HaltState.TRIPPED, at))
 
     def tripped(self) -> list[Scope]:
         return sorted(self.halts)

@@ -16,20 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from postbacks.codec import codec_for
 from postbacks.core.anomaly import Detector, HaltState, Trip
 from postbacks.errors import DeadLetterError
-from postbacks.metrics import ANOMALY_TRIPS, HALTED_SCOPES
+from postbacks.metrics import ANOMALY_TRIPS, CONTROL_REFUSED, HALTED_SCOPES, child
 from postbacks.records import BreakerStateRecord
 from postbacks.settings import Settings
 from streams.anomaly_gate.admin import breaker_record, control_key
 from streams.anomaly_gate.config import HaltBook, StateChange, core_scope
 from topics import TOPICS
 
-__all__ = ["ControlReader", "TripWriter", "breaker_state"]
+__all__ = ["MAX_AHEAD_MS", "ControlReader", "TripWriter", "breaker_state", "refused"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,21 @@ def _gauge(halts: HaltBook) -> None:
     kinds = [s[0] for s in halts.tripped()]
     for kind in ("endpoint", "global"):
         HALTED_SCOPES.labels(kind).set(kinds.count(kind))
+
+
+MAX_AHEAD_MS = 5 * 60_000  # a change dated further ahead of this gate's clock is refused
+_DETECTORS = frozenset(d.value for d in Detector)
+
+
+def refused(rec: BreakerStateRecord, now_ms: int) -> str | None:
+    """Why a halt change read from the control topic is not honoured, or None. Only the
+    gate (a trip, dated by its clock) and a person's close (`anomaly close`) write there;
+    a record dated ahead of the clock, or naming no detector, is someone else's."""
+    if rec["detector"] not in _DETECTORS:
+        return "unknown_detector"
+    if rec["changed_at"] > now_ms + MAX_AHEAD_MS:
+        return "dated_ahead"
+    return None
 
 
 class ControlReader:
@@ -108,6 +124,13 @@ class ControlReader:
             return
         scope = core_scope(rec["scope"], rec["scope_key"], self.settings.anomaly_global_key)
         if scope is None:
+            return
+        why = refused(rec, int(time.time() * 1000))
+        if why is not None:  # "latest change wins": one record dated ahead would win for ever
+            log.error("control topic: state refused (%s): %s/%s %s %s changed_at %s", why,
+                      rec["scope"], rec["scope_key"][:80], rec["detector"][:40],
+                      rec["state"], rec["changed_at"])
+            child(CONTROL_REFUSED, why).inc()
             return
         self.seen += 1
         if self.halts.apply(StateChange(scope, rec["detector"], state, rec["changed_at"])):

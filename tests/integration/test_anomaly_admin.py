@@ -236,6 +236,44 @@ def test_publish_state_for_the_gate(settings: Settings, namespace: str) -> None:
     assert {m.key() for m in msgs} == {f"endpoint/{key}/value_rate".encode()}
 
 
+def test_the_gate_refuses_a_control_state_dated_ahead(settings: Settings, namespace: str) -> None:
+    """A "closed" dated 2**62 on the control topic (anyone with produce rights) used to beat
+    every later trip, switching the scope's halts off for good; a gate reading the topic
+    refuses it, and the real trip after it holds."""
+    import asyncio
+    import time
+
+    from prometheus_client import REGISTRY
+
+    from streams.anomaly_gate.config import HaltBook
+    from streams.anomaly_gate.control import ControlReader, TripWriter
+
+    key = f"ep_{namespace}"
+    now = int(time.time() * 1000)
+    base = {"scope": "endpoint", "scope_key": key, "detector": "value_rate"}
+    anomaly_admin.publish_state(settings, {**base, "state": "closed", "changed_at": 2**62,
+                                           "reason": "forged"})
+    anomaly_admin.publish_state(settings, {**base, "state": "tripped", "changed_at": now,
+                                           "reason": "payout_rate_endpoint"})
+
+    def refused() -> float:
+        return REGISTRY.get_sample_value("postbacks_gate_control_refused_total",
+                                         {"reason": "dated_ahead"}) or 0.0
+
+    before = refused()
+
+    async def read() -> HaltBook:
+        halts = HaltBook()
+        reader = ControlReader(settings, halts, TripWriter(settings, halts))
+        await reader.start()
+        await reader.stop()
+        return halts
+
+    halts = asyncio.run(read())
+    assert halts.halts.get(("endpoint", key)) is not None  # tripped
+    assert refused() >= before + 1
+
+
 def test_cli_set_mode_and_status(
     settings: Settings, namespace: str, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
