@@ -57,7 +57,7 @@ from postbacks.settings import Settings
 from sinks import projection
 from sinks.careful import REFUSALS, Origin, undecodable_letter, write_carefully
 from sinks.intents import IntentBook
-from sinks.refusals import feed_problem, indexed_columns, row_problems
+from sinks.refusals import feed_problem, indexed_columns, intent_problem, row_problems
 from sinks.tables import STAGING_DDL, TABLES, column_types, unprojected, use_orjson
 from sinks.waiting import Partition, WaitingRows
 from topics import TOPICS
@@ -170,7 +170,7 @@ class PostgresSink:
             row = table.row(value)
         except (ValueError, OverflowError, OSError) as exc:
             raise InvalidRecord(f"{table.name}: a value the table cannot hold: {exc}") from exc
-        fed = feed_problem(table.name, row)
+        fed = feed_problem(table.name, row) or intent_problem(table.name, value)
         if fed is not None:
             raise InvalidRecord(f"{table.name}: {fed}")
         if self._checked and offset < self._checked.get((topic, partition), -1):

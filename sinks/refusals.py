@@ -13,7 +13,8 @@ import psycopg
 
 from sinks.tables import TABLES
 
-__all__ = ["INDEXED_TEXT_MAX", "feed_problem", "indexed_columns", "row_problems"]
+__all__ = ["INDEXED_TEXT_MAX", "feed_problem", "indexed_columns", "intent_problem",
+           "row_problems"]
 
 # An indexed text value's bytes at most: a btree entry holds at most about 2,700 bytes, and
 # the widest index has three text columns. The stages' ids are at most 200 characters.
@@ -78,4 +79,14 @@ def feed_problem(table: str, row: tuple[Any, ...]) -> str | None:
         if (n := _over(row[i])) is not None:
             return (f"{column} is {n:,} bytes, over the {INDEXED_TEXT_MAX} the index it is"
                     " copied into takes")
+    return None
+
+
+def intent_problem(table: str, value: Any) -> str | None:
+    """What PostgreSQL would refuse in an attempt intent's row and the attempt row does not
+    hold (so :func:`row_problems` never sees it): its ``agent_instance``. Intents are not
+    written row by row, so a refused one stalled the sink (every restart failed on it)."""
+    instance = value.get("agent_instance") if table == "attempts" else None
+    if isinstance(instance, str) and ("\x00" in instance or len(instance) > INDEXED_TEXT_MAX):
+        return f"agent_instance holds a NUL character or is over {INDEXED_TEXT_MAX} characters"
     return None

@@ -12,6 +12,7 @@ from confluent_kafka import Producer
 
 from postbacks.codec import codec_for
 from postbacks.core.outcomes import make_attempt, make_dead_letter, make_outcome
+from postbacks.core.providers.base import RenderedRequest
 from postbacks.errors import InvalidRecord
 from postbacks.records import DeliveryRecord
 from postbacks.settings import Settings
@@ -52,6 +53,11 @@ def test_values_postgresql_refuses_are_dead_lettered_and_the_rest_written(
             topic="x", partition=0, offset=1, key=None, value=b"v", stage="elsewhere",
             exc=InvalidRecord("why\x00"), reason="invalid_record", now_ms=T0)),
          "error_message"),
+        # an intent's agent_instance is in the intent's row only: the sink stalled on it
+        (TOPICS.attempts.base, ac.encode(make_attempt(
+            base, now_ms=T0, result="sending", agent_instance="a\x00b",
+            req=RenderedRequest("POST", "https://example.test/h", {}, b"{}"))),
+         "agent_instance"),
     ]
     for i in range(n):
         produce_delivered(p, topic, namespace, ep, i)
