@@ -10,7 +10,7 @@ from typing import Any, TypeAlias, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from postbacks.errors import ServiceUnavailable
+from postbacks.errors import InvalidRecord, ServiceUnavailable
 
 __all__ = ["Connection", "DatabaseError", "KeptConnection", "connect", "scratch_database",
            "with_dbname"]
@@ -58,7 +58,8 @@ class KeptConnection:
     one per pass costs a PostgreSQL backend start). ``run(fn)`` calls ``fn(conn)``; when a
     query fails on the kept connection (the server restarted or dropped it), ``fn`` runs
     once more on a new one, and a second failure drops it and raises
-    :class:`ServiceUnavailable`. One caller at a time (callers serialize)."""
+    :class:`ServiceUnavailable`. A value the server refuses (a NUL in a text) raises
+    :class:`InvalidRecord` at once. One caller at a time (callers serialize)."""
 
     def __init__(self, database_url: str) -> None:
         self._url = database_url
@@ -70,6 +71,10 @@ class KeptConnection:
                 if self.conn is None or self.conn.closed:
                     self.conn = connect(self._url, autocommit=True, kept=True)
                 return fn(self.conn)
+            except (psycopg.DataError, psycopg.errors.ProgramLimitExceeded) as exc:
+                # the query's values, not the server: trying again cannot help (a NUL in a
+                # record's text waited for ever as "PostgreSQL unavailable")
+                raise InvalidRecord(f"PostgreSQL refuses a value: {exc}") from exc
             except psycopg.Error as exc:
                 self.close()
                 if last:

@@ -17,6 +17,7 @@ from postbacks.kafka.clients import make_producer
 from postbacks.settings import Settings
 from postbacks.tools.procs import Proc, Stack, wait_for
 from tests.e2e.harness import Harness
+from tests.kafka_util import decode, read_topic
 from topics import TOPICS
 
 
@@ -109,6 +110,13 @@ def test_an_anomaly_trip_is_notified_once(h: Harness) -> None:
     codec = codec_for("BreakerState")
     producer = make_producer(h.settings)
     now = int(time.time() * 1000)
+    # first, on the same partition, a trip whose scope key PostgreSQL cannot hold (a NUL):
+    # the notifier waited on it for ever as "PostgreSQL unavailable"; now a dead letter
+    producer.produce(h.settings.topic(TOPICS.anomaly_control.base), codec.encode({
+        "scope": "endpoint", "scope_key": "ep\x00forged", "detector": "payout_rate",
+        "state": "tripped", "changed_at": now, "reason": "r", "actor": None,
+        "observed_value": None, "baseline_value": None,
+    }), f"endpoint/{pub}/payout_rate".encode())
     for i in range(3):  # the same trip re-published (a compacted topic re-read): one slot
         producer.produce(h.settings.topic(TOPICS.anomaly_control.base), codec.encode({
             "scope": "endpoint", "scope_key": pub, "detector": "payout_rate",
@@ -127,3 +135,6 @@ def test_an_anomaly_trip_is_notified_once(h: Harness) -> None:
     got = h.received(ops)
     assert len(got) == 1 and got[0]["signature"] == "ok"
     assert orjson.loads(got[0]["body"])["type"] == "operations.anomaly.tripped"
+    [dead] = [decode("DeadLetter", m) for m in read_topic(h.settings, TOPICS.dlq.base, 1)]
+    assert (dead["stage"], dead["reason"]) == ("notifier", "invalid_record"), dead
+    assert "PostgreSQL refuses a value" in dead["error_message"]
