@@ -57,6 +57,11 @@ class Notifier:
         self.idem_key = settings.idempotency_key.reveal().encode()
         self.watch = notify.BreakerWatch(int(settings.notify_breaker_open_s * 1000))
         self.seen = notify.SeenSlots()
+        # this batch's part of that memory, undone when its transaction is aborted (its
+        # records are read again, and must be notified again: claim_slot lets the same
+        # event claim its slot again)
+        self._marked: list[notify.Slot] = []
+        self._raised: list[str] = []
         self.pruned_at = 0.0
         self.codecs = {t: codec_for(spec.record) for t, spec in (
             (TOPICS.dlq.base, TOPICS.dlq), (TOPICS.outcomes.base, TOPICS.outcomes),
@@ -77,6 +82,8 @@ class Notifier:
             event = notify.from_dead_letter(rec, now_ms)  # type: ignore[arg-type]
         elif base == TOPICS.outcomes.base:
             event = self.watch.observe(rec, now_ms)  # type: ignore[arg-type]
+            if event is not None:
+                self._raised.append(event["endpoint_id"] or "")
         elif base == TOPICS.anomaly_control.base:
             event = notify.from_breaker_state(rec, now_ms)  # type: ignore[arg-type]
         else:
@@ -96,6 +103,7 @@ class Notifier:
             NOTIFICATIONS_TOTAL.labels(kind=kind, result="aggregated").inc()
             return
         self.seen.mark(slot)
+        self._marked.append(slot)
         subject = self._endpoint(event["endpoint_id"]) if event["endpoint_id"] else None
         if subject is not None and not event["app_id"]:
             event = OperationalEventRecord(**{**event, "app_id": subject.app_id})
@@ -116,6 +124,14 @@ class Notifier:
         NOTIFICATIONS_TOTAL.labels(kind=kind, result="sent").inc()
         log.info("notifier: %s of %s -> %s (%s)", kind, event["endpoint_id"],
                  target.endpoint_id, d["delivery_id"])
+
+    def after_commit(self, committed: bool) -> None:
+        """After each batch's transaction: aborted, its notifications were not produced."""
+        if not committed:
+            self.seen.forget(self._marked)
+            self.watch.unraise(self._raised)
+        self._marked.clear()
+        self._raised.clear()
 
     def _endpoint(self, endpoint_id: str) -> Endpoint | None:
         hit = self.cache.get(endpoint_id)
@@ -143,7 +159,7 @@ def run_notifier(settings: Settings, stop: threading.Event) -> None:
     producer = TxnProducer.create(settings, "notifier")
     try:
         run_stage("notifier", settings, consumer, producer, list(INPUTS), notifier.handle,
-                  stop, group=GROUP)
+                  stop, group=GROUP, after_commit=notifier.after_commit)
     except Stopping:
         log.info("notifier: stopped while waiting for PostgreSQL")
     finally:

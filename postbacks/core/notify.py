@@ -22,7 +22,7 @@ claim and is notified, while a second fact for the same slot is aggregated.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from postbacks.core.endpoint import Endpoint
@@ -167,6 +167,14 @@ class BreakerWatch:
                        "quarantine_reason": o["reason"] or ""},
                       ep, str(st.since_ms))
 
+    def unraise(self, endpoint_ids: Iterable[str]) -> None:
+        """Their ``breaker.open_long`` was not sent after all (its batch was aborted and
+        will be read again): raise it again when its outcome comes back."""
+        for ep in endpoint_ids:
+            st = self._open.get(ep)
+            if st is not None:
+                st.raised = False
+
     def prune(self, now_ms: int) -> None:
         """Forget endpoints quiet for longer than ``open_long_ms`` (bounded memory)."""
         for ep in [e for e, st in self._open.items() if now_ms - st.last_ms > self.open_long_ms]:
@@ -189,6 +197,10 @@ class SeenSlots:
 
     def mark(self, slot: Slot) -> None:
         self._taken.add(slot)
+
+    def forget(self, slots: Iterable[Slot]) -> None:
+        """Not known taken after all (marked in a batch that was aborted)."""
+        self._taken.difference_update(slots)
 
     def prune(self, now_ms: int) -> None:
         oldest = hour_of(now_ms) - HOUR_MS

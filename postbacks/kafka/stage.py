@@ -139,10 +139,13 @@ def run_stage(
     *,
     group: str,
     clock: Callable[[], float] = time.time,
+    after_commit: Callable[[bool], None] | None = None,
 ) -> None:
     """Run until ``stop`` is set. ``handle`` may raise DeadLetterError for one record.
     ``group``: the base name ``consumer`` was made with (``make_consumer``), for the group
-    watch."""
+    watch. ``after_commit(committed)`` after each batch's transaction: False when it was
+    aborted and its records will be read again (a handler keeping memory of what it saw
+    undoes the batch's part of it)."""
     dlq_codec = codec_for("DeadLetter")
     limit = message_max(settings, stage)
     subscribe_watched(consumer, [settings.topic(b) for b in input_bases], settings, group, stop)
@@ -171,7 +174,9 @@ def run_stage(
                                         "internal_error")
             if not offsets:
                 continue
-            commit_batch(stage, settings, consumer, producer, out, offsets)
+            committed = commit_batch(stage, settings, consumer, producer, out, offsets)
+            if after_commit is not None:
+                after_commit(committed)
             processed.inc(len(msgs))
     finally:
         consumer.close()

@@ -238,3 +238,64 @@ def test_an_endpoint_cannot_notify_itself() -> None:
                      secrets=own.secrets,
                      config=EndpointConfig.from_json({"notify_endpoint_id": "ep_ops"}))
     assert endpoint_problems(other, now_ms=int(time.time() * 1000)) == []
+
+
+class _Msg:
+    def __init__(self, topic: str, value: bytes) -> None:
+        self._topic, self._value = topic, value
+
+    def topic(self) -> str:
+        return self._topic
+
+    def value(self) -> bytes:
+        return self._value
+
+
+class _Claims:
+    """notification slots as PostgreSQL's ``claim_slot``: the same event may claim its own
+    slot again (a fact read again), another event of the slot may not."""
+
+    def __init__(self) -> None:
+        self.by_slot: dict[notify.Slot, str] = {}
+
+    def claim(self, slot: notify.Slot, event_id: str) -> bool:
+        return self.by_slot.setdefault(slot, event_id) == event_id
+
+    def endpoint(self, _endpoint_id: str) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_batch_read_again_after_an_abort_is_notified_again() -> None:
+    """A notifier batch whose transaction aborted is read again; its memory of slots taken
+    and breaker runs raised used to keep the events from being produced the second time
+    (lost); ``after_commit(False)`` undoes that batch's part of it."""
+    import threading
+
+    from postbacks.kafka.stage import Output
+    from postbacks.settings import load_settings
+    from streams.notifier import Notifier
+
+    s = load_settings()
+    n = Notifier(s, {}, None, threading.Event())  # type: ignore[arg-type]
+    n.db = _Claims()  # type: ignore[assignment]
+    n.watch = notify.BreakerWatch(60 * S)
+    dl = _Msg(s.topic("dlq.v1"), codec_for("DeadLetter").encode(_dl()))
+    outcomes = [_Msg(s.topic("outcomes.v1"), codec_for("Outcome").encode(
+        _outcome("quarantined", T0 + i * 30 * S, oid=f"out_{i}"))) for i in range(3)]
+
+    def batch() -> list[str]:
+        out = Output()
+        for m in (dl, *outcomes):
+            n.handle(m, out, T0 + 100 * S)  # type: ignore[arg-type]
+        ops = codec_for("OperationalEvent")
+        return sorted(ops.decode(v)["kind"] for t, _, v in out.items if t == "operations.v1")
+
+    first = batch()
+    assert first == ["breaker.open_long", "dead_letter.first"]
+    n.after_commit(False)  # aborted: read again
+    assert batch() == first
+    n.after_commit(True)
+    assert batch() == []  # committed: the same facts again are aggregated
