@@ -175,7 +175,8 @@ class Deliverer:
             wire_ms=result.wire_ms, excerpt=result.excerpt, attempted_at=int(sent_at * 1000),
             **ids,
         )
-        first = d["first_attempt_at"] or int(sent_at * 1000)
+        sent_ms = int(sent_at * 1000)  # (a first attempt "in the future": another producer's)
+        first = min(d["first_attempt_at"] or sent_ms, sent_ms)
         match verdict:
             case Delivered():
                 self.attempt(out, d, now_ms, "delivered", req, redact, **common)
@@ -223,7 +224,7 @@ class Deliverer:
 
     def _retry_or_exhaust(self, out: list[Item], raw: object, d: DeliveryRecord, ep: Endpoint,
                           ec: str, after: float | None, first: int, now_ms: int) -> None:
-        attempt_no = d["attempt"] + 1
+        attempt_no = max(d["attempt"], 0) + 1  # (below 0: another producer's; no backoff)
         policy = self.retry
         if ep.config.max_attempts is not None:
             policy = RetryPolicy(policy.base_s, policy.max_delay_s, policy.ceiling_s,

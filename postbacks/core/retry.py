@@ -54,7 +54,13 @@ def next_step(
     policy: RetryPolicy, *, attempt_no: int, event_type: str, first_attempt_ms: int,
     now_ms: int, retry_after_s: float | None, rand: float,
 ) -> ScheduleRetry | DeadLetter:
-    """After failed attempt ``attempt_no``: retry when, or give up. ``rand`` in [0, 1)."""
+    """After failed attempt ``attempt_no``: retry when, or give up. ``rand`` in [0, 1).
+
+    A record from another producer may carry any numbers: an attempt below 1 (no backoff:
+    it retried in a tight loop, never reaching the limit) counts as the first, and a first
+    attempt in the future (the ceiling never reached) as now."""
+    attempt_no = max(attempt_no, 1)
+    first_attempt_ms = min(first_attempt_ms, now_ms)
     limit = policy.max_attempts_by_event_type.get(event_type, policy.max_attempts)
     if attempt_no >= limit:
         return DeadLetter("exhausted")

@@ -73,3 +73,14 @@ def test_ceiling_and_max_attempts_exhaust() -> None:
                                               (200, "2m"), (7200, "1h"), (30000, "6h")])
 def test_tier_choice(delay: float, tier: str) -> None:
     assert tier_for(delay) == tier
+
+
+@pytest.mark.parametrize("attempt_no", [-2**31, -1, 0])
+def test_an_attempt_below_one_keeps_the_backoff(attempt_no: int) -> None:
+    """From another producer: an attempt below 1 used to give no delay at all (a tight
+    retry loop on the endpoint, the attempt limit never reached)."""
+    now = 1_800_000_000_000
+    step = next_step(RetryPolicy(jitter=0.0), attempt_no=attempt_no, event_type="c",
+                     first_attempt_ms=now, now_ms=now, retry_after_s=None, rand=0.0)
+    assert isinstance(step, ScheduleRetry) and step.due_at_ms - now == 5000
+
