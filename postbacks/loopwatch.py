@@ -5,7 +5,10 @@ loop's lag (``postbacks_event_loop_lag_seconds``): the wait every ready callback
 finished HTTP response, a consumed batch — had on top of its own work. A thread beside it
 checks the note: when the loop has not come back for ``report_s``, it logs the loop
 thread's stack once for that stall (at most one report per ``quiet_s``), so the code that
-blocked the loop is named in the log rather than guessed.
+blocked the loop is named in the log rather than guessed. With ``restart_after_s``, a
+loop that has not come back for that long restarts the process in place (every thread's
+stack in the log first): a process whose loop is stuck still answers ``/metrics`` from its
+own thread, so no probe would notice.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import threading
 import time
 import traceback
 
+from postbacks.kafka import watchdog
 from postbacks.metrics import LOOP_LAG
 
 __all__ = ["LoopWatch"]
@@ -26,7 +30,9 @@ log = logging.getLogger(__name__)
 
 class LoopWatch:
     def __init__(self, process: str, *, interval_s: float = 0.01, report_s: float = 0.1,
-                 quiet_s: float = 10.0) -> None:
+                 quiet_s: float = 10.0, restart_after_s: float | None = None) -> None:
+        self._process = process
+        self._restart_after = restart_after_s
         self._lag = LOOP_LAG.labels(process=process)
         self._interval = interval_s
         self._report = report_s
@@ -59,6 +65,9 @@ class LoopWatch:
         while not self._stop.wait(self._report / 4):
             beat = self._beat
             now = time.monotonic()
+            if self._restart_after is not None and now - beat > self._restart_after:
+                watchdog.restart_in_place(f"{self._process}: the event loop has not turned "
+                                          f"for {now - beat:.0f} s", dump=True, backoff_s=1.0)
             if (now - beat < self._report or beat == reported_beat
                     or now - last_report < self._quiet):
                 continue

@@ -113,7 +113,8 @@ class PostgresSink:
 
     def conn(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self.settings.database_url)
+            # keepalives: a server gone without a word fails the flush in ~30 s, not ~15 min
+            self._conn = connect(self.settings.database_url, kept=True)
             # Each flush's statements are small keyed lookups and writes: compiling one
             # (JIT, when its estimated cost passes jit_above_cost) took ~40 ms of a flush.
             self._conn.execute("SET jit = off")

@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from postbacks.errors import ServiceUnavailable
 from postbacks.kafka.clients import check_broker, make_consumer, records
-from postbacks.kafka.watchdog import subscribe_watched
+from postbacks.kafka.watchdog import guard, subscribe_watched
 from postbacks.metrics import SINK_WAITING, STAGE_RECORDS
 from postbacks.settings import Settings
 from sinks.postgres import GROUP, REFUSALS, PostgresSink
@@ -85,7 +85,8 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
             if not sink.pending():
                 continue
             try:
-                sink.flush()
+                with guard("sink flush"):  # a hung PostgreSQL: restart (counted), not stall
+                    sink.flush()
                 processed.inc(len(msgs))
             except REFUSALS as exc:
                 if sink.refused():

@@ -102,7 +102,7 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                       on_revoke=lambda _c, parts: moves.revoke(parts))
     kafka = ThreadPoolExecutor(1, thread_name_prefix="kafka")  # every Kafka call, serialized
     loop = asyncio.get_running_loop()
-    watch = LoopWatch("agent")
+    watch = LoopWatch("agent", restart_after_s=settings.stall_restart_s)
     tracker = Tracker()
     processed = STAGE_RECORDS.labels(stage="agent")
     interval = settings.commit_interval_ms / 1000

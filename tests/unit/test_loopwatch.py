@@ -64,3 +64,38 @@ def test_a_free_loop_reports_nothing(caplog: pytest.LogCaptureFixture) -> None:
     assert not [r for r in caplog.records if "event loop blocked" in r.getMessage()]
     assert _count("test-free") >= 5
     assert _lag("test-free", "1.0") == _count("test-free")
+
+
+def test_a_loop_stuck_past_the_limit_restarts_the_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stuck loop in a process whose /metrics answers from its own thread: nothing else
+    would notice (the agent's partitions waited for a person)."""
+    from postbacks.kafka import watchdog
+
+    restarts: list[tuple[str, bool]] = []
+    monkeypatch.setattr(watchdog, "restart_in_place",
+                        lambda why, dump=False, **_: restarts.append((why, dump)))
+
+    async def main() -> None:
+        watch = LoopWatch("test-stuck", interval_s=0.01, report_s=0.05, restart_after_s=0.2)
+        watch.start()
+        await asyncio.sleep(0.05)
+        time.sleep(0.5)  # stuck past the limit
+        await asyncio.sleep(0.05)
+        watch.stop()
+
+    asyncio.run(main())
+    assert restarts and restarts[0][1] is True  # with every thread's stack
+    assert restarts[0][0].startswith("test-stuck: the event loop has not turned for")
+
+    restarts.clear()
+
+    async def fine() -> None:
+        watch = LoopWatch("test-fine", interval_s=0.01, report_s=0.05, restart_after_s=0.2)
+        watch.start()
+        time.sleep(0.1)  # blocked, but under the limit
+        await asyncio.sleep(0.1)
+        watch.stop()
+
+    asyncio.run(fine())
+    assert restarts == []
