@@ -66,6 +66,10 @@ def test_a_free_loop_reports_nothing(caplog: pytest.LogCaptureFixture) -> None:
     assert _lag("test-free", "1.0") == _count("test-free")
 
 
+def block_the_loop(seconds: float) -> None:
+    time.sleep(seconds)  # the blocking under test
+
+
 def test_a_loop_stuck_past_the_limit_restarts_the_process(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A stuck loop in a process whose /metrics answers from its own thread: nothing else
@@ -80,7 +84,7 @@ def test_a_loop_stuck_past_the_limit_restarts_the_process(
         watch = LoopWatch("test-stuck", interval_s=0.01, report_s=0.05, restart_after_s=0.2)
         watch.start()
         await asyncio.sleep(0.05)
-        time.sleep(0.5)  # stuck past the limit
+        block_the_loop(0.5)  # stuck past the limit
         await asyncio.sleep(0.05)
         watch.stop()
 
@@ -93,7 +97,7 @@ def test_a_loop_stuck_past_the_limit_restarts_the_process(
     async def fine() -> None:
         watch = LoopWatch("test-fine", interval_s=0.01, report_s=0.05, restart_after_s=0.2)
         watch.start()
-        time.sleep(0.1)  # blocked, but under the limit
+        block_the_loop(0.1)  # blocked, but under the limit
         await asyncio.sleep(0.1)
         watch.stop()
 
