@@ -41,6 +41,14 @@ def _stage(name: str) -> Callable[[Settings, argparse.Namespace], int]:
         settle_gc(settings.gc_gen0_threshold)  # after the runner's imports
         try:
             runner(settings, stop)
+        except ServiceUnavailable as exc:
+            from postbacks.kafka.watchdog import restart_in_place, restarts_so_far
+
+            if stop.is_set() or not restarts_so_far():
+                raise  # a fresh start fails fast, with the error
+            # a copy restarted in place (the brokers or PostgreSQL went away mid-run):
+            # wait for them here, counted, rather than exit and stay down
+            restart_in_place(f"{name}: {exc}; trying again in 5 s", backoff_s=5.0)
         except KafkaException as exc:
             if stop.is_set():
                 raise
