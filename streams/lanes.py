@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 from confluent_kafka import Message
 
 from postbacks.codec import codec_for
-from postbacks.core.breaker import BreakerPolicy, BreakerState, Divert, admit, merge, on_result
+from postbacks.core.breaker import (
+    BreakerPolicy,
+    BreakerState,
+    Divert,
+    admit,
+    merge,
+    not_ahead,
+    on_result,
+)
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.quarantine import UNSEEN, paced_due, slot_ms
 from postbacks.errors import DeadLetterError
@@ -126,7 +134,7 @@ class Lanes:
         """Another agent's (or an earlier run's) breaker transition for this endpoint."""
         lane = self._lane(endpoint_id)
         before = lane.breaker
-        lane.breaker = merge(self.policy, before, remote)
+        lane.breaker = merge(self.policy, before, not_ahead(remote, self._now_ms()))
         if lane.breaker is not before:
             self._changed(lane, before, own=False)
             if lane.queue or lane.redrives:

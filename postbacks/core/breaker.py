@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from postbacks.records import BreakerStateRecord
 
 __all__ = ["CIRCUIT", "BreakerPolicy", "BreakerState", "Divert", "Send", "admit", "from_record",
-           "merge", "on_result", "to_record"]
+           "merge", "not_ahead", "on_result", "to_record"]
 
 CIRCUIT = "circuit"  # the detector of a circuit breaker's BreakerState record
 _RANK = {"closed": 0, "ramping": 1, "half_open": 2, "open": 3}  # ties: the stricter wins
@@ -113,6 +113,17 @@ def on_result(p: BreakerPolicy, s: BreakerState, now_ms: int, *, failed: bool,
     if s.state in ("closed", "ramping") and n >= p.failure_threshold:
         return BreakerState("open", n, now_ms, changed_ms=now_ms)
     return replace(s, consecutive_failures=n)
+
+
+def not_ahead(remote: BreakerState, now_ms: int) -> BreakerState:
+    """Another agent's transition with no time later than ``now_ms``: an agent whose clock
+    ran ahead (by hours) made every other agent divert the endpoint, and ignore its own
+    transitions, for as long as the skew."""
+    times = (remote.changed_ms, remote.opened_at_ms, remote.ramp_started_ms)
+    if max(times) <= now_ms:
+        return remote
+    changed, opened, ramp = (min(t, now_ms) for t in times)
+    return replace(remote, changed_ms=changed, opened_at_ms=opened, ramp_started_ms=ramp)
 
 
 def merge(p: BreakerPolicy, local: BreakerState, remote: BreakerState) -> BreakerState:

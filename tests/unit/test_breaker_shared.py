@@ -14,6 +14,7 @@ from postbacks.core.breaker import (
     admit,
     from_record,
     merge,
+    not_ahead,
     on_result,
     to_record,
 )
@@ -114,3 +115,17 @@ def test_an_anomaly_halt_is_no_circuit_breaker() -> None:
            "state": "tripped", "changed_at": 1, "reason": None, "actor": None,
            "observed_value": None, "baseline_value": None}
     assert from_record(rec) is None  # type: ignore[arg-type]
+
+
+def test_a_transition_from_an_agent_whose_clock_runs_ahead_is_taken_as_now() -> None:
+    """An open published by an agent two hours ahead used to keep every other agent
+    diverting the endpoint for two hours past its open period (and ignoring its own later
+    transitions); taken as now, it lasts its period from now."""
+    now, ahead = 1_000_000, 1_000_000 + 2 * 3600 * 1000
+    skewed = BreakerState("open", 3, ahead, changed_ms=ahead)
+    s = merge(P, BreakerState(), not_ahead(skewed, now))
+    assert (s.state, s.opened_at_ms, s.changed_ms) == ("open", now, now)
+    assert admit(P, s, now + 5_000, 4)[0] == Divert("breaker_open", now + 10_000)
+    assert admit(P, s, now + 10_000, 4)[0] == Send(1, probe=True)  # its 10 s, from now
+    honest = BreakerState("open", 3, now - 5, changed_ms=now - 5)
+    assert not_ahead(honest, now) is honest
