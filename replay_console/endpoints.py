@@ -236,8 +236,8 @@ def load_for_test_send(conn: psycopg.Connection[Any], settings: Settings, p: Pri
 
 
 async def test_send(settings: Settings, endpoint: Endpoint, *,
-                    override: Override | None = None, lookup: Lookup | None = None
-                    ) -> dict[str, Any]:
+                    override: Override | None = None, lookup: Lookup | None = None,
+                    by: str | None = None) -> dict[str, Any]:
     """Render a sample delivery for ``endpoint`` (plus an optional override) through the
     real render and sign path, send it through the real transport (SSRF guard included)
     and return the exact request (signatures and the endpoint's custom header values
@@ -249,7 +249,7 @@ async def test_send(settings: Settings, endpoint: Endpoint, *,
     from postbacks.core.render import RenderError, render
     from postbacks.transport.http import HttpTransport
 
-    ep = apply_override(endpoint, override)
+    ep = apply_override(endpoint, override, by=by)  # by: the sender (as a replay's copy)
     now_ms = int(time.time() * 1000)
     d = sample_delivery(ep, now_ms=now_ms)
     try:

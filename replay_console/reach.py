@@ -13,14 +13,13 @@ role's checks, so a support token cannot use it to map names it may not send to.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import socket
 from urllib.parse import urlsplit
 
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.macros import RenderError, macro_sequence
-from postbacks.core.override import Override
+from postbacks.core.override import Override, host_of, scheme_of
 from postbacks.core.ssrf import blocked_reason, parse_host_literal, url_blocked_reason
 from replay_console.auth import Principal, may
 from replay_console.rules import ActionError, Lookup
@@ -68,24 +67,6 @@ def check_target(url: str, *, allow_loopback: bool, lookup: Lookup | None = None
 WIDE_REACH = ("reviewer", "admin")  # may target any host that passes the SSRF check
 
 
-def _host(url: str) -> str:
-    try:
-        host = (urlsplit(url).hostname or "").lower().rstrip(".")
-    except ValueError:
-        return ""
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return host
-
-
-def _scheme(url: str) -> str:
-    try:
-        return urlsplit(url).scheme.lower()
-    except ValueError:
-        return ""
-
-
 def check_reach(p: Principal, endpoint: Endpoint, url: str) -> None:
     """Refuse (403) a send to ``url`` on ``endpoint``'s behalf that ``p`` may not make: a
     role outside :data:`WIDE_REACH` may target only the host of the endpoint's stored URL
@@ -98,15 +79,15 @@ def check_reach(p: Principal, endpoint: Endpoint, url: str) -> None:
         urlsplit(url)
     except ValueError:
         return  # unparseable: the URL's own check refuses it (400)
-    if _scheme(endpoint.url) == "https" and _scheme(url) == "http" and (
+    if scheme_of(endpoint.url) == "https" and scheme_of(url) == "http" and (
             endpoint.config.headers or p.role not in WIDE_REACH):
         raise ActionError(
             "the endpoint's URL is https: its request is not sent over plain http"
             + (f" with its custom headers ({', '.join(sorted(endpoint.config.headers))})"
                if endpoint.config.headers else " by a " + p.role)
             + "; use https", 403, scheme="http")
-    own = _host(endpoint.url)
-    host = _host(url)
+    own = host_of(endpoint.url)
+    host = host_of(url)
     allowed = bool(host) and (host == own or host in endpoint.config.test_hosts)
     if allowed or may(p, "edit_endpoint"):
         return

@@ -278,7 +278,8 @@ def send_test(c: Console) -> Handler:
                                           lookup=c.lookup)
             if why:
                 raise Problem(400, f"test-send refused: {why}", audit=True)
-        sent = await eps.test_send(c.settings, ep, override=override, lookup=c.lookup)
+        sent = await eps.test_send(c.settings, ep, override=override, lookup=c.lookup,
+                                   by=p.actor)
 
         await c.pool.run(lambda conn: eps.audit_test_send(conn, p, eid, sent))
         counted(request[ACTION], "ok" if sent["ok"] else "refused")

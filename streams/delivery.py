@@ -140,7 +140,7 @@ class Deliverer:
         now_ms = int(picked * 1000)
         queue_ms = max(0.0, float(now_ms - (d["enqueued_at"] or d["created_at"])))
         try:
-            ep = apply_override(ep, parse_override(d.get("override")))
+            ep = apply_override(ep, parse_override(d.get("override")), by=d["triggered_by"])
             req = render(d, ep, now_ms=now_ms)
         except (RenderError, OverrideError) as exc:
             RENDER_ERRORS.inc()

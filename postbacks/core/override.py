@@ -15,11 +15,13 @@ the console shows before the replay. The SSRF address check of an overridden URL
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
+from urllib.parse import urlsplit
 
 from postbacks.core.endpoint import Endpoint
 
@@ -28,8 +30,11 @@ __all__ = [
     "Override",
     "OverrideError",
     "apply_override",
+    "headers_may_go",
+    "host_of",
     "override_diff",
     "parse_override",
+    "scheme_of",
 ]
 
 MAX_OVERRIDE_BYTES = 8192  # an override is a fix, not a payload
@@ -104,8 +109,46 @@ def parse_override(raw: str | Mapping[str, Any] | None) -> Override | None:
     return Override(url=url, fields=fields, aliases=aliases)
 
 
-def apply_override(endpoint: Endpoint, override: Override | None) -> Endpoint:
-    """``endpoint`` as this copy renders it."""
+def host_of(url: str) -> str:
+    """A URL's host as compared with an endpoint's own and its ``test_hosts``: lower-case,
+    no trailing dot, an IP literal in its canonical form ("" when there is none)."""
+    try:
+        host = (urlsplit(url).hostname or "").lower().rstrip(".")
+    except ValueError:
+        return ""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host
+
+
+def scheme_of(url: str) -> str:
+    """A URL's scheme, lower-case ("" when it has none or cannot be read)."""
+    try:
+        return urlsplit(url).scheme.lower()
+    except ValueError:
+        return ""
+
+
+def headers_may_go(endpoint: Endpoint, url: str, by: str | None) -> bool:
+    """Whether a copy retargeted to ``url`` may carry the endpoint's custom headers, judged
+    when it is sent (the console judged it when the replay was queued; the endpoint may
+    have gained headers, or lost a test host, since): never from an https endpoint over
+    http; to a host other than the endpoint's own or its ``test_hosts``, only when an
+    admin queued it (``by``: the copy's ``triggered_by``, ``admin:…``)."""
+    if scheme_of(endpoint.url) == "https" and scheme_of(url) != "https":
+        return False
+    host = host_of(url)
+    if host and (host == host_of(endpoint.url) or host in endpoint.config.test_hosts):
+        return True
+    return (by or "").startswith("admin:")
+
+
+def apply_override(endpoint: Endpoint, override: Override | None, *,
+                   by: str | None = None) -> Endpoint:
+    """``endpoint`` as this copy renders it; ``by``: who queued the copy (its
+    ``triggered_by``): a retargeted copy drops the endpoint's custom headers where
+    :func:`headers_may_go` says they may not go."""
     if override is None:
         return endpoint
     config = endpoint.config
@@ -113,6 +156,8 @@ def apply_override(endpoint: Endpoint, override: Override | None) -> Endpoint:
         config = replace(config, fields=override.fields)
     if override.aliases is not None:
         config = replace(config, aliases=override.aliases)
+    if override.url and config.headers and not headers_may_go(endpoint, override.url, by):
+        config = replace(config, headers=MappingProxyType({}))
     return replace(endpoint, url=override.url or endpoint.url, config=config)
 
 
