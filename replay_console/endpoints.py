@@ -17,6 +17,7 @@ signature in the receiver's response excerpt is redacted too."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -302,13 +303,18 @@ def _signatures(d: Any, ep: Endpoint, headers: dict[str, str], now_ms: int) -> s
     return out
 
 
+_SCHEME = re.compile(r"[a-z0-9]{1,16}")  # sha256= (a base64 value's padding is no scheme)
+
+
 def _redact(text: str, signatures: set[str]) -> str:
-    """``text`` with every signature in it replaced (``v1,<sig>`` keeps its ``v1,``)."""
+    """``text`` with every signature in it replaced (``v1,<sig>`` keeps its ``v1,``, a
+    partner's ``sha256=<hex>`` its ``sha256=``), the bare value too, wherever echoed."""
     for sig in sorted(signatures, key=len, reverse=True):
-        scheme, comma, value = sig.partition(",")
-        if comma and value:
-            text = text.replace(sig, f"{scheme},{REDACTED}")
-            text = text.replace(value, REDACTED)  # the bare value, wherever it is echoed
+        sep = "," if "," in sig else "="
+        scheme, found, value = sig.partition(sep)
+        if found and value.strip("=") and (sep == "," or _SCHEME.fullmatch(scheme)):
+            text = text.replace(sig, f"{scheme}{sep}{REDACTED}")
+            text = text.replace(value, REDACTED)
         else:
             text = text.replace(sig, REDACTED)
     return text
