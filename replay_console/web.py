@@ -46,7 +46,7 @@ from postbacks.settings import Settings
 from replay_console import queries as q
 from replay_console import reads as rd
 from replay_console import writes as w
-from replay_console.auth import check_csrf, end_session, lookup_token, session_cookie
+from replay_console.auth import Principal, check_csrf, end_session, lookup_token, session_cookie
 from replay_console.forms import MAX_BODY, body_of, text
 from replay_console.guard import check_request
 from replay_console.health import add_health_routes
@@ -64,7 +64,7 @@ from replay_console.http import (
 )
 from replay_console.pool import ConnPool
 from replay_console.problem import Problem
-from replay_console.rules import ActionError, Lookup
+from replay_console.rules import ActionError, Lookup, audit
 from replay_console.throttle import (
     RefusalAudit,
     SignInThrottle,
@@ -299,6 +299,9 @@ def _login(c: Console, throttle: SignInThrottle) -> Handler:
             return c.render(request, "login.html", status=401,
                             error="unknown, expired or revoked token", next=nxt)
         counted("login", "ok")
+        signed_in = p
+        await c.pool.run(lambda conn: audit(conn, signed_in, "console.login", "console_token",
+                                            signed_in.token_id, None, None))
         resp = redirect(nxt)
         resp.set_cookie(COOKIE, session_cookie(c.key, p.token_id), httponly=True,
                         samesite="Strict", path="/", max_age=8 * 3600,
@@ -310,8 +313,14 @@ def _login(c: Console, throttle: SignInThrottle) -> Handler:
 def _logout(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         cookie: str | None = request.get(COOKIE_VALUE)
+        who: Principal | None = request.get(PRINCIPAL)
+
+        def end(conn: psycopg.Connection[Any]) -> None:
+            if end_session(conn, c.key, str(cookie)) and who is not None:
+                audit(conn, who, "console.logout", "console_token", who.token_id, None, None)
+
         if cookie is not None:  # ended on the server too: a copy of the cookie is refused
-            await c.pool.run(lambda conn: end_session(conn, c.key, cookie))
+            await c.pool.run(end)
         resp = redirect("/login")
         resp.del_cookie(COOKIE, path="/")
         return resp

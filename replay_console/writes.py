@@ -40,7 +40,7 @@ from replay_console.http import (
     not_for_publishers,
 )
 from replay_console.problem import Problem
-from replay_console.rules import ActionError
+from replay_console.rules import ActionError, require
 
 __all__ = ["endpoint_create", "endpoint_save", "import_backfill", "replay_bulk", "replay_one",
            "rerender",
@@ -208,6 +208,7 @@ def endpoint_save(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = me(request)
         doing(request, "endpoint_save")
+        require(p, "edit_endpoint", "change endpoint configuration")  # before reading input
         eid = request.match_info["id"]
         body = await body_of(request)
         config, types = _config_and_types(request, body)
@@ -244,6 +245,7 @@ def rotate(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = me(request)
         doing(request, "rotate_secret")
+        require(p, "edit_endpoint", "rotate signing secrets")  # before reading input
         eid = request.match_info["id"]
         body = await body_of(request)
         secret = text(body, "secret")

@@ -252,8 +252,9 @@ def test_tokens_expire_and_are_listed_and_revoked_from_the_cli(
             "SELECT actor, action, note FROM audit_log WHERE target_id = %s ORDER BY audit_id",
             (made["token_id"],)).fetchall()
     assert [(a, b) for a, b, _ in audit] == [("cli", "console.token_create"),
+                                             (f"support:alice-{ns}", "console.login"),
                                              (f"cli:ops-{ns}", "console.token_revoke")]
-    assert audit[1][2] == "left the team"
+    assert audit[2][2] == "left the team"
 
 
 # --- step-up for a URL change -----------------------------------------------------------
