@@ -232,6 +232,10 @@ CONTROL_REFUSED = Counter(
     "Halt changes on the anomaly control topic not honoured (dated ahead of the clock, an "
     "unknown detector): written by something other than a gate or `anomaly close`",
     ["reason"])
+EXPIRED_UNREAD = Counter(
+    "postbacks_records_expired_unread",
+    "Records a group never read because retention deleted them first (found when the "
+    "group is assigned the partition)", ["group", "topic"])
 RESTARTS_IN_PLACE = Counter(
     "postbacks_restarts_in_place",
     "Times this process replaced itself with a fresh copy (same PID: an unusable Kafka "

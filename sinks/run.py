@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from postbacks.errors import ServiceUnavailable
 from postbacks.kafka.clients import check_broker, make_consumer, records
+from postbacks.kafka.expired import check_expired
 from postbacks.kafka.watchdog import guard, subscribe_watched
 from postbacks.metrics import SINK_WAITING, STAGE_RECORDS
 from postbacks.settings import Settings
@@ -49,7 +50,10 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
     def on_assign(consumer: Consumer, partitions: list[TopicPartition]) -> None:
         while not stop.is_set():
             try:
-                consumer.assign(sink.stored_offsets(partitions))
+                stored = sink.stored_offsets(partitions)
+                check_expired(consumer, settings.topic(GROUP), partitions,
+                              {(tp.topic, tp.partition): tp.offset for tp in stored})
+                consumer.assign(stored)
                 sink.new_rows_from(consumer, partitions)
                 log.info("sink: assigned %d partition(s)", len(partitions))
                 return
@@ -71,7 +75,7 @@ def run_sink(settings: Settings, stop: threading.Event, *, retry_s: float = 2.0)
         sink.forget(partitions)  # (eager assignment: every partition goes)
 
     subscribe_watched(consumer, sink.topics, settings, GROUP, stop, on_assign=on_assign,
-                      on_revoke=on_revoke)
+                      on_revoke=on_revoke, offsets_in_kafka=False)  # in PostgreSQL
     processed = STAGE_RECORDS.labels(stage="sink")
     try:
         while not stop.is_set():

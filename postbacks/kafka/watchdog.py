@@ -173,6 +173,7 @@ def subscribe_watched(consumer: Consumer, topics: list[str], settings: Settings,
                       stop: threading.Event, *, on_assign: Rebalance | None = None,
                       on_revoke: Rebalance | None = None,
                       on_orphaned: Callable[[str], None] = _restart_orphaned,
+                      offsets_in_kafka: bool = True,
                       ) -> Callable[[], bool]:
     """``consumer.subscribe(topics)`` with :func:`watch_membership` on it, for a consumer
     made by ``make_consumer(settings, group)`` (the same ``group``: the watch asks the
@@ -187,11 +188,17 @@ def subscribe_watched(consumer: Consumer, topics: list[str], settings: Settings,
     For eager assignment, as every consumer here uses (the default ``range,roundrobin``,
     or the sink's ``range``): each assignment is the whole of it and each revocation takes
     everything. The client assigns after ``on_assign`` returns (or raises) unless it
-    assigned itself, so the flag is set either way."""
+    assigned itself, so the flag is set either way. Each assignment is checked for records
+    retention deleted before the group read them (:mod:`postbacks.kafka.expired`), from the
+    committed offsets unless ``offsets_in_kafka`` is False."""
     owned = [False]
 
     def assigned(c: Consumer, partitions: list[TopicPartition]) -> None:
         try:
+            if offsets_in_kafka:  # (a consumer keeping its own checks them itself)
+                from postbacks.kafka.expired import check_expired
+
+                check_expired(c, settings.topic(group), partitions)
             if on_assign is not None:
                 on_assign(c, partitions)
         finally:

@@ -1,0 +1,69 @@
+"""Records a consumer group never read because retention deleted them first: a stage down
+longer than a topic's retention, or a consumer lagging past it. The client resumes at the
+log's start (``auto.offset.reset=earliest``) and says so only in librdkafka's own log; the
+monitor's lag then looks normal. Checked at every assignment (where a stage that was down
+comes back): each such partition is logged as an error and its lost records counted in
+``postbacks_records_expired_unread_total`` (alert ``PostbacksRecordsExpiredUnread``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from postbacks.metrics import EXPIRED_UNREAD
+
+__all__ = ["check_expired", "expired_unread"]
+
+log = logging.getLogger(__name__)
+
+
+def expired_unread(c: Consumer, positions: Mapping[tuple[str, int], int],
+                   timeout_s: float = 10.0) -> list[tuple[str, int, int, int]]:
+    """``(topic, partition, position, log start)`` for each partition whose position (the
+    offset the group resumes at; below 0: none) retention has deleted past. All of it
+    within ``timeout_s`` (it runs in a rebalance callback: a broker away must not hold the
+    assignment): KafkaException when the time runs out before every partition is seen."""
+    deadline = time.monotonic() + timeout_s
+    out = []
+    for (topic, partition), position in sorted(positions.items()):
+        if position < 0:
+            continue  # nothing committed: the group starts where the log does
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
+                                            f"out of time after {timeout_s:g} s"))
+        low, _high = c.get_watermark_offsets(TopicPartition(topic, partition),
+                                             timeout=left, cached=False)
+        if position < low:
+            out.append((topic, partition, position, low))
+    return out
+
+
+def check_expired(c: Consumer, group: str, partitions: list[TopicPartition],
+                  positions: Mapping[tuple[str, int], int] | None = None) -> int:
+    """Log and count what :func:`expired_unread` finds for ``partitions`` (positions: the
+    group's committed offsets in Kafka unless given); the records lost. Never raises: a
+    broker that does not answer leaves it unchecked (logged), not the assignment failed."""
+    if not partitions:
+        return 0
+    try:
+        if positions is None:
+            positions = {(tp.topic, tp.partition): tp.offset
+                         for tp in c.committed(partitions, timeout=10)}
+        found = expired_unread(c, positions)
+    except Exception as exc:  # (the assignment matters more than the check)
+        log.warning("%s: could not check for records deleted before they were read: %s",
+                    group, exc)
+        return 0
+    lost = 0
+    for topic, partition, position, low in found:
+        lost += low - position
+        EXPIRED_UNREAD.labels(group=group, topic=topic).inc(low - position)
+        log.error("%s: %s[%d]: %d record(s) deleted by retention before this group read "
+                  "them (its position %d, the log now starts at %d): they are lost to it; "
+                  "find them upstream (docs/runbooks/PostbacksRecordsExpiredUnread.md)",
+                  group, topic, partition, low - position, position, low)
+    return lost

@@ -1,0 +1,68 @@
+"""Records retention deleted before a group read them (a stage down longer than the
+topic's retention): the client resumes at the log's start and says so only in librdkafka's
+log. At the assignment the stage logs each such partition and counts the records in
+``postbacks_records_expired_unread_total``; the rest flows. Retention is stood in for by
+``delete_records`` (the log's start moved past the group's committed offset)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from prometheus_client import REGISTRY
+
+from postbacks.codec import codec_for
+from postbacks.settings import Settings
+from postbacks.tools.procs import wait_for
+from streams.relay import GROUP, run_relay
+from tests.kafka_util import decode, read_topic
+from tests.unit.factories import make_delivery
+from topics import TOPICS
+
+
+def test_records_deleted_before_the_group_read_them_are_logged_and_counted(
+        settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    topic = settings.topic(TOPICS.retry_tier("5s").base)
+    group = settings.topic(GROUP)
+    p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                  "enable.idempotence": True})
+    now = int(time.time() * 1000)
+    for i in range(10):
+        p.produce(topic, codec_for("Delivery").encode(make_delivery(
+            delivery_id=f"dlv_exp_{i}", endpoint_id="ep_exp", due_at=now)), b"ep_exp",
+            partition=0)
+    assert p.flush(10) == 0
+    # the group had read 3 of them when it stopped ...
+    c = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers, "group.id": group,
+                  "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+    c.close()
+    # ... and retention deleted the log up to offset 7 meanwhile
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    for f in admin.delete_records([TopicPartition(topic, 0, 7)]).values():
+        f.result(timeout=30)
+
+    def counted() -> float:
+        return REGISTRY.get_sample_value("postbacks_records_expired_unread_total",
+                                         {"group": group, "topic": topic}) or 0.0
+
+    stop = threading.Event()
+    relay = threading.Thread(target=run_relay, args=(settings, stop), daemon=True)
+    with caplog.at_level(logging.ERROR, logger="postbacks.kafka.expired"):
+        relay.start()
+        try:
+            got = [decode("Delivery", m)["delivery_id"]
+                   for m in read_topic(settings, TOPICS.dispatch.base, 3)]
+            wait_for(lambda: counted() == 4, 30, what="4 records counted as expired unread",
+                     progress=counted)
+        finally:
+            stop.set()
+            relay.join(30)
+    assert sorted(got) == ["dlv_exp_7", "dlv_exp_8", "dlv_exp_9"]
+    [line] = [r.getMessage() for r in caplog.records]
+    assert f"{topic}[0]: 4 record(s) deleted by retention" in line
+    assert "its position 3, the log now starts at 7" in line
