@@ -7,6 +7,7 @@ service errors print one clear line and exit 2; nothing else prints a traceback 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -47,8 +48,12 @@ def _stage(name: str) -> Callable[[Settings, argparse.Namespace], int]:
             if stop.is_set() or not restarts_so_far():
                 raise  # a fresh start fails fast, with the error
             # a copy restarted in place (the brokers or PostgreSQL went away mid-run):
-            # wait for them here, counted, rather than exit and stay down
-            restart_in_place(f"{name}: {exc}; trying again in 5 s", backoff_s=5.0)
+            # wait for them here, counted, rather than exit and stay down; a SIGTERM
+            # meanwhile ends it
+            logging.getLogger(name).warning("%s: %s; trying again in 5 s", name, exc)
+            if stop.wait(5.0):
+                return 0
+            restart_in_place(f"{name}: {exc}; trying again")
         except KafkaException as exc:
             if stop.is_set():
                 raise

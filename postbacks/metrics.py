@@ -236,6 +236,10 @@ EXPIRED_UNREAD = Counter(
     "postbacks_records_expired_unread",
     "Records a group never read because retention deleted them first (found when the "
     "group is assigned the partition)", ["group", "topic"])
+EXPIRED_LAST = Gauge(
+    "postbacks_records_expired_unread_last_timestamp_seconds",
+    "When the group last found records retention deleted before it read them",
+    ["group", "topic"])
 RESTARTS_IN_PLACE = Counter(
     "postbacks_restarts_in_place",
     "Times this process replaced itself with a fresh copy (same PID: an unusable Kafka "
@@ -286,6 +290,8 @@ def start_series(stage: str) -> None:
     for reason in DEAD_LETTER_REASONS:
         DLQ_TOTAL.labels(stage=stage, reason=reason)
     if stage == "gate":
+        for why in ("dated_ahead", "unknown_detector"):  # found at start: seen from 0
+            CONTROL_REFUSED.labels(why)
         for scope in _TRIP_SCOPES:
             for detector in Detector:
                 ANOMALY_TRIPS.labels(scope, detector.value)

@@ -47,18 +47,23 @@ def check_target(url: str, *, allow_loopback: bool, lookup: Lookup | None = None
     host = urlsplit(url).hostname or ""
     if parse_host_literal(host) is not None:
         return None  # an allowed literal (url_blocked_reason judged it)
+    # One answer whether the name does not resolve or resolves to a refused address, and
+    # neither the address nor its kind: a caller could map internal names with them. The
+    # log has the detail.
+    refused = f"{url}: host {host!r} does not resolve to an address postbacks may send to"
     try:
         addresses = (lookup or _system_lookup)(host)
     except (OSError, UnicodeError) as exc:
         log.info("reach: %s does not resolve (%s)", host, exc)
-        return f"{url}: host {host!r} does not resolve"
+        return refused
     if not addresses:
-        return f"{url}: host {host!r} does not resolve"
+        log.info("reach: %s resolves to no address", host)
+        return refused
     for a in addresses:
         why = blocked_reason(a, allow_loopback=allow_loopback)
-        if why:  # the address is not shown: a caller could map internal names with it
+        if why:
             log.info("reach: %s resolves to %s, refused (%s)", host, a, why)
-            return f"{url}: host {host!r} resolves to a refused address ({why})"
+            return refused
     return None
 
 

@@ -2,8 +2,12 @@
 longer than a topic's retention, or a consumer lagging past it. The client resumes at the
 log's start (``auto.offset.reset=earliest``) and says so only in librdkafka's own log; the
 monitor's lag then looks normal. Checked at every assignment (where a stage that was down
-comes back): each such partition is logged as an error and its lost records counted in
-``postbacks_records_expired_unread_total`` (alert ``PostbacksRecordsExpiredUnread``)."""
+comes back; the gate, a Faust app, checks at its start and in its progress watch): each
+such partition is logged as an error, its lost records counted in
+``postbacks_records_expired_unread_total`` and the time in
+``postbacks_records_expired_unread_last_timestamp_seconds`` (the alert
+``PostbacksRecordsExpiredUnread`` reads the time: the counter's first sample already holds
+the count, which ``increase()`` cannot see)."""
 
 from __future__ import annotations
 
@@ -13,9 +17,9 @@ from collections.abc import Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from postbacks.metrics import EXPIRED_UNREAD
+from postbacks.metrics import EXPIRED_LAST, EXPIRED_UNREAD
 
-__all__ = ["check_expired", "expired_unread"]
+__all__ = ["check_expired", "expired_unread", "report_expired"]
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +62,23 @@ def check_expired(c: Consumer, group: str, partitions: list[TopicPartition],
         log.warning("%s: could not check for records deleted before they were read: %s",
                     group, exc)
         return 0
+    return report_expired(group, found)
+
+
+_reported: set[tuple[str, str, int, int]] = set()  # (group, topic, partition, position)
+
+
+def report_expired(group: str, found: list[tuple[str, int, int, int]]) -> int:
+    """Log and count each loss once per process (a partition left empty after it keeps the
+    same committed offset through every later rebalance); the records newly reported."""
     lost = 0
     for topic, partition, position, low in found:
+        if (group, topic, partition, position) in _reported:
+            continue
+        _reported.add((group, topic, partition, position))
         lost += low - position
         EXPIRED_UNREAD.labels(group=group, topic=topic).inc(low - position)
+        EXPIRED_LAST.labels(group=group, topic=topic).set(time.time())
         log.error("%s: %s[%d]: %d record(s) deleted by retention before this group read "
                   "them (its position %d, the log now starts at %d): they are lost to it; "
                   "find them upstream (docs/runbooks/PostbacksRecordsExpiredUnread.md)",

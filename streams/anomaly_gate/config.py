@@ -183,11 +183,23 @@ class HaltBook:
         return self._latest.get(scope, {}).get(detector)
 
     def trip_now(self, trip: Trip, now_ms: int) -> None:
-        """This instance tripped a scope: honour it here before anyone else hears of it."""
-        scope: Scope = GLOBAL_SCOPE if trip.scope == "global" else (trip.scope, trip.key)
-        cur = self.latest(scope, trip.detector.value)  # a trip is never older than the last
-        at = now_ms if cur is None else max(now_ms, cur.changed_at + 1)  # change (skew)
+        """This instance tripped a scope: honour it here before anyone else hears of it.
+        It is dated after the scope's last change even when that one is dated ahead of
+        this clock (a close from a host whose clock runs ahead): :meth:`tripped_at` is the
+        date to publish and store it with, so every gate and PostgreSQL agree."""
+        scope = _scope_of(trip)
+        cur = self.latest(scope, trip.detector.value)
+        at = now_ms if cur is None else max(now_ms, cur.changed_at + 1)
         self.apply(StateChange(scope, trip.detector.value, HaltState.TRIPPED, at))
+
+    def tripped_at(self, trip: Trip, now_ms: int) -> int:
+        """The date :meth:`trip_now` gave ``trip`` (``now_ms`` if it is not tripped)."""
+        cur = self.latest(_scope_of(trip), trip.detector.value)
+        return cur.changed_at if cur is not None and cur.state is HaltState.TRIPPED else now_ms
 
     def tripped(self) -> list[Scope]:
         return sorted(self.halts)
+
+
+def _scope_of(trip: Trip) -> Scope:
+    return GLOBAL_SCOPE if trip.scope == "global" else (trip.scope, trip.key)

@@ -78,7 +78,7 @@ from streams.anomaly_gate.faust_patches import (
     patch_faust_seek_fence,
 )
 from streams.anomaly_gate.refresh import Refresher
-from streams.anomaly_gate.stall import ProgressWatch
+from streams.anomaly_gate.stall import ProgressWatch, check_expired_at_start
 from streams.anomaly_gate.startup import faust_settings, prepare
 from streams.anomaly_gate.state_writes import HeldWrites, Write
 from topics import GATE_APP, TOPICS
@@ -277,7 +277,7 @@ class GateProcess:
             DLQ_TOTAL.labels(stage="gate", reason=reason).inc(n)
         self._send_partials(out.partials)
         for trip in out.trips:
-            key, state = self.writer.trip(trip, now_ms)
+            key, state = self.writer.trip(trip, self.halts.tripped_at(trip, now_ms))
             self._produce(TOPICS.anomaly_control.base, key, self._control_codec.encode(state))
         if out.trips:
             await self.flush()  # a trip is on the control topic before its batch is done
@@ -301,7 +301,7 @@ class GateProcess:
         batch = [(e.message.offset, e.message.value) for e in events]
         trips = self.aggregator.process(batch, table.data.get, now_ms)
         for trip in trips:
-            key, state = self.writer.trip(trip, now_ms)
+            key, state = self.writer.trip(trip, self.halts.tripped_at(trip, now_ms))
             self._produce(TOPICS.anomaly_control.base, key, self._control_codec.encode(state))
         if trips:
             await self.flush()  # a trip is on the control topic before anything else
@@ -310,6 +310,7 @@ class GateProcess:
     async def run(self, stop: threading.Event) -> None:
         os.makedirs(self.app.conf.datadir, exist_ok=True)
         await asyncio.to_thread(prepare, self.settings)  # changelogs, coordinator (startup.py)
+        await asyncio.to_thread(check_expired_at_start, self.settings, self.app.conf.id)
         await self.control.start()
         tasks = [asyncio.create_task(t) for t in
                  (self.control.run(), self.writer.run(), self.refresher.run(self.halts))]

@@ -23,12 +23,29 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from postbacks.kafka.expired import check_expired, report_expired
 from postbacks.settings import Settings
 from topics import TOPICS
 
 __all__ = ["ProgressWatch"]
 
 log = logging.getLogger(__name__)
+
+
+def check_expired_at_start(settings: Settings, group: str) -> None:
+    """Before the gate consumes: records retention deleted before the gate read them (it
+    was down longer than a topic's retention), logged and counted (postbacks.kafka.expired);
+    Faust itself would resume at the log's start without a word."""
+    c = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers, "group.id": group,
+                  "enable.auto.commit": False})
+    try:
+        check_expired(c, group, [
+            TopicPartition(settings.topic(base), p)
+            for base, parts in ((TOPICS.deliveries.base, TOPICS.deliveries.partitions),
+                                (TOPICS.anomaly_partials.base, TOPICS.anomaly_partials.partitions))
+            for p in range(parts)])
+    finally:
+        c.close()
 
 
 @dataclass
@@ -63,6 +80,8 @@ class ProgressWatch:
             for tp in committed:
                 low, high = c.get_watermark_offsets(
                     TopicPartition(tp.topic, tp.partition), timeout=10)
+                if 0 <= tp.offset < low:  # retention deleted what the gate had not read
+                    report_expired(self.group, [(tp.topic, tp.partition, tp.offset, low)])
                 key = (tp.topic, tp.partition)
                 # never committed: the gate starts at the oldest record (offset reset
                 # earliest), so records there wait as much as behind a committed offset

@@ -290,6 +290,41 @@ def test_misplaced_and_oversized_deliveries_are_dead_lettered_and_the_gate_goes_
     assert "restarting in place" not in gate.tail(400)
 
 
+def test_the_gate_reports_deliveries_retention_deleted_before_it_read_them(
+    settings: Settings, stack: Stack,
+) -> None:
+    """The gate (a Faust app) down longer than deliveries.v1's retention: Faust resumes at
+    the log's start without a word. The gate checks at its start, logs the loss and counts
+    it; the deliveries after it are judged."""
+    from confluent_kafka.admin import AdminClient
+
+    from tests.e2e.gate_util import endpoint_on
+    from topics import GATE_APP
+
+    feed = GateFeed(settings)
+    ep = endpoint_on(0, "ep_expired")
+    at = feed.hour_ago(weeks=0) + 60_000
+    sent = [feed.send(ep, at, 1_000_000) for _ in range(10)]
+    feed.flush()
+    topic = settings.topic(TOPICS.deliveries.base)
+    group = settings.topic(GATE_APP)
+    c = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers, "group.id": group,
+                  "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)  # it had read 3
+    c.close()
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    for f in admin.delete_records([TopicPartition(topic, 0, 7)]).values():
+        f.result(timeout=30)  # retention deleted up to offset 7 meanwhile
+    gate = stack.start("gate", "gate")
+    feed.wait_outputs(3)
+    assert set(feed.dispatched) == set(sent[7:])
+    line = (f'postbacks_records_expired_unread_total{{group="{group}",topic="{topic}"}} '
+            "4.0")
+    wait_for(lambda: line in (gate.metrics() or "").splitlines(), 30,
+             what="4 deliveries counted as deleted unread")
+    assert f"{topic}[0]: 4 record(s) deleted by retention" in gate.tail(20000)
+
+
 def test_a_delivery_of_an_aborted_fanout_transaction_is_never_dispatched(
     settings: Settings, stack: Stack,
 ) -> None:

@@ -27,6 +27,9 @@ from topics import TOPICS
 RETRY_5S = TOPICS.retry_tier("5s").base
 
 
+GEN = "does not resolve to an address postbacks may send to"
+
+
 def _world(settings: Settings, ns: str) -> dict[str, Any]:
     """Two apps, an endpoint each; deliveries in every interesting status."""
     w: dict[str, Any] = {"a": f"app_{ns}_a", "b": f"app_{ns}_b",
@@ -275,9 +278,11 @@ def test_edits_are_ssrf_checked_and_nothing_changes_when_refused(
             ("https://0x7f000001/hook", "loopback"),
             ("https://[::ffff:127.0.0.1]/hook", "loopback"),
             ("https://169.254.169.254/latest/meta-data", "link"),
-            ("https://internal.test/hook", "resolves to a refused address (private"),
-            ("https://mixed.test/hook", "resolves to a refused address (link"),
-            ("https://nowhere.test/hook", "does not resolve"),
+            # one answer for a name that resolves to a refused address and for one that
+            # does not resolve: no telling which internal names exist
+            ("https://internal.test/hook", GEN),
+            ("https://mixed.test/hook", GEN),
+            ("https://nowhere.test/hook", GEN),
             ("ftp://public.test/hook", "scheme"),
         ]:
             r = rev.post(path, body={"override": {"url": url}})
@@ -298,14 +303,14 @@ def test_edits_are_ssrf_checked_and_nothing_changes_when_refused(
         assert r.status == 200 and "https://public.test/other" in r.text and "confirm" in r.text
         r = page.post(f"/deliveries/dlv_{ns}_1/replay",
                       form={"url": "https://internal.test/x", "csrf": page.csrf})
-        assert r.status == 400 and "resolves to a refused address" in r.text
+        assert r.status == 400 and GEN in r.text
         assert "10.1.2.3" not in r.text
 
         admin_tok = token(settings, f"adm-{ns}", "admin")
         admin = Client(port, bearer=admin_tok)
         ep_path = f"/api/v1/endpoints/{w['ep_a']}"
         r = admin.post(ep_path, body={"url": "http://internal.test/hook"})
-        assert r.status == 422 and any("resolves to a refused address (private" in p
+        assert r.status == 422 and any(GEN in p
                                        for p in r.json()["problems"]), r.text
         assert "10.1.2.3" not in r.text
         r = admin.post(ep_path, body={"url": "https://public.test/new"})

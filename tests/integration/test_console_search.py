@@ -275,7 +275,7 @@ def test_endpoint_creation_in_the_console_and_the_cli(
         assert sup.post("/api/v1/endpoints", body={"app_id": app, "url": url}).status == 403
         # the edit's checks: SSRF, provider, macros, event types; nothing is stored
         for body, words in (
-                ({"url": "http://internal.test/"}, "resolves to a refused address (private"),
+                ({"url": "http://internal.test/"}, "does not resolve to an address postbacks"),
                 ({"provider": "v9"}, "unknown provider 'v9'"),
                 ({"event_types": ["conversoin"]}, "unknown event type(s): 'conversoin'"),
                 ({"config": {"headers": {"webhook-id": "x"}}}, "webhook-id")):
@@ -307,7 +307,7 @@ def test_endpoint_creation_in_the_console_and_the_cli(
         assert 'id="create-endpoint"' in page.get("/endpoints").text
         r = page.post("/endpoints", form={"app_id": app, "url": "http://internal.test/",
                                           "csrf": page.csrf})
-        assert r.status == 422 and "resolves to a refused address" in r.text
+        assert r.status == 422 and "does not resolve to an address postbacks may send to" in r.text
         assert 'value="http://internal.test/"' in r.text
         r = page.post("/endpoints", form={"app_id": app, "url": url, "event_types": "reward",
                                           "csrf": page.csrf})

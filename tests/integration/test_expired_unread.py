@@ -63,6 +63,10 @@ def test_records_deleted_before_the_group_read_them_are_logged_and_counted(
             stop.set()
             relay.join(30)
     assert sorted(got) == ["dlv_exp_7", "dlv_exp_8", "dlv_exp_9"]
+    last = REGISTRY.get_sample_value(
+        "postbacks_records_expired_unread_last_timestamp_seconds",
+        {"group": group, "topic": topic})
+    assert last is not None and abs(last - time.time()) < 120  # what the alert reads
     [line] = [r.getMessage() for r in caplog.records]
     assert f"{topic}[0]: 4 record(s) deleted by retention" in line
     assert "its position 3, the log now starts at 7" in line

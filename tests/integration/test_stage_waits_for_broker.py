@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -86,3 +87,14 @@ def test_a_restarted_stage_waits_for_the_brokers_and_goes_on(
         assert decode("Delivery", m)["delivery_id"] == "dlv_after_outage"
         assert relay.alive()
         assert _restarts(relay.metrics() or "") >= 2  # the copy it was, and each wait
+
+
+def test_a_stage_waiting_for_the_brokers_stops_on_sigterm(stack: Stack) -> None:
+    """A supervisor stopping a copy that waits for the brokers: it ends at once (it used to
+    exec a new copy after its wait, which never heard of the SIGTERM)."""
+    relay = stack.start("relay-waiting", "relay", extra_env={
+        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}", RESTARTS_ENV: "1"})
+    wait_for(lambda: "trying again in 5 s" in relay.tail(4000), 60,
+             what="the relay's copy waiting for the brokers", progress=lambda: relay.tail(400))
+    relay.popen.send_signal(signal.SIGTERM)
+    assert relay.popen.wait(timeout=10) == 0, relay.tail(4000)

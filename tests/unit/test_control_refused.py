@@ -40,3 +40,14 @@ def test_a_trip_is_dated_after_the_change_before_it() -> None:
     assert book.halts == {SCOPE: HaltState.TRIPPED}
     latest = book.latest(SCOPE, "value_rate")
     assert latest is not None and latest.changed_at == NOW + 60_001
+    # published and stored with that date (as the runner does): every gate, and
+    # PostgreSQL, take it as later than the close; with now, they dropped it
+    from postbacks.settings import load_settings
+    from streams.anomaly_gate.control import TripWriter
+
+    _key, rec = TripWriter(load_settings(), book).trip(trip, book.tripped_at(trip, NOW))
+    assert rec["changed_at"] == NOW + 60_001
+    other = HaltBook()
+    other.apply(StateChange(SCOPE, "value_rate", HaltState.CLOSED, NOW + 60_000))
+    assert other.apply(StateChange(SCOPE, "value_rate", HaltState.TRIPPED, rec["changed_at"]))
+    assert other.halts == {SCOPE: HaltState.TRIPPED}
