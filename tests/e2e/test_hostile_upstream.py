@@ -197,16 +197,20 @@ def test_every_hostile_record_is_dead_lettered_or_fanned_out_and_the_partition_f
             ("big", b"h" * 50_000)]),
         Case("big but fits (~500 kB)", up.enc("cv_big_ok", source_snapshot=_big_snapshot(
             500_000))),
-        Case("payout negative (gate judges it)", up.enc("cv_pay_neg", payout_usd_micros=-1)),
         Case("payout zero", up.enc("cv_pay_zero", payout_usd_micros=0)),
         Case("payout USD 1,000,000", up.enc("cv_pay_max", payout_usd_micros=10**12)),
         Case("occurred_at 30 min ahead", up.enc("cv_soon", occurred_at=now + 1_800_000)),
-        Case("source time before 1970 (gate judges it)",
-             up.enc("cv_src_pre", source_completed_at=-DAY_MS)),
-        Case("control characters", up.enc("cv_ctrl\r\n\t\x1b", goal_id="\u2028\ufeff")),
+        Case("line and paragraph separators, BOM", up.enc("cv_seps\u2028", goal_id="\u2028\ufeff")),
         Case("duplicate, first", up.enc("cv_dup"), key=b"cv_dup"),
         Case("duplicate, again", up.enc("cv_dup"), key=b"cv_dup"),
         # fields a later stage cannot handle
+        Case("payout negative", up.enc("cv_pay_neg", payout_usd_micros=-1), reason=inv,
+             words=("payout_usd_micros -1 is negative",)),
+        Case("source time before 1970", up.enc("cv_src_pre", source_completed_at=-DAY_MS),
+             reason=inv, words=("source_completed_at -86400000 is outside 1970-01-01",)),
+        Case("control characters in ids (the derived ids join the ids with them)",
+             up.enc("cv_ctrl\r\n\t\x1b"), reason=inv,
+             words=("conversion_id", "holds a control character")),
         Case("NUL in conversion_id", up.enc("cv_nul\x00x"), reason=inv,
              words=("conversion_id holds a NUL character",)),
         Case("NUL in a snapshot value", up.enc("cv_nul_snap", source_snapshot={"a": "x\x00"}),
@@ -304,8 +308,8 @@ def test_every_hostile_record_is_dead_lettered_or_fanned_out_and_the_partition_f
     if extra:
         problems.append(f"unexpected dead letters at offsets {sorted(extra)}")
     fanned_ids = {"cv_swapped", "cv_old", "cv_null_key", "cv_empty_key", "cv_other_key",
-                  "cv_headers", "cv_big_ok", "cv_pay_neg", "cv_pay_zero", "cv_pay_max",
-                  "cv_soon", "cv_src_pre", "cv_ctrl\r\n\t\x1b"}
+                  "cv_headers", "cv_big_ok", "cv_pay_zero", "cv_pay_max", "cv_soon",
+                  "cv_seps\u2028"}
     for cid in fanned_ids:
         if by_conversion.get(cid) != 1:
             problems.append(f"{cid!r}: {by_conversion.get(cid, 0)} deliveries")
