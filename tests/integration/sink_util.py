@@ -30,3 +30,19 @@ def produce_delivered(p: Producer, topic: dict[str, str], namespace: str, ep: st
         d, now_ms=T0 + i, result="delivered", req=None)), ep.encode())
     p.produce(topic[TOPICS.outcomes.base], codec_for("Outcome").encode(make_outcome(
         d, "delivered", now_ms=T0 + 500 + i)), ep.encode())
+
+
+def delivered_count(database_url: str, ep: str) -> int:
+    """Deliveries of ``ep`` whose status is ``delivered`` in the database at that URL."""
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute("SELECT count(*) FROM deliveries WHERE endpoint_id = %s"
+                           " AND status = 'delivered'", (ep,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def ordered_producer(settings: Settings) -> Producer:
+    """A producer keeping order across a retried batch (records of one key land in order)."""
+    return Producer({"bootstrap.servers": settings.kafka_bootstrap_servers, "linger.ms": 20,
+                     "enable.idempotence": True})

@@ -11,18 +11,15 @@ from __future__ import annotations
 import re
 
 import psycopg
-from confluent_kafka import Producer
 
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
-from tests.integration.sink_util import produce_delivered, sink_topics
-
-
-def _delivered(url: str, ep: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT count(*) FROM deliveries WHERE endpoint_id = %s"
-                           " AND status = 'delivered'", (ep,)).fetchone()
-    return int(row[0]) if row else 0
+from tests.integration.sink_util import (
+    delivered_count,
+    ordered_producer,
+    produce_delivered,
+    sink_topics,
+)
 
 
 def _restarts(page: str) -> float:
@@ -34,15 +31,14 @@ def test_a_hung_flush_restarts_the_sink_which_then_catches_up(
         settings: Settings, stack: Stack, namespace: str, own_database: str) -> None:
     ep = f"ep_{namespace}"
     topic = sink_topics(settings)
-    p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers, "linger.ms": 20,
-                  "enable.idempotence": True})
+    p = ordered_producer(settings)
     sink = stack.start("sink", "sink", extra_env={"POSTBACKS_DATABASE_URL": own_database,
                                                   "POSTBACKS_STALL_RESTART_S": "8"})
     for i in range(5):
         produce_delivered(p, topic, namespace, ep, i)
     assert p.flush(60) == 0
-    wait_for(lambda: _delivered(own_database, ep) == 5, 90, what="5 delivered rows",
-             progress=lambda: _delivered(own_database, ep))
+    wait_for(lambda: delivered_count(own_database, ep) == 5, 90, what="5 delivered rows",
+             progress=lambda: delivered_count(own_database, ep))
 
     with psycopg.connect(own_database) as holder:  # every write to deliveries waits
         holder.execute("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE")
@@ -53,8 +49,8 @@ def test_a_hung_flush_restarts_the_sink_which_then_catches_up(
                  what="the sink restarting on its hung flush", progress=lambda: sink.tail(400))
         assert "sink flush has not returned" in sink.tail(20000), sink.tail(4000)
         holder.rollback()  # PostgreSQL answers again
-    wait_for(lambda: _delivered(own_database, ep) == 15, 120, what="15 delivered rows",
-             progress=lambda: _delivered(own_database, ep))
+    wait_for(lambda: delivered_count(own_database, ep) == 15, 120, what="15 delivered rows",
+             progress=lambda: delivered_count(own_database, ep))
     wait_for(lambda: _restarts(sink.metrics() or "") >= 1, 30,
              what="the restart counted on /metrics")
     assert sink.alive()

@@ -11,12 +11,16 @@ from __future__ import annotations
 import dataclasses
 
 import psycopg
-from confluent_kafka import Producer
 
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
 from tests.integration.console_util import Client, console_server, token
-from tests.integration.sink_util import produce_delivered, sink_topics
+from tests.integration.sink_util import (
+    delivered_count,
+    ordered_producer,
+    produce_delivered,
+    sink_topics,
+)
 
 
 def _read_only(url: str, admin_url: str, on: bool) -> None:
@@ -28,19 +32,11 @@ def _read_only(url: str, admin_url: str, on: bool) -> None:
                      " WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
 
 
-def _delivered(url: str, ep: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT count(*) FROM deliveries WHERE endpoint_id = %s"
-                           " AND status = 'delivered'", (ep,)).fetchone()
-    return int(row[0]) if row else 0
-
-
 def test_the_sink_waits_while_postgresql_is_read_only_and_then_catches_up(
         settings: Settings, stack: Stack, namespace: str, own_database: str) -> None:
     ep = f"ep_{namespace}"
     topic = sink_topics(settings)
-    p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers, "linger.ms": 20,
-                  "enable.idempotence": True})
+    p = ordered_producer(settings)
     env = {"POSTBACKS_DATABASE_URL": own_database}
 
     # read only before the sink starts: it waits instead of exiting
@@ -53,8 +49,8 @@ def test_the_sink_waits_while_postgresql_is_read_only_and_then_catches_up(
              progress=lambda: sink.tail(400))
     assert sink.alive()
     _read_only(own_database, settings.database_url, False)
-    wait_for(lambda: _delivered(own_database, ep) == 10, 90, what="10 delivered rows",
-             progress=lambda: _delivered(own_database, ep))
+    wait_for(lambda: delivered_count(own_database, ep) == 10, 90, what="10 delivered rows",
+             progress=lambda: delivered_count(own_database, ep))
 
     own = dataclasses.replace(settings, database_url=own_database)
     admin_token = token(own, f"adm-{namespace}", "admin")  # while it takes writes
@@ -73,7 +69,7 @@ def test_the_sink_waits_while_postgresql_is_read_only_and_then_catches_up(
         assert r.status == 503 and "read only" in r.json()["error"], r.text
     assert sink.alive()
     _read_only(own_database, settings.database_url, False)
-    wait_for(lambda: _delivered(own_database, ep) == 30, 90, what="30 delivered rows",
-             progress=lambda: _delivered(own_database, ep))
+    wait_for(lambda: delivered_count(own_database, ep) == 30, 90, what="30 delivered rows",
+             progress=lambda: delivered_count(own_database, ep))
     assert sink.alive()
     assert "Traceback" not in sink.tail(20000), sink.tail(4000)

@@ -28,3 +28,24 @@ def make_delivery(**over: Any) -> DeliveryRecord:
     )
     base.update(over)
     return DeliveryRecord(**base)  # type: ignore[typeddict-item]
+
+
+class FakeMessage:
+    """What the stages read of a consumed Kafka message (pure-core tests)."""
+
+    def __init__(self, value: bytes, *, topic: str = "dispatch.v1", partition: int = 0,
+                 offset: int = 0) -> None:
+        self._value, self._topic = value, topic
+        self._partition, self._offset = partition, offset
+
+    def value(self) -> bytes:
+        return self._value
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset

@@ -16,7 +16,7 @@ from postbacks.transport.http import SendResult
 from streams.delivery import Deliverer
 from streams.lanes import Lanes
 from streams.offsets import Item, Tracker
-from tests.unit.factories import make_delivery
+from tests.unit.factories import FakeMessage, make_delivery
 
 NOW = 1_700_000_100_000
 _DLV = codec_for("Delivery")
@@ -29,23 +29,6 @@ class Transport:
     async def send(self, req: Any, follow_redirects: bool = False) -> SendResult:
         self.sent.append(req.body.decode())
         return SendResult(HttpResult(200, None, None), 1.0, b"ok", None, b"ok")
-
-
-class Msg:
-    def __init__(self, value: bytes, offset: int) -> None:
-        self._value, self._offset = value, offset
-
-    def value(self) -> bytes:
-        return self._value
-
-    def topic(self) -> str:
-        return "dispatch.v1"
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
 
 
 def test_a_seen_delivery_does_not_overtake_the_unseen_ones_before_it() -> None:
@@ -64,7 +47,7 @@ def test_a_seen_delivery_does_not_overtake_the_unseen_ones_before_it() -> None:
 
     def submit(d: Any, offset: int) -> None:
         slot = tracker.track("dispatch.v1", 0, offset)
-        lanes.submit(Msg(_DLV.encode(d), offset), slot)  # type: ignore[arg-type]
+        lanes.submit(FakeMessage(_DLV.encode(d), offset=offset), slot)  # type: ignore[arg-type]
 
     async def settle() -> None:
         for _ in range(20):

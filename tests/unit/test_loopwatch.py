@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import REGISTRY
@@ -66,8 +67,11 @@ def test_a_free_loop_reports_nothing(caplog: pytest.LogCaptureFixture) -> None:
     assert _lag("test-free", "1.0") == _count("test-free")
 
 
-def block_the_loop(seconds: float) -> None:
-    time.sleep(seconds)  # the blocking under test
+def block_the_loop_until(done: Callable[[], bool], limit_s: float) -> None:
+    """Hold the loop (the blocking under test) until ``done`` or ``limit_s`` passes."""
+    deadline = time.monotonic() + limit_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def test_a_loop_stuck_past_the_limit_restarts_the_process(
@@ -80,24 +84,27 @@ def test_a_loop_stuck_past_the_limit_restarts_the_process(
     monkeypatch.setattr(watchdog, "restart_in_place",
                         lambda why, dump=False, **_: restarts.append((why, dump)))
 
-    async def main() -> None:
+    async def main() -> float:
         watch = LoopWatch("test-stuck", interval_s=0.01, report_s=0.05, restart_after_s=0.2)
         watch.start()
-        await asyncio.sleep(0.05)
-        block_the_loop(0.5)  # stuck past the limit
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)
+        started = time.monotonic()
+        block_the_loop_until(lambda: bool(restarts), 10.0)  # stuck until it fires
+        held = time.monotonic() - started
         watch.stop()
+        return held
 
-    asyncio.run(main())
+    held = asyncio.run(main())
     assert restarts and restarts[0][1] is True  # with every thread's stack
     assert restarts[0][0].startswith("test-stuck: the event loop has not turned for")
+    assert held >= 0.18  # not before the limit (its last turn came at most one tick before)
 
     restarts.clear()
 
     async def fine() -> None:
-        watch = LoopWatch("test-fine", interval_s=0.01, report_s=0.05, restart_after_s=0.2)
+        watch = LoopWatch("test-fine", interval_s=0.01, report_s=0.05, restart_after_s=5.0)
         watch.start()
-        block_the_loop(0.1)  # blocked, but under the limit
+        block_the_loop_until(lambda: False, 0.1)  # blocked, far under the limit
         await asyncio.sleep(0.1)
         watch.stop()
 

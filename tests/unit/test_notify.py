@@ -240,17 +240,6 @@ def test_an_endpoint_cannot_notify_itself() -> None:
     assert endpoint_problems(other, now_ms=int(time.time() * 1000)) == []
 
 
-class _Msg:
-    def __init__(self, topic: str, value: bytes) -> None:
-        self._topic, self._value = topic, value
-
-    def topic(self) -> str:
-        return self._topic
-
-    def value(self) -> bytes:
-        return self._value
-
-
 class _Claims:
     """notification slots as PostgreSQL's ``claim_slot``: the same event may claim its own
     slot again (a fact read again), another event of the slot may not."""
@@ -277,14 +266,16 @@ def test_a_batch_read_again_after_an_abort_is_notified_again() -> None:
     from postbacks.kafka.stage import Output
     from postbacks.settings import load_settings
     from streams.notifier import Notifier
+    from tests.unit.factories import FakeMessage
 
     s = load_settings()
     n = Notifier(s, {}, None, threading.Event())  # type: ignore[arg-type]
     n.db = _Claims()  # type: ignore[assignment]
     n.watch = notify.BreakerWatch(60 * S)
-    dl = _Msg(s.topic("dlq.v1"), codec_for("DeadLetter").encode(_dl()))
-    outcomes = [_Msg(s.topic("outcomes.v1"), codec_for("Outcome").encode(
-        _outcome("quarantined", T0 + i * 30 * S, oid=f"out_{i}"))) for i in range(3)]
+    dl = FakeMessage(codec_for("DeadLetter").encode(_dl()), topic=s.topic("dlq.v1"))
+    outcomes = [FakeMessage(codec_for("Outcome").encode(
+        _outcome("quarantined", T0 + i * 30 * S, oid=f"out_{i}")), topic=s.topic("outcomes.v1"))
+        for i in range(3)]
 
     def batch() -> list[str]:
         out = Output()
