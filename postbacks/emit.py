@@ -11,13 +11,14 @@ suppressed or dead-lettered — never lost.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from typing import Any, cast
 
 from confluent_kafka import KafkaError, Message
 
 from postbacks.codec import codec_for
-from postbacks.core.fanout import validate_conversion
+from postbacks.core.fanout import check_conversion, validate_conversion
 from postbacks.ids import new_id
 from postbacks.kafka.clients import make_producer
 from postbacks.records import ConversionEvent
@@ -63,9 +64,12 @@ class ConversionProducer:
             self.failed.append(str(err))
 
     def send(self, event: ConversionEvent) -> None:
-        """Validate and enqueue; raises InvalidRecord before producing a bad event."""
+        """Validate and enqueue; raises InvalidRecord before producing an event the fan-out
+        would dead-letter (the same checks: missing fields, then every field a later stage
+        cannot handle)."""
         event = with_instants(event)
         validate_conversion(event)
+        check_conversion(event, int(time.time() * 1000))
         value = self._codec.encode(event)
         while True:
             try:

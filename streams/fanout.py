@@ -2,7 +2,8 @@
 re-keyed by endpoint_id. Bad events (undecodable, missing fields) -> dlq.v1.
 
 Beyond :func:`~postbacks.core.fanout.validate_conversion`, a conversion is dead-lettered
-here (reason ``invalid_record``, the field named) when a later stage could not handle it:
+here (reason ``invalid_record``, the field named; :func:`~postbacks.core.fanout.
+check_conversion`, which the producer helper runs too) when a later stage could not handle it:
 a NUL character in any string (PostgreSQL text and jsonb cannot hold one: the sink failed
 on the row after every restart), an id longer than :data:`MAX_ID_CHARS` (the sink's
 conversion_id index refuses a long incompressible key) or holding a control character
@@ -26,19 +27,24 @@ runner's :func:`~postbacks.kafka.stage.dead_letter_for`).
 from __future__ import annotations
 
 import logging
-import re
 import threading
 
 from confluent_kafka import Message
 
 from postbacks.codec import codec_for
-from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS
-from postbacks.core.event_types import EVENT_TYPES
-from postbacks.core.fanout import plan_deliveries, validate_conversion
-from postbacks.core.instants import MAX_FUTURE_MS, MAX_MS, MIN_OCCURRED_AT_MS
+from postbacks.core.fanout import (
+    MAX_FUTURE_MS,
+    MAX_ID_CHARS,
+    MAX_PAYOUT_MICROS,
+    MIN_OCCURRED_AT_MS,
+    check_conversion,
+    plan_deliveries,
+    shown,
+    validate_conversion,
+)
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
-from postbacks.errors import DeadLetterError, InvalidRecord
+from postbacks.errors import DeadLetterError
 from postbacks.kafka.clients import check_broker, make_consumer
 from postbacks.kafka.stage import Output, message_max, run_stage
 from postbacks.kafka.txn import TxnProducer
@@ -53,66 +59,8 @@ log = logging.getLogger(__name__)
 
 GROUP = "postbacks-fanout"
 
-MAX_ID_CHARS = 200  # event_id, conversion_id, app_id, goal_id (as the backfill import)
 TOO_LARGE = "too_large"
 _HEADROOM = 65_536  # what later stages add to a delivery (hold reason, errors, override)
-_IDS = ("event_id", "conversion_id", "app_id", "goal_id")
-# In an id, a control character (tab, newline, the unit separator ...) is no one's
-# intent, and the derived ids join their parts with one (postbacks.ids).
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
-_TEXTS = ("event_id", "conversion_id", "app_id", "event_type", "goal_id", "original_amount",
-          "original_currency", "producer")
-
-
-def _shown(value: str) -> str:
-    text = repr(value)  # NUL and control characters escaped
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def check_conversion(event: ConversionEvent, now_ms: int) -> None:
-    """Raise :class:`InvalidRecord` (reason ``invalid_record``) naming every field of
-    ``event`` that a later stage cannot handle (see the module docstring); pure."""
-    problems: list[str] = []
-    for f in _TEXTS:
-        v = event.get(f)
-        if isinstance(v, str) and "\x00" in v:
-            problems.append(f"{f} holds a NUL character")
-    snapshot = event.get("source_snapshot") or {}
-    bad = [k for k, v in snapshot.items() if "\x00" in k or "\x00" in v]
-    if bad:
-        problems.append(f"source_snapshot {', '.join(_shown(k) for k in bad[:3])}"
-                        f"{' ...' if len(bad) > 3 else ''} hold(s) a NUL character")
-    for f in _IDS:
-        v = event.get(f)
-        if isinstance(v, str) and len(v) > MAX_ID_CHARS:
-            problems.append(f"{f} is {len(v):,} characters long (at most {MAX_ID_CHARS})")
-        elif isinstance(v, str) and _CONTROL.search(v.replace("\x00", "")):
-            problems.append(f"{f} {_shown(v)} holds a control character")
-    event_type = event.get("event_type")
-    if event_type not in EVENT_TYPES:
-        problems.append(f"event_type {_shown(str(event_type))} is not a known event type "
-                        f"(known: {', '.join(sorted(EVENT_TYPES))})")
-    payout = event.get("payout_usd_micros")
-    if isinstance(payout, int) and payout > MAX_PAYOUT_MICROS:
-        problems.append(f"payout_usd_micros {payout} is over {MAX_PAYOUT_MICROS} "
-                        "(USD 1,000,000 for one conversion)")
-    elif isinstance(payout, int) and payout < 0:
-        problems.append(f"payout_usd_micros {payout} is negative")
-    for f in ("source_created_at", "source_completed_at"):
-        v = event.get(f)
-        if isinstance(v, int) and not 0 <= v <= MAX_MS:
-            problems.append(f"{f} {v} is outside 1970-01-01 .. 9999-12-31 (epoch ms)")
-    at = event.get("occurred_at")
-    if isinstance(at, int) and 0 < at < MIN_OCCURRED_AT_MS:
-        problems.append(f"occurred_at {at} is before 2000-01-01T00:00:00Z: epoch seconds "
-                        "where epoch milliseconds are expected?")
-    elif isinstance(at, int) and at > now_ms + MAX_FUTURE_MS:
-        problems.append(f"occurred_at {at} is more than {MAX_FUTURE_MS // 60_000} minutes "
-                        f"ahead of the clock ({now_ms}): epoch microseconds or nanoseconds "
-                        "where epoch milliseconds are expected, or a wrong clock?")
-    if problems:
-        raise InvalidRecord(f"conversion {_shown(str(event.get('conversion_id')))}: "
-                            + "; ".join(problems), reason="invalid_record")
 
 
 def run_fanout(settings: Settings, stop: threading.Event) -> None:
@@ -137,7 +85,7 @@ def run_fanout(settings: Settings, stop: threading.Event) -> None:
             key, value = d["endpoint_id"].encode(), dlv_codec.encode(d)
             if len(key) + len(value) > delivery_max:
                 raise DeadLetterError(
-                    f"conversion {_shown(event['conversion_id'])}: its delivery is "
+                    f"conversion {shown(event['conversion_id'])}: its delivery is "
                     f"{len(key) + len(value):,} bytes, over the {delivery_max:,} a delivery"
                     f" may take (the record is {len(msg.value() or b''):,} bytes)",
                     reason=TOO_LARGE)

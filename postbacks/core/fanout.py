@@ -7,14 +7,20 @@ error). Re-fanning the same event yields the same delivery ids (identity is dete
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
+from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS
 from postbacks.core.endpoint import Endpoint
+from postbacks.core.event_types import EVENT_TYPES
 from postbacks.core.identity import delivery_id, idempotency_key
+from postbacks.core.instants import MAX_FUTURE_MS, MAX_MS, MIN_OCCURRED_AT_MS
 from postbacks.errors import InvalidRecord
 from postbacks.records import ConversionEvent, DeliveryRecord
 
-__all__ = ["REQUIRED_FIELDS", "plan_deliveries", "validate_conversion"]
+__all__ = ["MAX_FUTURE_MS", "MAX_ID_CHARS", "MAX_PAYOUT_MICROS", "MIN_OCCURRED_AT_MS",
+           "REQUIRED_FIELDS", "check_conversion", "plan_deliveries", "shown",
+           "validate_conversion"]
 
 REQUIRED_FIELDS = ("event_id", "conversion_id", "app_id", "event_type")
 
@@ -58,3 +64,64 @@ def plan_deliveries(
             )
         )
     return out
+
+
+MAX_ID_CHARS = 200  # event_id, conversion_id, app_id, goal_id (as the backfill import)
+_IDS = ("event_id", "conversion_id", "app_id", "goal_id")
+# In an id, a control character (tab, newline, the unit separator ...) is no one's
+# intent, and the derived ids join their parts with one (postbacks.ids).
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+_TEXTS = ("event_id", "conversion_id", "app_id", "event_type", "goal_id", "original_amount",
+          "original_currency", "producer")
+
+
+def shown(value: str) -> str:
+    """A value as an error message shows it: escaped, at most 60 characters."""
+    text = repr(value)  # NUL and control characters escaped
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_conversion(event: ConversionEvent, now_ms: int) -> None:
+    """Raise :class:`InvalidRecord` (reason ``invalid_record``) naming every field of
+    ``event`` that a later stage cannot handle (see the module docstring); pure."""
+    problems: list[str] = []
+    for f in _TEXTS:
+        v = event.get(f)
+        if isinstance(v, str) and "\x00" in v:
+            problems.append(f"{f} holds a NUL character")
+    snapshot = event.get("source_snapshot") or {}
+    bad = [k for k, v in snapshot.items() if "\x00" in k or "\x00" in v]
+    if bad:
+        problems.append(f"source_snapshot {', '.join(shown(k) for k in bad[:3])}"
+                        f"{' ...' if len(bad) > 3 else ''} hold(s) a NUL character")
+    for f in _IDS:
+        v = event.get(f)
+        if isinstance(v, str) and len(v) > MAX_ID_CHARS:
+            problems.append(f"{f} is {len(v):,} characters long (at most {MAX_ID_CHARS})")
+        elif isinstance(v, str) and _CONTROL.search(v.replace("\x00", "")):
+            problems.append(f"{f} {shown(v)} holds a control character")
+    event_type = event.get("event_type")
+    if event_type not in EVENT_TYPES:
+        problems.append(f"event_type {shown(str(event_type))} is not a known event type "
+                        f"(known: {', '.join(sorted(EVENT_TYPES))})")
+    payout = event.get("payout_usd_micros")
+    if isinstance(payout, int) and payout > MAX_PAYOUT_MICROS:
+        problems.append(f"payout_usd_micros {payout} is over {MAX_PAYOUT_MICROS} "
+                        "(USD 1,000,000 for one conversion)")
+    elif isinstance(payout, int) and payout < 0:
+        problems.append(f"payout_usd_micros {payout} is negative")
+    for f in ("source_created_at", "source_completed_at"):
+        v = event.get(f)
+        if isinstance(v, int) and not 0 <= v <= MAX_MS:
+            problems.append(f"{f} {v} is outside 1970-01-01 .. 9999-12-31 (epoch ms)")
+    at = event.get("occurred_at")
+    if isinstance(at, int) and 0 < at < MIN_OCCURRED_AT_MS:
+        problems.append(f"occurred_at {at} is before 2000-01-01T00:00:00Z: epoch seconds "
+                        "where epoch milliseconds are expected?")
+    elif isinstance(at, int) and at > now_ms + MAX_FUTURE_MS:
+        problems.append(f"occurred_at {at} is more than {MAX_FUTURE_MS // 60_000} minutes "
+                        f"ahead of the clock ({now_ms}): epoch microseconds or nanoseconds "
+                        "where epoch milliseconds are expected, or a wrong clock?")
+    if problems:
+        raise InvalidRecord(f"conversion {shown(str(event.get('conversion_id')))}: "
+                            + "; ".join(problems), reason="invalid_record")

@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from postbacks.codec import codec_for
 from postbacks.core.endpoint import EndpointConfig
 from postbacks.core.signing import generate_secret
 from postbacks.db.connect import connect
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoints import add_secret, upsert_endpoint
-from postbacks.emit import ConversionProducer
+from postbacks.emit import ConversionProducer, with_instants
 from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, free_port, http_json, wait_for
 from postbacks.tools.seed import seed_endpoints
@@ -106,8 +107,12 @@ class Harness:
         for stage in STAGES:
             self.stack.start(stage, stage, extra_env=env)
 
-    def emit(self, name: str, count: int, **over: Any) -> list[str]:
+    def emit(self, name: str, count: int, *, checked: bool = True, **over: Any) -> list[str]:
+        """Produce ``count`` conversions for app ``name`` through the producer helper; with
+        ``checked=False`` as another producer would, without the helper's checks (the
+        fan-out's own refusals under test)."""
         producer = ConversionProducer(self.settings)
+        codec = codec_for("ConversionEvent")
         ids = []
         now = int(time.time() * 1000)
         for _ in range(count):
@@ -115,9 +120,12 @@ class Harness:
             cid = f"cv_{self.namespace}_{self.sent:06d}"
             fields = {"occurred_at": now, "source_created_at": now - 1000,
                       "source_completed_at": now - 2000, **over}
-            producer.send(make_conversion(
-                event_id=f"evt_{self.sent}", conversion_id=cid, app_id=self.app(name),
-                **fields))
+            event = make_conversion(event_id=f"evt_{self.sent}", conversion_id=cid,
+                                    app_id=self.app(name), **fields)
+            if checked:
+                producer.send(event)
+            else:
+                producer.send_raw(codec.encode(with_instants(event)), cid.encode())
             ids.append(cid)
         assert producer.flush() == 0
         return ids

@@ -49,8 +49,8 @@ def test_iso_and_epoch_inputs_alike_and_bad_ones_held_with_the_field_named(
         "missing": {"source_created_at": now, "source_completed_at": None},
     }
     ids: dict[str, str] = {}
-    for name, times in cases.items():
-        [ids[name]] = h.emit("inputs", 1, **times)
+    for name, times in cases.items():  # unchecked: as a producer not using the helper
+        [ids[name]] = h.emit("inputs", 1, checked=False, **times)
     h.wait_status(ep, "delivered", 2)
     h.wait_status(ep, "held", 3)
 
@@ -92,6 +92,16 @@ def test_iso_and_epoch_inputs_alike_and_bad_ones_held_with_the_field_named(
             producer.send(make_conversion(conversion_id=f"cv_{namespace}_bad",
                                           app_id=h.app("inputs"), source_completed_at=bad))
         assert "source_completed_at" in str(exc.value)
+    # ... and so is every event the fan-out would dead-letter, with the fan-out's words
+    refused = {"payout_usd_micros -5 is negative": {"payout_usd_micros": -5},
+               "source_completed_at -86400000 is outside": {"source_completed_at": -86_400_000},
+               "holds a control character": {"conversion_id": f"cv_{namespace}_a\x1fb"},
+               "is not a known event type": {"event_type": "purchase"},
+               "epoch seconds where": {"occurred_at": now // 1000}}
+    for words, over in refused.items():
+        with pytest.raises(InvalidRecord, match=words):
+            producer.send(make_conversion(**{"conversion_id": f"cv_{namespace}_bad",
+                                             "app_id": h.app("inputs"), **over}))
     assert producer.flush() == 0
     assert with_instants(make_conversion(occurred_at="1772366400000"))["occurred_at"] == \
         1_772_366_400_000

@@ -3,9 +3,8 @@ from __future__ import annotations
 import pytest
 
 from postbacks.core.endpoint import Endpoint
-from postbacks.core.fanout import plan_deliveries, validate_conversion
+from postbacks.core.fanout import check_conversion, plan_deliveries, validate_conversion
 from postbacks.errors import InvalidRecord
-from streams.fanout import check_conversion
 from tests.unit.factories import make_conversion
 
 KEY = b"k" * 32
