@@ -15,7 +15,7 @@ from collections.abc import Callable
 from confluent_kafka import KafkaException
 
 from postbacks.errors import ConfigError, InvalidRecord, ServiceUnavailable
-from postbacks.settings import Settings, load_settings
+from postbacks.settings import Settings, dev_keys_in_use, load_settings
 
 __all__ = ["main"]
 
@@ -25,6 +25,10 @@ def _stage(name: str) -> Callable[[Settings, argparse.Namespace], int]:
         from postbacks.runtime import settle_gc, setup_process
 
         stop = setup_process(name, settings)
+        for key in dev_keys_in_use(settings):
+            logging.getLogger(name).warning(
+                "%s is not set: the development key in postbacks' source is used; set a "
+                "random secret of your own before production (docs/operators.md)", key)
         if name == "fanout":
             from streams.fanout import run_fanout as runner
         elif name == "gate":

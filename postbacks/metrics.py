@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from postbacks.core.anomaly.modes import Detector
+from postbacks.errors import ConfigError
 from postbacks.metrics_local import LocalCounter, LocalHistogram
 
 __all__ = [
@@ -322,7 +323,11 @@ def serve_metrics(port: int) -> int:
     """Serve /metrics on 127.0.0.1:port (0 = any free port); returns the port. Also starts
     timing garbage collections (``postbacks_gc_pause_seconds``)."""
     _watch_gc()
-    server, _thread = start_http_server(port, addr="127.0.0.1")
+    try:
+        server, _thread = start_http_server(port, addr="127.0.0.1")
+    except OSError as exc:  # in use, or not allowed: one line, not a traceback
+        raise ConfigError(f"POSTBACKS_METRICS_PORT={port}: cannot serve /metrics on "
+                          f"127.0.0.1:{port}: {exc.strerror or exc}") from None
     actual = int(server.server_port)
     log.info("metrics on http://127.0.0.1:%d/metrics", actual)
     return actual

@@ -8,14 +8,20 @@ raised before any service is touched.
 from __future__ import annotations
 
 import ipaddress
+import logging
+import math
 import os
+import re
 import socket
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+from postbacks.core.event_types import EVENT_TYPES
 from postbacks.errors import ConfigError
 
-__all__ = ["Secret", "Settings", "load_settings", "parse_event_type_limits"]
+__all__ = ["Secret", "Settings", "dev_keys_in_use", "load_settings", "parse_event_type_limits",
+           "redact_url"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,10 +219,16 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
             elif isinstance(current, int):
                 values[f.name] = int(raw)
             elif isinstance(current, float):
-                values[f.name] = float(raw)
+                number = float(raw)
+                if not math.isfinite(number):  # nan passes every comparison below
+                    raise ConfigError(f"{name}={raw!r} is not a finite number")
+                values[f.name] = number
             elif isinstance(current, Secret):
-                if not raw:
+                if not raw and f.name != "console_session_key":  # (empty: a random key)
                     raise ConfigError(f"{name} must not be empty")
+                if f.name == "idempotency_key" and len(raw) < 16:
+                    raise ConfigError(f"{name} must be at least 16 characters (a random "
+                                      "secret: every idempotency key is derived from it)")
                 values[f.name] = Secret(raw)
             else:
                 values[f.name] = raw
@@ -229,6 +241,32 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
 
 
 _COMPRESSION = ("none", "lz4", "zstd", "snappy", "gzip")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password (in the authority or a ``password=`` parameter) hidden."""
+    url = re.sub(r"(//[^/@:?#]*):[^/@?#]*@", r"\1:***@", url)
+    return re.sub(r"(?i)(password=)[^&#]*", r"\1***", url)
+
+
+def dev_keys_in_use(s: Settings) -> list[str]:
+    """The key settings left at their development defaults (public: in this source)."""
+    return [env_name(name) for name, dev in (("idempotency_key", _DEV_IDEMPOTENCY_KEY),
+                                            ("secrets_key", _DEV_SECRETS_KEY))
+            if getattr(s, name).reveal() == dev]
+
+
+# Positive intervals: at 0 a refresher or committer spins (or Faust waits for a full batch).
+_POSITIVE = ("retry_base_s", "retry_max_delay_s", "retry_ceiling_s", "breaker_open_s",
+             "breaker_ramp_s", "quarantine_delay_s", "endpoint_budget_s", "stall_restart_s",
+             "monitor_interval_s", "gap_after_s", "auto_disable_after_s",
+             "console_replay_rate_per_endpoint", "console_replay_rate_total",
+             "config_refresh_s", "anomaly_refresh_s", "gate_commit_interval_s",
+             "gate_batch_within_s", "attempt_lost_after_s", "notify_breaker_open_s")
+_AT_LEAST_ONE = ("retry_max_attempts", "failing_after", "breaker_failure_threshold",
+                 "endpoint_max_queue", "max_buffered", "commit_interval_ms", "gate_batch_max",
+                 "console_bulk_confirm_above", "console_bulk_max",
+                 "console_test_sends_per_endpoint", "console_test_sends_per_user")
 
 
 def _validate(s: Settings) -> None:
@@ -249,19 +287,13 @@ def _validate(s: Settings) -> None:
     _validate_replication(s)
     if s.retry_ceiling_s > 72 * 3600:
         raise ConfigError("POSTBACKS_RETRY_CEILING_S must be at most 72 h (259200)")
-    for name in ("retry_base_s", "retry_max_delay_s", "retry_ceiling_s", "breaker_open_s",
-                 "breaker_ramp_s", "quarantine_delay_s", "endpoint_budget_s",
-                 "stall_restart_s", "monitor_interval_s", "gap_after_s", "auto_disable_after_s",
-                 "console_replay_rate_per_endpoint",
-                 "console_replay_rate_total"):
+    for name in _POSITIVE:
         if getattr(s, name) <= 0:
             raise ConfigError(f"{env_name(name)} must be > 0")
-    for name in ("retry_max_attempts", "failing_after", "breaker_failure_threshold",
-                 "endpoint_max_queue", "max_buffered", "commit_interval_ms",
-                 "console_bulk_confirm_above", "console_bulk_max",
-                 "console_test_sends_per_endpoint", "console_test_sends_per_user"):
+    for name in _AT_LEAST_ONE:
         if getattr(s, name) < 1:
             raise ConfigError(f"{env_name(name)} must be >= 1")
+    _validate_process(s)
     if not 1 <= s.txn_retry_backoff_ms <= 1000:
         raise ConfigError("POSTBACKS_TXN_RETRY_BACKOFF_MS must be between 1 and 1000")
     if not 0 <= s.gate_linger_ms <= 1000:
@@ -288,8 +320,37 @@ def _validate(s: Settings) -> None:
             raise ConfigError(f"POSTBACKS_CONSOLE_TRUSTED_PROXIES: {part!r} is not an IP "
                               "address or CIDR") from None
     parse_event_type_limits(s.retry_max_attempts_by_event_type)
-    if not s.database_url.startswith(("postgresql://", "postgres://")):
+    _validate_database_url(s.database_url)
+
+
+def _validate_process(s: Settings) -> None:
+    """What every process needs to start: ports, log level, instance id, session timeout."""
+    if not 1_000 <= s.consumer_session_timeout_ms <= 3_600_000:
+        raise ConfigError("POSTBACKS_CONSUMER_SESSION_TIMEOUT_MS must be between 1000 and "
+                          "3600000 (and within the brokers' group.min/max.session.timeout.ms)")
+    if not 0 <= s.metrics_port <= 65_535:
+        raise ConfigError("POSTBACKS_METRICS_PORT must be between 0 (any free port) and 65535")
+    if not 1 <= s.console_port <= 65_535:
+        raise ConfigError("POSTBACKS_CONSOLE_PORT must be between 1 and 65535")
+    if not isinstance(logging.getLevelName(s.log_level.strip().upper()), int):
+        raise ConfigError(f"POSTBACKS_LOG_LEVEL={s.log_level!r}: expected one of DEBUG, INFO, "
+                          "WARNING, ERROR, CRITICAL")
+    if not s.instance_id.strip() or any(c.isspace() for c in s.instance_id):
+        raise ConfigError(f"POSTBACKS_INSTANCE_ID={s.instance_id!r} must be a non-empty name "
+                          "without spaces (it names this process's transactional ids)")
+    if s.avro_codec not in ("c", "fastavro"):
+        raise ConfigError(f"POSTBACKS_AVRO_CODEC={s.avro_codec!r}: expected c or fastavro")
+
+
+def _validate_database_url(url: str) -> None:
+    if not url.startswith(("postgresql://", "postgres://")):
         raise ConfigError("POSTBACKS_DATABASE_URL must be a postgresql:// URL")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # a port that is not a number raises here
+    except ValueError as exc:
+        raise ConfigError(f"POSTBACKS_DATABASE_URL {redact_url(url)} is not a valid URL: "
+                          f"{exc}") from None
 
 
 def _validate_replication(s: Settings) -> None:
@@ -318,5 +379,8 @@ def parse_event_type_limits(raw: str) -> dict[str, int]:
             raise ConfigError(
                 f"POSTBACKS_RETRY_MAX_ATTEMPTS_BY_EVENT_TYPE: {part!r} is not <event_type>=<n>"
             )
+        if name.strip() not in EVENT_TYPES:
+            raise ConfigError(f"POSTBACKS_RETRY_MAX_ATTEMPTS_BY_EVENT_TYPE: {name.strip()!r} "
+                              f"is not an event type (known: {', '.join(sorted(EVENT_TYPES))})")
         out[name.strip()] = int(value)
     return out

@@ -10,7 +10,8 @@ from typing import Any, TypeAlias, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from postbacks.errors import InvalidRecord, ServiceUnavailable
+from postbacks.errors import ConfigError, InvalidRecord, ServiceUnavailable
+from postbacks.settings import redact_url
 
 __all__ = ["Connection", "DatabaseError", "KeptConnection", "connect", "scratch_database",
            "with_dbname"]
@@ -35,19 +36,18 @@ def connect(database_url: str, *, autocommit: bool = False,
                                **(_KEPT if kept else {}))
     except psycopg.OperationalError as exc:
         raise ServiceUnavailable(
-            f"PostgreSQL is not reachable at {_redact(database_url)} (POSTBACKS_DATABASE_URL): "
-            f"{str(exc).strip()}. Start it with `make services-up` "
+            f"PostgreSQL is not reachable at {redact_url(database_url)} (POSTBACKS_DATABASE_URL): "
+            f"{_hidden(str(exc), database_url)}. Start it with `make services-up` "
             "(or `bash deploy/local/services.sh up`)."
         ) from exc
+    except psycopg.ProgrammingError as exc:  # a URL the driver cannot parse (it quotes it)
+        raise ConfigError(f"POSTBACKS_DATABASE_URL {redact_url(database_url)}: "
+                          f"{_hidden(str(exc), database_url)}") from None
 
 
-def _redact(url: str) -> str:
-    if "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    creds, host = rest.rsplit("@", 1)
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}@{host}"
+def _hidden(text: str, database_url: str) -> str:
+    """A driver's message with the URL in it redacted."""
+    return text.strip().replace(database_url, redact_url(database_url))
 
 
 T = TypeVar("T")
@@ -79,7 +79,7 @@ class KeptConnection:
                 self.close()
                 if last:
                     raise ServiceUnavailable(
-                        f"PostgreSQL query failed at {_redact(self._url)}: {exc}") from exc
+                        f"PostgreSQL query failed at {redact_url(self._url)}: {exc}") from exc
             except ServiceUnavailable:  # no new connection
                 self.close()
                 raise

@@ -4,6 +4,7 @@ exit code 2, no traceback."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -64,3 +65,21 @@ def test_gate_without_its_database_or_topics_is_a_clear_error(settings: Settings
     assert r.returncode == 2, r.stderr
     assert f"missing topic(s) missing{settings.topic_prefix}deliveries.v1" in r.stderr
     assert "postbacks topics create" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_url_the_driver_refuses_is_one_line_without_its_password() -> None:
+    r = _run(["migrate"], POSTBACKS_DATABASE_URL="postgresql://u:hunter2@127.0.0.1:1/x?foo=bar")
+    assert r.returncode == 2, r.stderr
+    assert "invalid URI query parameter" in r.stderr and "u:***@" in r.stderr
+    assert "hunter2" not in r.stderr + r.stdout and "Traceback" not in r.stderr
+
+
+def test_metrics_port_in_use_is_one_line(migrated: dict[str, str]) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = _run(["relay"], POSTBACKS_METRICS_PORT=str(port), **migrated)
+    assert r.returncode == 2, r.stderr
+    assert f"POSTBACKS_METRICS_PORT={port}: cannot serve /metrics" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -4,7 +4,7 @@ import pytest
 
 from postbacks.codec import MAGIC, codec_for
 from postbacks.errors import ConfigError, UndecodableRecord
-from postbacks.settings import Secret, load_settings
+from postbacks.settings import Secret, dev_keys_in_use, load_settings, redact_url
 from tests.unit.factories import make_conversion, make_delivery
 
 
@@ -50,10 +50,10 @@ def test_encode_refuses_a_record_missing_a_field() -> None:
 def test_settings_from_env() -> None:
     s = load_settings({"KAFKA_BOOTSTRAP_SERVERS": "h:1", "POSTBACKS_ENDPOINT_CONCURRENCY": "8",
                        "POSTBACKS_ALLOW_LOOPBACK_TARGETS": "yes",
-                       "POSTBACKS_IDEMPOTENCY_KEY": "s3cret"})
+                       "POSTBACKS_IDEMPOTENCY_KEY": "s3cret-of-16-chars"})
     assert (s.kafka_bootstrap_servers, s.endpoint_concurrency, s.allow_loopback_targets) == (
         "h:1", 8, True)
-    assert isinstance(s.idempotency_key, Secret) and "s3cret" not in repr(s)
+    assert isinstance(s.idempotency_key, Secret) and "s3cret-of-16-chars" not in repr(s)
     assert s.topic("dlq.v1") == "dlq.v1"
     assert load_settings({"POSTBACKS_TOPIC_PREFIX": "x."}).topic("dlq.v1") == "x.dlq.v1"
 
@@ -74,11 +74,56 @@ def test_settings_from_env() -> None:
      ({"POSTBACKS_GC_GEN0_THRESHOLD": "1000001"}, "POSTBACKS_GC_GEN0_THRESHOLD"),
      ({"POSTBACKS_GATE_SWITCH_INTERVAL_S": "5"}, "POSTBACKS_GATE_SWITCH_INTERVAL_S"),
      ({"POSTBACKS_GATE_PARTIALS_INTERVAL_S": "-1"}, "POSTBACKS_GATE_PARTIALS_INTERVAL_S"),
-     ({"POSTBACKS_KAFKA_COMPRESSION": "brotli"}, "POSTBACKS_KAFKA_COMPRESSION.*lz4")],
+     ({"POSTBACKS_KAFKA_COMPRESSION": "brotli"}, "POSTBACKS_KAFKA_COMPRESSION.*lz4"),
+     # nan passed every "> 0" check; inf too (a timeout that never fires)
+     ({"POSTBACKS_HTTP_TIMEOUT_S": "nan"}, "POSTBACKS_HTTP_TIMEOUT_S='nan' is not a finite"),
+     ({"POSTBACKS_RETRY_CEILING_S": "inf"}, "POSTBACKS_RETRY_CEILING_S='inf' is not a finite"),
+     ({"POSTBACKS_STALL_RESTART_S": "NaN"}, "POSTBACKS_STALL_RESTART_S"),
+     # librdkafka refused it when the consumer was made: a restart in place for ever
+     ({"POSTBACKS_CONSUMER_SESSION_TIMEOUT_MS": "0"}, "POSTBACKS_CONSUMER_SESSION_TIMEOUT_MS"),
+     ({"POSTBACKS_CONSUMER_SESSION_TIMEOUT_MS": "3600001"},
+      "POSTBACKS_CONSUMER_SESSION_TIMEOUT_MS"),
+     # at 0 a refresher or committer spins, and Faust waits for a full batch
+     ({"POSTBACKS_CONFIG_REFRESH_S": "0"}, "POSTBACKS_CONFIG_REFRESH_S must be > 0"),
+     ({"POSTBACKS_ANOMALY_REFRESH_S": "-1"}, "POSTBACKS_ANOMALY_REFRESH_S"),
+     ({"POSTBACKS_GATE_COMMIT_INTERVAL_S": "0"}, "POSTBACKS_GATE_COMMIT_INTERVAL_S"),
+     ({"POSTBACKS_GATE_BATCH_WITHIN_S": "0"}, "POSTBACKS_GATE_BATCH_WITHIN_S"),
+     ({"POSTBACKS_GATE_BATCH_MAX": "0"}, "POSTBACKS_GATE_BATCH_MAX"),
+     ({"POSTBACKS_ATTEMPT_LOST_AFTER_S": "0"}, "POSTBACKS_ATTEMPT_LOST_AFTER_S"),
+     ({"POSTBACKS_METRICS_PORT": "70000"}, "POSTBACKS_METRICS_PORT"),
+     ({"POSTBACKS_METRICS_PORT": "-5"}, "POSTBACKS_METRICS_PORT"),
+     ({"POSTBACKS_CONSOLE_PORT": "99999"}, "POSTBACKS_CONSOLE_PORT"),
+     ({"POSTBACKS_LOG_LEVEL": "verbose"}, "POSTBACKS_LOG_LEVEL='verbose'"),
+     ({"POSTBACKS_INSTANCE_ID": ""}, "POSTBACKS_INSTANCE_ID"),
+     ({"POSTBACKS_INSTANCE_ID": "a b"}, "POSTBACKS_INSTANCE_ID"),
+     ({"POSTBACKS_AVRO_CODEC": "java"}, "POSTBACKS_AVRO_CODEC"),
+     ({"POSTBACKS_RETRY_MAX_ATTEMPTS_BY_EVENT_TYPE": "supersede=1"}, "'supersede' is not an"),
+     ({"POSTBACKS_IDEMPOTENCY_KEY": "REPLACE-ME"}, "at least 16 characters"),
+     ({"POSTBACKS_DATABASE_URL": "postgresql://u:pw@h:x/db"}, "not a valid URL")],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_settings(env)
+
+
+def test_a_bad_database_url_never_shows_its_password() -> None:
+    for url in ("postgresql://u:hunter2@[::1/x", "postgresql://u:hunter2@h:port/x"):
+        with pytest.raises(ConfigError) as exc:
+            load_settings({"POSTBACKS_DATABASE_URL": url})
+        assert "hunter2" not in str(exc.value) and "u:***@" in str(exc.value)
+    assert redact_url("postgresql://u@h/x?sslmode=require&password=hunter2") == \
+        "postgresql://u@h/x?sslmode=require&password=***"
+
+
+def test_empty_console_session_key_means_a_random_one_as_documented() -> None:
+    assert load_settings({"POSTBACKS_CONSOLE_SESSION_KEY": ""}).console_session_key.reveal() == ""
+
+
+def test_dev_keys_are_named_when_in_use() -> None:
+    assert dev_keys_in_use(load_settings({})) == ["POSTBACKS_IDEMPOTENCY_KEY",
+                                                  "POSTBACKS_SECRETS_KEY"]
+    assert dev_keys_in_use(load_settings({"POSTBACKS_IDEMPOTENCY_KEY": "x" * 32})) == [
+        "POSTBACKS_SECRETS_KEY"]
 
 
 def test_transactional_producers_back_off_the_setting_not_librdkafkas_100_ms() -> None:
