@@ -39,7 +39,7 @@ from postbacks.metrics import (
     child,
 )
 from postbacks.records import DeliveryRecord
-from postbacks.transport.http import HttpTransport
+from postbacks.transport.http import EXCERPT_BYTES, HttpTransport
 from streams.intents import DirectLog
 from streams.offsets import Item
 from topics import TOPICS
@@ -172,7 +172,9 @@ class Deliverer:
         child(LATENCY, "platform").observe(platform_ms / 1000)
         common: dict[str, object] = dict(
             status=result.http.status, queue_ms=queue_ms, platform_ms=platform_ms,
-            wire_ms=result.wire_ms, excerpt=result.excerpt, attempted_at=int(sent_at * 1000),
+            wire_ms=result.wire_ms, attempted_at=int(sent_at * 1000),
+            excerpt=(result.excerpt if result.body is None
+                     else redact.excerpt(result.body, EXCERPT_BYTES)),
             **ids,
         )
         sent_ms = int(sent_at * 1000)  # (a first attempt "in the future": another producer's)

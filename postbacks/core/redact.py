@@ -48,6 +48,15 @@ class Redaction:
             body = body.replace(value, MASK.encode())
         return body
 
+    def excerpt(self, body: bytes | None, limit: int) -> bytes | None:
+        """The first ``limit`` bytes of ``body`` masked: masked first, then cut (a secret
+        straddling the cut used to keep its first part)."""
+        if body is None:
+            return None
+        longest = max((len(v) for v in self.secrets), default=0)
+        scrubbed = self.scrub(body[:limit + longest])
+        return None if scrubbed is None else scrubbed[:limit]
+
 
 NO_REDACTION = Redaction()
 

@@ -72,6 +72,8 @@ __all__ = [
     "encode_request",
 ]
 
+TLS_SHUTDOWN_S = 2.0  # how long a closed TLS connection waits for the receiver's close
+
 
 class H1Pool:
     """Keep-alive HTTP/1.1 connections per :class:`PoolKey`; see the module doc."""
@@ -237,6 +239,9 @@ class H1Pool:
             _, conn = await self.loop.create_connection(
                 factory, key.ip, key.port, ssl=ctx,
                 server_hostname=(key.server_hostname or key.ip) if ctx else None,
+                # a receiver that never answers our TLS close held the socket 30 s (the
+                # default) after every Connection: close answer: descriptors ran out
+                ssl_shutdown_timeout=TLS_SHUTDOWN_S if ctx else None,
             )
         except BaseException as exc:
             for orphan in made:  # cancelled after connection_made (uvloop may then close

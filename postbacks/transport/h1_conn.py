@@ -350,6 +350,8 @@ class _Conn(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if self._complete:
             return
+        if self._interim:  # (llhttp reads one for 1xx codes other than 100-103)
+            raise ProtocolError("malformed HTTP response: a 1xx interim response with a body")
         size = self._size + len(body)
         self._size = size
         room = self._pool.body_limit - self._kept

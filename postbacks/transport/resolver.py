@@ -19,6 +19,7 @@ import functools
 import ipaddress
 import socket
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from publicsuffixlist import PublicSuffixList
 
@@ -96,16 +97,12 @@ class VettingResolver:
         exc = None if task.cancelled() else task.exception()
         if isinstance(exc, OSError) and not isinstance(exc, ZoneBusy):
             now = asyncio.get_running_loop().time()
-            if len(self._failed) >= _DNS_CACHE_MAX:
-                self._failed = {h: e for h, e in self._failed.items() if e[0] > now}
-            if len(self._failed) < _DNS_CACHE_MAX:
-                self._failed[host] = (now + DNS_FAILED_TTL_S, exc)
+            self._failed = _room(self._failed, now)
+            self._failed[host] = (now + DNS_FAILED_TTL_S, exc)
         if not task.cancelled() and task.exception() is None:
-            if len(self._cache) >= _DNS_CACHE_MAX:
-                now = asyncio.get_running_loop().time()
-                self._cache = {h: e for h, e in self._cache.items() if e[0] > now}
-            expires = asyncio.get_running_loop().time() + self._ttl
-            self._cache[host] = (expires, task.result())
+            now = asyncio.get_running_loop().time()
+            self._cache = _room(self._cache, now)
+            self._cache[host] = (now + self._ttl, task.result())
 
     async def _lookup(self, host: str) -> tuple[str, ...] | str:
         """The vetted addresses, or why none may be used."""
@@ -165,3 +162,20 @@ class _Zone:
     def __init__(self) -> None:
         self.slots = asyncio.Semaphore(ZONE_LOOKUPS)
         self.users = 0
+
+
+_E = TypeVar("_E")
+
+
+def _room(cache: dict[str, tuple[float, _E]], now: float) -> dict[str, tuple[float, _E]]:
+    """``cache`` with room for one more entry: when full, without its expired entries and,
+    if still over three quarters full, without its oldest (insertion order) down to three
+    quarters. Many new names within a TTL (a macro in the host, a wildcard zone) used to
+    grow it past the cap, each insertion copying it whole."""
+    if len(cache) < _DNS_CACHE_MAX:
+        return cache
+    kept = {h: e for h, e in cache.items() if e[0] > now}
+    keep = _DNS_CACHE_MAX * 3 // 4
+    if len(kept) > keep:
+        kept = dict(list(kept.items())[len(kept) - keep:])
+    return kept

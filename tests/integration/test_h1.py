@@ -12,6 +12,8 @@ import datetime
 import ipaddress
 import socket
 import ssl
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ from postbacks.transport.h1 import (
     InvalidRequest,
     PoolKey,
     ProtocolError,
+    TLS_SHUTDOWN_S,
     ServerDisconnected,
 )
 from postbacks.transport.http import HttpTransport
@@ -360,6 +363,25 @@ def test_body_until_close_interim_100_and_connection_close() -> None:
     run(main)
 
 
+def test_an_interim_response_with_a_body_is_malformed_not_glued_to_the_answer() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: Raw) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 150 X\r\nContent-Length: 9\r\n\r\nINTERIM!!"
+                     b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nreal")
+        await writer.drain()
+        await reader.read()
+
+    async def main() -> None:
+        async with raw_server(script) as raw, H1Pool() as pool:
+            # its body used to be read as the start of the 200's ("INTERIM!!real")
+            with pytest.raises(ProtocolError, match="1xx interim response with a body"):
+                await get(pool, raw.key(), "/")
+            await asyncio.sleep(0.05)
+            assert pool.stats()["open"] == 0
+
+    run(main)
+
+
 # --- failures ----------------------------------------------------------------------------------
 
 def test_server_closing_idle_keep_alive_connection_then_next_request_succeeds() -> None:
@@ -562,6 +584,62 @@ def test_tls_verifies_certificates(tmp_path: Path) -> None:
             await runner.cleanup()
 
     run(main)
+
+
+def test_a_tls_receiver_ignoring_our_close_does_not_hold_the_socket(tmp_path: Path) -> None:
+    """It answers with Connection: close, then neither closes nor answers our TLS close
+    (it stops reading). Each such answer used to hold a socket 30 s (asyncio's default TLS
+    shutdown wait): at 4 sends at a time, thousands of descriptors per endpoint."""
+    cert, key = _self_signed(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    done = threading.Event()
+    held: list[socket.socket] = []
+
+    def answer(conn: socket.socket) -> None:
+        tls = server_ctx.wrap_socket(conn, server_side=True)
+        held.append(tls)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += tls.recv(4096)
+        tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        done.wait(40)  # reads nothing more, closes nothing
+
+    def serve() -> None:  # (once per event loop: run() runs main twice)
+        listener.settimeout(0.2)
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(None)
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    async def main() -> None:
+        trusting = ssl.create_default_context(cafile=str(cert))
+        async with H1Pool(ssl_context=trusting) as pool:
+            resp = await pool.request(PoolKey("https", "127.0.0.1", port, "localhost"),
+                                      "GET", "/", "localhost", {})
+            assert (resp.status, resp.body) == (200, b"ok")
+            start = time.monotonic()
+            while pool.stats()["open"] and time.monotonic() - start < 15:
+                await asyncio.sleep(0.1)
+            assert pool.stats()["open"] == 0, "the socket is still held"
+            assert time.monotonic() - start < TLS_SHUTDOWN_S + 5
+
+    try:
+        run(main)
+    finally:
+        done.set()
+        thread.join(5)
+        for t in held:
+            t.close()
+        listener.close()
 
 
 # --- through HttpTransport ---------------------------------------------------------------------

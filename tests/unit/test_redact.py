@@ -72,3 +72,15 @@ def test_a_receiver_echoing_the_api_key_has_it_masked_in_the_stored_excerpt() ->
     assert r.scrub(b'{"you sent":"k-live-123","x":"abc"}') == (
         b'{"you sent":"[redacted]","x":"abc"}')  # a value under 6 characters stays
     assert r.scrub(None) is None and Redaction().scrub(b"k-live-123") == b"k-live-123"
+
+
+def test_a_secret_straddling_the_excerpt_cut_is_masked_not_half_kept() -> None:
+    from postbacks.core.redact import MASK, Redaction
+
+    key = "sk_live_0123456789abcdef0123456789abcdef"
+    r = Redaction.of((), {"X-Api-Key": key})
+    body = b"x" * 240 + b'"' + key.encode() + b'"' + b"y" * 100
+    shown = r.excerpt(body, 256)
+    assert shown is not None and len(shown) == 256 and b"sk_live" not in shown
+    assert shown.startswith(b"x" * 240 + b'"' + MASK.encode()[:15])
+    assert r.excerpt(None, 256) is None and Redaction().excerpt(body, 256) == body[:256]
