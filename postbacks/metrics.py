@@ -281,7 +281,8 @@ CONSOLE_REPLAY_PENDING = Gauge("postbacks_console_replay_pending",
 # their series are created at 0 when a process starts, so the first dead letter or trip is
 # an increase Prometheus sees (a series born at 1 is invisible to increase()).
 DEAD_LETTER_REASONS = ("undecodable", "invalid_record", "missing_field", "render_failed",
-                       "permanent", "exhausted", "blocked_address", "unknown_endpoint",
+                       "permanent", "exhausted", "blocked_address", "invalid_url",
+                       "unknown_endpoint",
                        "internal_error", "dead_letter", "too_large")
 _TRIP_SCOPES = ("endpoint", "global")
 

@@ -294,8 +294,14 @@ class Lanes:
         except Exception as exc:  # a bug must not stall the partition: dead-letter it
             log.exception("agent: unexpected error delivering %s", work.delivery["delivery_id"])
             out = []
-            self.deliverer.dead_letter(out, work.msg, exc, "internal_error", self._now_ms(),
+            now_ms = self._now_ms()
+            self.deliverer.dead_letter(out, work.msg, exc, "internal_error", now_ms,
                                        work.delivery)
+            try:  # analytics sees the delivery end too (it had no outcome at all)
+                self.deliverer.outcome(out, work.delivery, "dead_lettered", now_ms,
+                                       "internal_error")
+            except Exception:  # a record too odd even for that: its dead letter stands
+                log.exception("agent: no outcome for %s", work.delivery["delivery_id"])
         finally:
             lane.in_flight -= 1
             lane.observe(time.monotonic() - started)

@@ -87,7 +87,7 @@ _ALL = (
     Macro("app_id", "The app (publisher) id.", lambda d: d["conversion"]["app_id"]),
     Macro("event_type", "The event type, e.g. conversion.",
           lambda d: d["conversion"]["event_type"]),
-    Macro("goal_id", "The goal id (empty for events without a goal).",
+    Macro("goal_id", "The goal id (an event without a goal cannot render it: render_failed).",
           lambda d: d["conversion"]["goal_id"]),
     Macro("payout_usd", "Payout in US dollars, 6 decimal places, e.g. 1.250000.", _payout),
     Macro("payout_usd_micros", "Payout in micro-dollars (integer).",

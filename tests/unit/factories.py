@@ -34,12 +34,15 @@ class FakeMessage:
     """What the stages read of a consumed Kafka message (pure-core tests)."""
 
     def __init__(self, value: bytes, *, topic: str = "dispatch.v1", partition: int = 0,
-                 offset: int = 0) -> None:
-        self._value, self._topic = value, topic
+                 offset: int = 0, key: bytes | None = None) -> None:
+        self._value, self._topic, self._key = value, topic, key
         self._partition, self._offset = partition, offset
 
     def value(self) -> bytes:
         return self._value
+
+    def key(self) -> bytes | None:
+        return self._key
 
     def topic(self) -> str:
         return self._topic
