@@ -14,6 +14,7 @@ from typing import NamedTuple, Protocol, cast
 import httptools
 
 from postbacks import __version__
+from postbacks.core.providers.base import CLIENT_HEADERS
 
 __all__ = [
     "BODY_LIMIT",
@@ -45,10 +46,7 @@ HEAD_LIMIT = 64 * 1024
 FRAMING_LIMIT = 4 * 1024 * 1024
 
 # Set by this client from its arguments; a caller's copy is dropped.
-_OWN_HEADERS = frozenset({
-    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
-    "te", "trailer", "proxy-connection", "expect",
-})
+_OWN_HEADERS = CLIENT_HEADERS
 _NO_BODY_STATUSES = frozenset({204, 304})
 _NO_BYTES = bytes(4)  # FIONREAD's answer (a C int) when nothing waits to be read
 

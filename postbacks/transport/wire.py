@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from postbacks.core.providers.base import CLIENT_HEADERS
 from postbacks.transport.h1 import (
     BODY_LIMIT,
     DISCARD_LIMIT,
@@ -34,10 +35,7 @@ __all__ = ["BODY_LIMIT", "CLIENTS", "DISCARD_LIMIT", "OWN_HEADERS", "WANTED_HEAD
 CLIENTS = ("h1", "aiohttp", "httpx")
 
 # Set by the wire from its arguments; a caller's copy is dropped (as h1 does).
-OWN_HEADERS = frozenset({
-    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
-    "te", "trailer", "proxy-connection", "expect",
-})
+OWN_HEADERS = CLIENT_HEADERS
 WANTED_HEADERS = ("retry-after", "location")
 
 

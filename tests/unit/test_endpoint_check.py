@@ -49,6 +49,10 @@ def test_good_endpoints_have_no_problems(ep: Endpoint) -> None:
     (_ep(schema_version=3), "unknown schema_version 3"),
     (_ep(aliases={"app_id": "conversion_id"}), "would both be sent as 'conversion_id'"),
     (_ep(headers={"webhook-signature": "x"}), "may not override"),
+    # saved, then dropped by every HTTP client when sending; or not sendable by some
+    (_ep(headers={"Host": "other.example"}), "'Host' is set by the HTTP client"),
+    (_ep(headers={"Content-Length": "5"}), "'Content-Length' is set by the HTTP client"),
+    (_ep(headers={"X-Name": "café"}), "'X-Name' has a non-ASCII character"),
     (_ep(provider_options={"x": 1}), "does not accept option(s): x"),
     (_ep(validator={"kind": "regex"}), "unknown validator 'regex'"),
     (_ep(validator={"kind": "body_matches", "pattern": "("}), "not a valid regex"),
@@ -90,3 +94,8 @@ def test_templated_idn_and_literal_hosts_stay_valid(url: str) -> None:
     from postbacks.core.providers.base import url_problems
 
     assert url_problems(url) == []
+
+
+def test_a_header_saved_before_the_save_check_still_renders() -> None:
+    ep = _ep(headers={"X-Name": "café", "Connection": "close"})
+    assert render(sample_delivery(ep, now_ms=NOW_MS), ep, now_ms=NOW_MS).headers["X-Name"] == "café"

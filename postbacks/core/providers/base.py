@@ -178,6 +178,27 @@ def url_problems(url: str) -> list[str]:
     return problems
 
 
+# Set by the HTTP client from the request itself; a custom copy is dropped when sending.
+CLIENT_HEADERS = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
+    "te", "trailer", "proxy-connection", "expect",
+})
+
+
+def saved_header_problems(headers: Mapping[str, str]) -> list[str]:
+    """What a person saving custom headers is told beyond :func:`header_problems` (not
+    checked when rendering: a configuration saved before still sends as it did)."""
+    problems: list[str] = []
+    for name, value in headers.items():
+        if name.lower() in CLIENT_HEADERS:
+            problems.append(f"custom header {name!r} is set by the HTTP client from the "
+                            "request (yours would be dropped)")
+        if not value.isascii():
+            problems.append(f"header {name!r} has a non-ASCII character in its value (not "
+                            "every HTTP client can send it: percent-encode it)")
+    return problems
+
+
 def header_problems(headers: Mapping[str, str], reserved: Iterable[str]) -> list[str]:
     """Problems with custom headers: invalid names/values, or overriding a reserved one."""
     reserved_lc = frozenset(reserved)
