@@ -129,9 +129,12 @@ def _retention(settings: Settings, args: argparse.Namespace) -> int:
     print_table(("PARTITION", "DAY", "ROWS", "RESULT"),
                 [(x.name, x.day, x.rows, verb if x.dropped or args.dry_run else x.error)
                  for x in done])
-    ok = [x for x in done if not x.error]
-    failed = len(done) - len(ok)
-    print(f"{verb} {len(ok)} partition(s), {sum(x.rows for x in ok):,} attempt row(s)"
+    dead = sum(x.rows for x in done if x.name == "dead_letters")
+    ok = [x for x in done if not x.error and x.name != "dead_letters"]
+    failed = len([x for x in done if x.error])
+    print(f"{verb} {len(ok)} partition(s), {sum(x.rows for x in ok):,} row(s)"
+          + (f"; {'would delete' if args.dry_run else 'deleted'} {dead:,} dead letter(s) "
+             f"from before {today - dt.timedelta(days=keep)}" if dead else "")
           + (f"; {failed} left for the next run (lock not granted)" if failed else ""))
     return 1 if failed else 0
 

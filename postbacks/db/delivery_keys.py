@@ -12,7 +12,8 @@ stored under another creation time: a row-by-row cost the sink does not pay.
 
 Lookups of a delivery by id read its creation time here first, so PostgreSQL searches the
 one day partition that can hold it (:data:`BY_ID`) instead of every day kept. Retention
-deletes the keys of a day's partition before dropping it (:func:`delete_partition_keys`)."""
+deletes the keys of a day's partition before dropping it, with its deliveries' outcome rows
+and suppressions (:func:`delete_partition_keys`)."""
 
 from __future__ import annotations
 
@@ -53,23 +54,32 @@ def insert_keys(conn: psycopg.Connection[Any], keys: list[tuple[str, dt.datetime
 
 
 def delete_partition_keys(conn: psycopg.Connection[Any], partition: str,
-                          batch: int = _BATCH) -> int:
+                          batch: int = _BATCH) -> dict[str, int]:
     """Delete the keys of the rows of ``partition`` (a day partition of ``deliveries``
-    about to be dropped), ``batch`` at a time in delivery id order, each batch its own
-    transaction (``conn`` in autocommit); returns how many were deleted. Done before the
-    drop, so an interrupted run leaves no key without its row: the next run deletes the
-    rest, then drops."""
-    total, after = 0, ""
+    about to be dropped), with the deliveries' outcome rows and suppressions, ``batch``
+    deliveries at a time in delivery id order, each batch its own transaction (``conn`` in
+    autocommit); returns how many of each were deleted (``keys``, ``outcomes``,
+    ``suppressions``). Done before the drop, so an interrupted run leaves no key without
+    its row: the next run deletes the rest, then drops."""
+    total = {"keys": 0, "outcomes": 0, "suppressions": 0}
+    after = ""
     while True:
         row = conn.execute(
             f'WITH p AS (SELECT delivery_id, created_at FROM "{partition}"'
             "  WHERE delivery_id > %s ORDER BY delivery_id LIMIT %s),"
+            " o AS (DELETE FROM delivery_outcomes o USING p WHERE o.delivery_id = p.delivery_id"
+            "  RETURNING 1),"
+            " s AS (DELETE FROM postback_suppressions s USING p"
+            "  WHERE s.delivery_id = p.delivery_id RETURNING 1),"
             " gone AS (DELETE FROM delivery_keys k USING p WHERE k.delivery_id = p.delivery_id"
             "  AND k.created_at = p.created_at RETURNING 1)"
             " SELECT (SELECT max(delivery_id) FROM p), (SELECT count(*) FROM p),"
-            " (SELECT count(*) FROM gone)", (after, batch)).fetchone()
+            " (SELECT count(*) FROM gone), (SELECT count(*) FROM o), (SELECT count(*) FROM s)",
+            (after, batch)).fetchone()
         assert row is not None
-        total += int(row[2])
+        total["keys"] += int(row[2])
+        total["outcomes"] += int(row[3])
+        total["suppressions"] += int(row[4])
         if row[1] < batch:
             return total
         after = row[0]

@@ -1,5 +1,7 @@
 """Retention of the attempt log and of deliveries: the daily partitions of
-``delivery_attempts`` and of ``deliveries`` older than the window are dropped whole
+``delivery_attempts`` and of ``deliveries`` older than the window are dropped whole (a
+delivery's outcome rows and suppression go with it, and dead letters older than the
+window are deleted)
 (DESIGN: "append-only, partitioned by day, retention job"; the seeds keep 60-90 days hot
 for replay and support). ``postbacks retention`` runs it; schedule it daily.
 
@@ -99,10 +101,9 @@ def drop_expired(database_url: str, *, keep_days: int, today: dt.date, dry_run: 
                     continue
                 # a deliveries partition's keys first, in batches outside the drop's
                 # lock (nothing writes a day this old any more)
-                keys = delete_partition_keys(conn, name) if parent == "deliveries" else None
                 before: dict[str, object] = {"day": day.isoformat(), "rows": rows}
-                if keys is not None:
-                    before["keys"] = keys
+                if parent == "deliveries":
+                    before.update(delete_partition_keys(conn, name))
                 try:
                     with conn.transaction():
                         conn.execute(f'DROP TABLE "{name}"')
@@ -116,7 +117,40 @@ def drop_expired(database_url: str, *, keep_days: int, today: dt.date, dry_run: 
                                        error=f"lock not granted in {lock_timeout_s:g} s: {exc}"))
                     continue
                 out.append(Expired(name, day, rows, dropped=True))
+        gone = _dead_letters(conn, today - dt.timedelta(days=keep_days), keep_days, dry_run,
+                             actor)
+        if gone is not None:
+            out.append(gone)
     return out
+
+
+def _dead_letters(conn: psycopg.Connection[Any], cutoff: dt.date, keep_days: int,
+                  dry_run: bool, actor: str, batch: int = 10_000) -> Expired | None:
+    """Delete the dead letters that occurred before ``cutoff`` (resolved or not: their
+    deliveries are gone with their partitions), ``batch`` at a time, oldest first."""
+    since = dt.datetime.combine(cutoff, dt.time(0), dt.UTC)
+    if dry_run:
+        row = conn.execute("SELECT count(*) FROM dead_letters WHERE occurred_at < %s",
+                           (since,)).fetchone()
+        n = int(row[0]) if row else 0
+        return Expired("dead_letters", cutoff, n, dropped=False) if n else None
+    total = 0
+    while True:
+        cur = conn.execute(
+            "DELETE FROM dead_letters WHERE dead_letter_id IN (SELECT dead_letter_id FROM"
+            " dead_letters WHERE occurred_at < %s ORDER BY occurred_at LIMIT %s)",
+            (since, batch))
+        total += cur.rowcount
+        if cur.rowcount < batch:
+            break
+    if not total:
+        return None
+    conn.execute(
+        "INSERT INTO audit_log (actor, action, target_type, target_id, before, note)"
+        " VALUES (%s, 'delete_expired', 'dead_letters', 'dead_letters', %s, %s)",
+        (actor, json.dumps({"before": since.isoformat(), "rows": total}),
+         f"older than {keep_days} days"))
+    return Expired("dead_letters", cutoff, total, dropped=True)
 
 
 def _count(conn: psycopg.Connection[Any], name: str) -> int:

@@ -289,6 +289,44 @@ def test_retention_drops_expired_deliveries_partitions_with_their_keys(
     assert again == [(ids[0],)]
 
 
+def test_retention_takes_the_deliveries_outcomes_suppressions_and_old_dead_letters(
+        migrated: dict[str, str]) -> None:
+    """They grew for ever beside the dropped partitions (outcome rows of deliveries gone)."""
+    url = migrated["POSTBACKS_DATABASE_URL"]
+    ids = _old_rows(url)
+    fresh = f"dlv_new_{uuid.uuid4().hex[:8]}"
+    now = dt.datetime.now(dt.UTC)
+    old_at = dt.datetime.combine(OLD[0], dt.time(12), dt.UTC)
+    tag = uuid.uuid4().hex[:8]
+    with connect(url) as conn:
+        _insert(conn, fresh, now)
+        for did in [*ids, fresh]:
+            conn.execute("INSERT INTO delivery_outcomes (outcome_id, delivery_id, endpoint_id,"
+                         " app_id, kind, attempt_no, occurred_at) VALUES (%s, %s, 'ep_part',"
+                         " 'app_part', 'delivered', 1, %s)", (f"out_{did}", did, now))
+            conn.execute("INSERT INTO postback_suppressions (delivery_id, endpoint_id, reason)"
+                         " VALUES (%s, 'ep_part', 'render_failed: test')", (did,))
+        for name, at in (("old", old_at), ("new", now)):
+            conn.execute("INSERT INTO dead_letters (dead_letter_id, reason, error_class,"
+                         " error_message, stage, origin_topic, origin_partition, origin_offset,"
+                         " occurred_at) VALUES (%s, 'permanent', 'X', 'x', 'agent', 't', 0, 0,"
+                         " %s)", (f"dlq_{tag}_{name}", at))
+        conn.commit()
+    today = now.date()
+    dry = drop_expired(url, keep_days=90, today=today, dry_run=True)
+    assert [x.name for x in dry if x.name == "dead_letters" and x.rows >= 1]
+    drop_expired(url, keep_days=90, today=today)
+    with connect(url) as conn:
+        outcomes = conn.execute("SELECT delivery_id FROM delivery_outcomes WHERE delivery_id ="
+                                " ANY(%s)", ([*ids, fresh],)).fetchall()
+        suppressed = conn.execute("SELECT delivery_id FROM postback_suppressions WHERE"
+                                  " delivery_id = ANY(%s)", ([*ids, fresh],)).fetchall()
+        dead = conn.execute("SELECT dead_letter_id FROM dead_letters WHERE dead_letter_id"
+                            " LIKE %s", (f"dlq_{tag}_%",)).fetchall()
+    assert outcomes == [(fresh,)] and suppressed == [(fresh,)]
+    assert dead == [(f"dlq_{tag}_new",)]
+
+
 def test_a_day_with_rows_in_the_default_partition_is_left_to_it(
         migrated: dict[str, str]) -> None:
     url = migrated["POSTBACKS_DATABASE_URL"]
