@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaException
 
+from postbacks.cli_args import finite, port, whole
 from postbacks.errors import ConfigError, InvalidRecord, ServiceUnavailable
 from postbacks.settings import Settings, dev_keys_in_use, load_settings
 
@@ -167,7 +168,9 @@ def _seed(settings: Settings, args: argparse.Namespace) -> int:
 
 def _emit(settings: Settings, args: argparse.Namespace) -> int:
     from postbacks.emit import ConversionProducer, synthetic_conversions
+    from postbacks.kafka.clients import check_broker
 
+    check_broker(settings)  # one line naming KAFKA_BOOTSTRAP_SERVERS, not 60 s of retries
     producer = ConversionProducer(settings)
     start = time.monotonic()
     last = start
@@ -238,10 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
         "replay, for longer than --older-than seconds (POSTBACKS_GAP_AFTER_S), quiet "
         "longest first. Failing, quarantined and held deliveries are not gaps (each has "
         "its own alert). Exit 1 when there is any gap.")
-    sp.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
+    sp.add_argument("--older-than", type=finite(0), default=None, metavar="SECONDS",
                     help="quiet for longer than this (default: POSTBACKS_GAP_AFTER_S)")
     sp.add_argument("--endpoint", default=None, help="only this endpoint id")
-    sp.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    sp.add_argument("--limit", type=whole(1, 100_000), default=100,
+                    help="at most this many (default 100)")
     sp.add_argument("--json", action="store_true", help="print JSON")
     sp.set_defaults(func=_gaps)
 
@@ -257,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the deliveries' keys with them, each in its "
         "own short transaction with an audit row; schedule it daily. Exit 1 when a drop "
         "could not get its lock in time (left for the next run).")
-    sp.add_argument("--keep-days", type=int, default=None,
+    sp.add_argument("--keep-days", type=whole(2), default=None,
                     help="days of attempts and deliveries to keep (default: "
                     "POSTBACKS_ATTEMPT_RETENTION_DAYS)")
     sp.add_argument("--dry-run", action="store_true", help="list what would be dropped")
@@ -272,9 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("seed", help="seed demo endpoints pointing at a receiver",
                         description="Create endpoints and signing secrets; prints "
                         "endpoint_id, app_id, url, secret per line.")
-    sp.add_argument("--apps", type=int, default=5,
+    sp.add_argument("--apps", type=whole(1), default=5,
                     help="number of apps, app_<namespace>_0001 ... (default 5)")
-    sp.add_argument("--endpoints-per-app", type=int, default=2,
+    sp.add_argument("--endpoints-per-app", type=whole(1), default=2,
                     help="endpoints per app, ep_<namespace>_<app>_<k> (default 2)")
     sp.add_argument("--receiver-url", default="http://127.0.0.1:8787",
                     help="the receiver's base URL; each endpoint posts to "
@@ -285,13 +289,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("emit", help="produce synthetic conversions",
                         description="Produce synthetic ConversionEvents to conversions.v1.")
-    sp.add_argument("--count", type=int, default=1000,
+    sp.add_argument("--count", type=whole(1), default=1000,
                     help="conversions to produce (default 1000)")
-    sp.add_argument("--rate", type=float, default=0, help="events/s (0 = as fast as possible)")
+    sp.add_argument("--rate", type=finite(0), default=0,
+                    help="events/s (0 = as fast as possible)")
     sp.add_argument("--seed", type=int, default=1,
                     help="random seed: the same seed and namespace give the same "
                     "conversion ids, apps and payouts (default 1)")
-    sp.add_argument("--apps", type=int, default=5,
+    sp.add_argument("--apps", type=whole(1), default=5,
                     help="spread over this many apps, app_<namespace>_0001 ... (default 5)")
     sp.add_argument("--namespace", default="demo", help="app ids are app_<namespace>_NNNN")
     sp.set_defaults(func=_emit)
@@ -299,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("receiver", help="run the scriptable local receiver",
                         description="A local postback receiver that verifies signatures.")
     sp.add_argument("--host", default="127.0.0.1")
-    sp.add_argument("--port", type=int, default=8787)
+    sp.add_argument("--port", type=port, default=8787)
     sp.set_defaults(func=_receiver)
 
     sp = sub.add_parser(
@@ -331,24 +336,24 @@ dead-lettered, held, released, replayed (from PostgreSQL) and the
 requests/unique ids the receiver saw -- and where to see each group (console
 pages, metrics, SQL).
 Exit 1 when a group's counts are not what it should show.""")
-    sp.add_argument("--count", type=int, default=2000,
+    sp.add_argument("--count", type=whole(1), default=2000,
                     help="healthy conversions; each goes to every endpoint of its app "
                     "(default 2000)")
-    sp.add_argument("--apps", type=int, default=10, help="healthy apps (default 10)")
-    sp.add_argument("--endpoints-per-app", type=int, default=3,
+    sp.add_argument("--apps", type=whole(1), default=10, help="healthy apps (default 10)")
+    sp.add_argument("--endpoints-per-app", type=whole(1), default=3,
                     help="endpoints per healthy app (default 3)")
-    sp.add_argument("--flaky", type=int, default=20,
+    sp.add_argument("--flaky", type=whole(0), default=20,
                     help="deliveries to the flaky endpoint (default 20)")
-    sp.add_argument("--dead", type=int, default=10,
+    sp.add_argument("--dead", type=whole(0), default=10,
                     help="deliveries to the dead endpoint (default 10)")
-    sp.add_argument("--dead-attempts", type=int, default=3,
+    sp.add_argument("--dead-attempts", type=whole(0), default=3,
                     help="the dead endpoint's max_attempts, its retry budget (default 3)")
-    sp.add_argument("--cohort", type=int, default=25,
+    sp.add_argument("--cohort", type=whole(0), default=25,
                     help="retrodated conversions held then released (default 25)")
-    sp.add_argument("--replay", type=int, default=20,
+    sp.add_argument("--replay", type=whole(0), default=20,
                     help="delivered healthy postbacks replayed through the console "
                     "(default 20)")
-    sp.add_argument("--rate", type=float, default=0,
+    sp.add_argument("--rate", type=finite(0), default=0,
                     help="healthy conversions/s (0 = as fast as possible)")
     sp.add_argument("--namespace", default=None,
                     help="prefix of the demo's app and endpoint ids (default d<unix time>)")
@@ -360,7 +365,7 @@ Exit 1 when a group's counts are not what it should show.""")
                     "environment names)")
     sp.add_argument("--report-json", metavar="PATH", default=None,
                     help="also write the table's counts as JSON to PATH")
-    sp.add_argument("--timeout", type=float, default=None,
+    sp.add_argument("--timeout", type=finite(1), default=None,
                     help="seconds to wait for every group after the emit "
                     "(default 150 + healthy deliveries / 100)")
     sp.set_defaults(func=_demo)

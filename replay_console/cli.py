@@ -10,6 +10,7 @@ import re
 import sys
 from typing import Any, cast
 
+from postbacks.cli_args import port
 from postbacks.cli_output import fail, print_json, print_table
 from postbacks.settings import Settings
 
@@ -31,13 +32,6 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
             f"{settings.console_port if args.port is None else args.port}"
         return fail(args, f"cannot serve on {where}: {exc.strerror or exc}", 2)
     return 0
-
-
-def _port(text: str) -> int:
-    """``--port``: a TCP port, 0 (any free one) to 65535."""
-    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535)")
-    return int(text)
 
 
 # A new token's lifetime unless --expires-in says otherwise.
@@ -158,7 +152,7 @@ def add_parser(subparsers: Any) -> None:
                             description="Serve the console on POSTBACKS_CONSOLE_HOST:PORT "
                             "(default 127.0.0.1:8790) with the replay drainer in a thread.")
     sp.add_argument("--host", help="listen address (default POSTBACKS_CONSOLE_HOST)")
-    sp.add_argument("--port", type=_port, help="port (default POSTBACKS_CONSOLE_PORT)")
+    sp.add_argument("--port", type=port, help="port (default POSTBACKS_CONSOLE_PORT)")
     sp.add_argument("--no-drain", action="store_true",
                     help="do not publish queued replays from this process")
     sp.set_defaults(func=_serve)

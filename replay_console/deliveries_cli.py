@@ -17,6 +17,7 @@ import sys
 import threading
 from typing import Any, cast
 
+from postbacks.cli_args import whole
 from postbacks.cli_output import fail, iso, print_json, print_table, shown, usd
 from postbacks.settings import Settings
 
@@ -131,7 +132,11 @@ def _replay(settings: Settings, args: argparse.Namespace) -> int:
         if args.fields:
             raw["fields"] = [f.strip() for f in args.fields.split(",") if f.strip()]
         if args.aliases:
-            raw["aliases"] = json.loads(args.aliases)
+            try:
+                raw["aliases"] = json.loads(args.aliases)
+            except ValueError as exc:
+                raise OverrideError(f"--aliases is not JSON ({exc}); e.g. "
+                                    '{"payout":"amount"}') from None
         override = parse_override(raw) if raw else None
     except (FilterError, OverrideError, ValueError) as exc:
         return fail(args, str(exc), 2)
@@ -282,7 +287,7 @@ def add_parser(subparsers: Any) -> None:
                          description="Deliveries matching every filter, newest first.")
     _filters(sp)
     sp.add_argument("--cursor", help="the 'more' cursor of the previous page")
-    sp.add_argument("--limit", type=int, default=50, help="rows per page (1-200)")
+    sp.add_argument("--limit", type=whole(1, 200), default=50, help="rows per page (1-200)")
     sp.add_argument("--json", action="store_true",
                     help="print JSON: the page's deliveries and next_cursor")
     sp.set_defaults(func=_list)
@@ -305,7 +310,7 @@ def add_parser(subparsers: Any) -> None:
     sp.add_argument("--fields", help="edit: V3 field subset, comma separated")
     sp.add_argument("--aliases", help='edit: V3 key aliases as JSON, e.g. {"payout":"amount"}')
     sp.add_argument("--note", help="why (audited)")
-    sp.add_argument("--confirm", type=int, help="bulk: the number of deliveries you expect")
+    sp.add_argument("--confirm", type=whole(0), help="bulk: the number of deliveries you expect")
     sp.add_argument("--yes", action="store_true", help="bulk: confirm whatever matches")
     sp.add_argument("--no-wait", action="store_true", help="queue it and return")
     sp.add_argument("--json", action="store_true", help=argparse.SUPPRESS)

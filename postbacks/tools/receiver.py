@@ -28,6 +28,8 @@ import orjson
 from aiohttp import web
 from standardwebhooks import Webhook
 
+from postbacks.cli_args import port
+
 __all__ = ["ReceiverState", "build_app", "main"]
 
 
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         description="Run a scriptable local postback receiver that verifies signatures.",
     )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8787)
+    parser.add_argument("--port", type=port, default=8787)
     args = parser.parse_args(argv)
     web.run_app(build_app(), host=args.host, port=args.port, access_log=None,
                 print=lambda s: print(s, flush=True))

@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+from postbacks.cli_args import finite, whole
 from postbacks.cli_output import fail, iso, print_json, print_table
 from postbacks.core.anomaly.modes import Detector, Mode
 from postbacks.errors import ServiceUnavailable
@@ -240,22 +241,22 @@ def add_parser(subparsers: Any) -> None:
                     "own row, off included, overrides it")
     sp.add_argument("--mode", required=True, choices=[m.value for m in Mode],
                     help="off: skip; detect: metrics only; enforce: hold")
-    sp.add_argument("--multiple", type=float,
+    sp.add_argument("--multiple", type=finite(0),
                     help="value_rate: a span trips only above this multiple of its "
                     "expectation (default 1.1 global, 2 endpoint)")
-    sp.add_argument("--floor-usd", type=float,
+    sp.add_argument("--floor-usd", type=finite(0),
                     help="value_rate: and only with an excess over the expectation above "
                     "this (USD; default 50 global, 200 endpoint)")
-    sp.add_argument("--k", type=float,
+    sp.add_argument("--k", type=finite(0),
                     help="value_rate: the rolling detector's score threshold (sigmas; "
                     "default 4.5 global, 5 endpoint; `postbacks anomaly calibrate` "
                     "recommends one)")
-    sp.add_argument("--h", type=float,
+    sp.add_argument("--h", type=finite(0),
                     help="value_rate: the CUSUM arms' threshold (log-likelihood ratio; "
                     "default 12.5; `postbacks anomaly calibrate` recommends one)")
-    sp.add_argument("--window-days", type=float,
+    sp.add_argument("--window-days", type=finite(0),
                     help="retrodating: hold when created - completed exceeds this")
-    sp.add_argument("--burst-count", type=int,
+    sp.add_argument("--burst-count", type=whole(1),
                     help="retrodating, global: halt the global scope when this many "
                     "retrodated deliveries come within 15 event-time minutes, over twice "
                     "their usual count (off unless set; 0 turns it off again; 50 suits "
