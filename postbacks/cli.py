@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -16,7 +17,8 @@ from confluent_kafka import KafkaException
 
 from postbacks.cli_args import finite, port, whole
 from postbacks.errors import ConfigError, InvalidRecord, ServiceUnavailable
-from postbacks.settings import Settings, dev_keys_in_use, load_settings
+from postbacks.settings import Settings, load_settings
+from postbacks.settings_env import dev_keys_in_use, unknown_names
 
 __all__ = ["main"]
 
@@ -26,6 +28,8 @@ def _stage(name: str) -> Callable[[Settings, argparse.Namespace], int]:
         from postbacks.runtime import settle_gc, setup_process
 
         stop = setup_process(name, settings)
+        for unknown in unknown_names(os.environ):
+            logging.getLogger(name).warning("%s is not a setting: ignored", unknown)
         for key in dev_keys_in_use(settings):
             logging.getLogger(name).warning(
                 "%s is not set: the development key in postbacks' source is used; set a "

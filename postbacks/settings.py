@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from postbacks.core.event_types import EVENT_TYPES
 from postbacks.errors import ConfigError
 
-__all__ = ["Secret", "Settings", "dev_keys_in_use", "load_settings", "parse_event_type_limits",
+__all__ = ["Secret", "Settings", "env_name", "load_settings", "parse_event_type_limits",
            "redact_url"]
 
 
@@ -247,13 +247,6 @@ def redact_url(url: str) -> str:
     """``url`` with any password (in the authority or a ``password=`` parameter) hidden."""
     url = re.sub(r"(//[^/@:?#]*):[^/@?#]*@", r"\1:***@", url)
     return re.sub(r"(?i)(password=)[^&#]*", r"\1***", url)
-
-
-def dev_keys_in_use(s: Settings) -> list[str]:
-    """The key settings left at their development defaults (public: in this source)."""
-    return [env_name(name) for name, dev in (("idempotency_key", _DEV_IDEMPOTENCY_KEY),
-                                            ("secrets_key", _DEV_SECRETS_KEY))
-            if getattr(s, name).reveal() == dev]
 
 
 # Positive intervals: at 0 a refresher or committer spins (or Faust waits for a full batch).

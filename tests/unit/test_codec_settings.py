@@ -4,7 +4,8 @@ import pytest
 
 from postbacks.codec import MAGIC, codec_for
 from postbacks.errors import ConfigError, UndecodableRecord
-from postbacks.settings import Secret, dev_keys_in_use, load_settings, redact_url
+from postbacks.settings import Secret, load_settings, redact_url
+from postbacks.settings_env import dev_keys_in_use
 from tests.unit.factories import make_conversion, make_delivery
 
 
@@ -133,3 +134,26 @@ def test_transactional_producers_back_off_the_setting_not_librdkafkas_100_ms() -
     assert transactional_config(s, "fanout")["retry.backoff.ms"] == 7
     assert load_settings({}).txn_retry_backoff_ms == 10
     assert "retry.backoff.ms" not in producer_config(s)  # plain producers keep the default
+
+
+def test_a_misspelt_setting_is_named_with_the_one_meant() -> None:
+    from postbacks.settings_env import unknown_names
+
+    env = {"POSTBACKS_HTTP_TIMEOUT": "1", "POSTBACKS_HTTP_TIMEOUT_S": "2", "HOME": "/",
+           "POSTBACKS_KAFKA_PORT": "19092", "POSTBACKS_BENCH_X": "1", "POSTBACKS_ZZZ": "1"}
+    assert unknown_names(env) == ["POSTBACKS_HTTP_TIMEOUT (did you mean POSTBACKS_HTTP_TIMEOUT_S?)",
+                                  "POSTBACKS_ZZZ"]
+
+
+def test_every_postbacks_name_the_scripts_read_is_known() -> None:
+    """The service scripts' own POSTBACKS_* names are not reported as typos."""
+    import re
+    from pathlib import Path
+
+    from postbacks.settings_env import unknown_names
+
+    root = Path(__file__).resolve().parents[2]
+    text = "".join(p.read_text() for p in [*root.glob("deploy/**/*.sh"), root / ".ci" / "run",
+                                           root / "Makefile"] if p.is_file())
+    names = set(re.findall(r"POSTBACKS_[A-Z0-9_]*[A-Z0-9]", text))
+    assert names and unknown_names(dict.fromkeys(names, "x")) == []
