@@ -245,7 +245,7 @@ _COMPRESSION = ("none", "lz4", "zstd", "snappy", "gzip")
 
 def redact_url(url: str) -> str:
     """``url`` with any password (in the authority or a ``password=`` parameter) hidden."""
-    url = re.sub(r"(//[^/@:?#]*):[^/@?#]*@", r"\1:***@", url)
+    url = re.sub(r"(//[^/@:?#]*):.*@", r"\1:***@", url)  # to the last @: a bare one in it
     return re.sub(r"(?i)(password=)[^&#]*", r"\1***", url)
 
 

@@ -112,6 +112,7 @@ def test_a_bad_database_url_never_shows_its_password() -> None:
         with pytest.raises(ConfigError) as exc:
             load_settings({"POSTBACKS_DATABASE_URL": url})
         assert "hunter2" not in str(exc.value) and "u:***@" in str(exc.value)
+    assert redact_url("postgresql://u:hun@ter2@h/x") == "postgresql://u:***@h/x"  # a bare @
     assert redact_url("postgresql://u@h/x?sslmode=require&password=hunter2") == \
         "postgresql://u@h/x?sslmode=require&password=***"
 
