@@ -262,8 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
         "retention window",
         description="Drop the daily delivery_attempts and deliveries partitions whose day is "
         "more than --keep-days (POSTBACKS_ATTEMPT_RETENTION_DAYS) days before today (UTC), "
-        "the deliveries' keys with them, each in its "
-        "own short transaction with an audit row; schedule it daily. Exit 1 when a drop "
+        "the deliveries' keys, outcome rows and suppressions with them, each in its "
+        "own short transaction with an audit row, and the dead letters older than the "
+        "window; schedule it daily. Exit 1 when a drop "
         "could not get its lock in time (left for the next run).")
     sp.add_argument("--keep-days", type=whole(2), default=None,
                     help="days of attempts and deliveries to keep (default: "
