@@ -74,6 +74,7 @@ rules: prometheus  # the alert and recording rules: syntax, promtool unit tests,
 	promtool check rules deploy/prometheus/rules.yml
 	promtool test rules deploy/prometheus/tests/rules_test.yml
 	promtool check config deploy/prometheus/prometheus.yml
+	promtool check config deploy/prometheus/prometheus-compose.yml
 
 prometheus:  # Debian's prometheus (server + promtool), for the rules and the alert tests
 	$(SERVICES) prometheus

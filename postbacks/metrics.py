@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from postbacks.core.anomaly.modes import Detector
+from postbacks.core.anomaly.modes import Detector, HoldReason, Mode
 from postbacks.errors import ConfigError
 from postbacks.metrics_local import LocalCounter, LocalHistogram
 
@@ -287,11 +287,25 @@ DEAD_LETTER_REASONS = ("undecodable", "invalid_record", "missing_field", "render
 _TRIP_SCOPES = ("endpoint", "global")
 
 
+# Every attempt result the agent counts (webhook_delivery_attempts_total): the success
+# ratio has no value while "delivered" is missing (an agent failing every attempt since
+# its start never paged).
+ATTEMPT_RESULTS = ("delivered", "retryable", "permanent", "validation_failed",
+                   "render_failed", "blocked_address", "invalid_url")
+
+
 def start_series(stage: str) -> None:
     """Create the labelled series this stage may later increment, at 0."""
     for reason in DEAD_LETTER_REASONS:
         DLQ_TOTAL.labels(stage=stage, reason=reason)
+    if stage == "agent":
+        for result in ATTEMPT_RESULTS:
+            child(ATTEMPTS_TOTAL, result)
     if stage == "gate":
+        # a signal counted once per window (a global burst) is seen from its first
+        for signal in (*(r.value for r in HoldReason), "retrodated_burst"):
+            for mode in (Mode.DETECT, Mode.ENFORCE):
+                ANOMALY_SIGNALS.labels(signal, mode.value)
         for why in ("dated_ahead", "unknown_detector"):  # found at start: seen from 0
             CONTROL_REFUSED.labels(why)
         for scope in _TRIP_SCOPES:
@@ -320,16 +334,17 @@ def _watch_gc() -> None:
     gc.callbacks.append(on_gc)
 
 
-def serve_metrics(port: int) -> int:
-    """Serve /metrics on 127.0.0.1:port (0 = any free port); returns the port. Also starts
+def serve_metrics(port: int, host: str = "127.0.0.1") -> int:
+    """Serve /metrics on host:port (0 = any free port); returns the port. Also starts
     timing garbage collections (``postbacks_gc_pause_seconds``)."""
     _watch_gc()
     try:
-        server, _thread = start_http_server(port, addr="127.0.0.1")
+        server, _thread = start_http_server(port, addr=host)
     except OSError as exc:  # in use, or not allowed: one line, not a traceback
         raise ConfigError(f"POSTBACKS_METRICS_PORT={port}: cannot serve /metrics on "
-                          f"127.0.0.1:{port}: {exc.strerror or exc}") from None
+                          f"{host}:{port}: {exc.strerror or exc}") from None
     actual = int(server.server_port)
-    log.info("metrics on http://127.0.0.1:%d/metrics", actual)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # (where it can be fetched)
+    log.info("metrics on http://%s:%d/metrics (listening on %s)", shown, actual, host)
     return actual
 

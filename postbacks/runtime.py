@@ -43,7 +43,7 @@ def setup_process(name: str, settings: Settings) -> threading.Event:
     watchdog.start(settings.stall_restart_s, stop)
     if watchdog.restarts_so_far():
         RESTARTS_IN_PLACE.inc(watchdog.restarts_so_far())
-    serve_metrics(settings.metrics_port)
+    serve_metrics(settings.metrics_port, settings.metrics_host)
     start_series(name)
     return stop
 

@@ -68,6 +68,9 @@ class Settings:
     topic_prefix: str = ""
     instance_id: str = field(default_factory=lambda: socket.gethostname())
     metrics_port: int = 0
+    # Where /metrics listens: 127.0.0.1 on a shared host; 0.0.0.0 in a container or pod
+    # that Prometheus scrapes from outside (deploy/k8s, deploy/compose.yaml).
+    metrics_host: str = "127.0.0.1"
     idempotency_key: Secret = field(default_factory=lambda: Secret(_DEV_IDEMPOTENCY_KEY))
     secrets_key: Secret = field(default_factory=lambda: Secret(_DEV_SECRETS_KEY))
     allow_loopback_targets: bool = False
@@ -323,6 +326,11 @@ def _validate_process(s: Settings) -> None:
                           "3600000 (and within the brokers' group.min/max.session.timeout.ms)")
     if not 0 <= s.metrics_port <= 65_535:
         raise ConfigError("POSTBACKS_METRICS_PORT must be between 0 (any free port) and 65535")
+    try:
+        ipaddress.ip_address(s.metrics_host)
+    except ValueError:
+        raise ConfigError(f"POSTBACKS_METRICS_HOST={s.metrics_host!r} is not an IP address "
+                          "(127.0.0.1, or 0.0.0.0 to be scraped from outside)") from None
     if not 1 <= s.console_port <= 65_535:
         raise ConfigError("POSTBACKS_CONSOLE_PORT must be between 1 and 65535")
     if not isinstance(logging.getLevelName(s.log_level.strip().upper()), int):

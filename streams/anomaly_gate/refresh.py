@@ -48,6 +48,7 @@ _PROBE = (
     "SELECT (SELECT version FROM config_versions"
     "         WHERE name = 'payout_anomaly_settings'),"
     " count(*), extract(epoch FROM min(held_at)) FROM deliveries WHERE status = 'held'"
+    " AND hold_reason IS DISTINCT FROM 'endpoint_disabled'"  # parked: not for review
 )
 
 

@@ -67,7 +67,8 @@ def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_promtool_accepts_the_rules_and_the_scrape_config() -> None:
     for args in (("check", "rules", str(RULES)),
-                 ("check", "config", str(ROOT / "deploy/prometheus/prometheus.yml"))):
+                 ("check", "config", str(ROOT / "deploy/prometheus/prometheus.yml")),
+                 ("check", "config", str(ROOT / "deploy/prometheus/prometheus-compose.yml"))):
         done = _promtool(*args)
         assert done.returncode == 0, done.stdout + done.stderr
 

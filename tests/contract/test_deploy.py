@@ -105,3 +105,39 @@ def test_compose_names_three_brokers_with_rf3_and_min_isr_2() -> None:
     stage_env = services["fanout"]["environment"]
     assert stage_env["POSTBACKS_KAFKA_REPLICATION"] == "cluster"
     assert len(stage_env["KAFKA_BOOTSTRAP_SERVERS"].split(",")) == 3
+
+
+def test_every_stage_is_scraped_where_it_runs() -> None:
+    """Each pod listens on 0.0.0.0 and says where (annotations), and the k8s scrape
+    configuration turns the component into the job name the rules expect; compose's
+    prometheus scrapes each stage service on its fixed port. (Every stage listened on
+    127.0.0.1 only: nothing outside its pod or container could scrape it.)"""
+    import re
+
+    config = {(d["kind"], d["metadata"]["name"]): d for d in _all()}[
+        ("ConfigMap", "postbacks-config")]["data"]
+    assert config["POSTBACKS_METRICS_HOST"] == "0.0.0.0"
+    for d in _all():
+        if d["kind"] != "Deployment":
+            continue
+        note = d["spec"]["template"]["metadata"]["annotations"]
+        (c,) = d["spec"]["template"]["spec"]["containers"]
+        ports = {p["containerPort"] for p in c.get("ports", [])}
+        assert note["prometheus.io/scrape"] == "true" and int(note["prometheus.io/port"]) in ports
+    prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus-k8s.yml").read_text())
+    relabels = prom["scrape_configs"][0]["relabel_configs"]
+    job = next(r for r in relabels if r.get("target_label") == "job")
+    component = "agent"
+    assert re.sub(job["regex"], job["replacement"].replace("$1", r"\1"), component) == \
+        "postbacks-agent"
+    services = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())["services"]
+    stages = {n for n, s in services.items()
+              if re.search(r"postbacks (fanout|gate|agent|relay|sink|monitor|notifier)\W*$",
+                           str(s.get("command", "")))}
+    compose_prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus-compose.yml").read_text())
+    targets = {t.split(":")[0] for j in compose_prom["scrape_configs"]
+               for sc in j["static_configs"] for t in sc["targets"]}
+    assert stages and targets == stages
+    env = services["fanout"]["environment"]
+    assert env["POSTBACKS_METRICS_HOST"] == "0.0.0.0" and env["POSTBACKS_METRICS_PORT"] == "9100"
+    assert "prometheus" in services

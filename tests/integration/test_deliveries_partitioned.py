@@ -341,3 +341,23 @@ def test_a_day_with_rows_in_the_default_partition_is_left_to_it(
         conn.rollback()
     assert made == (1,)  # the attempts partition, not the deliveries one
     assert where == ("deliveries_default",)
+
+
+def test_the_held_depth_counts_deliveries_for_review_not_those_parked(
+        migrated: dict[str, str]) -> None:
+    """A disabled endpoint's parked deliveries (hold reason endpoint_disabled) are held
+    too, but wait for the endpoint: counting them paged reviewers for ever."""
+    from streams.anomaly_gate.refresh import _probe
+
+    url = migrated["POSTBACKS_DATABASE_URL"]
+    now = dt.datetime.now(dt.UTC)
+    with connect(url) as conn:
+        before = _probe(conn)[1]
+        for n, reason in enumerate(("retrodated", "endpoint_disabled", "endpoint_disabled")):
+            did = f"dlv_held_{uuid.uuid4().hex[:8]}_{n}"
+            _insert(conn, did, now)
+            conn.execute("UPDATE deliveries SET status = 'held', held_at = %s, hold_reason = %s"
+                         " WHERE delivery_id = %s", (now, reason, did))
+        after = _probe(conn)[1]
+        conn.rollback()
+    assert after - before == 1

@@ -27,3 +27,19 @@ def test_the_gate_starts_every_trip_series() -> None:
         for detector in ("retrodating", "value_rate"):
             assert _value("postbacks_anomaly_trips_total", scope=scope,
                           detector=detector) is not None
+
+
+def test_the_agent_starts_every_attempt_result_and_the_gate_every_signal() -> None:
+    """An agent failing every attempt since its start had no "delivered" series: the
+    success ratio had no value and never paged. A global signal counted once per window
+    was born at 1: the detect-mode alert never saw it."""
+    from postbacks.metrics import ATTEMPT_RESULTS
+
+    start_series("agent")
+    for result in ATTEMPT_RESULTS:
+        assert _value("webhook_delivery_attempts_total", result=result) is not None, result
+    start_series("gate")
+    for signal in ("retrodated_burst", "payout_rate_global", "retrodated"):
+        for mode in ("detect", "enforce"):
+            assert _value("postbacks_anomaly_signals_total", reason=signal,
+                          mode=mode) is not None, (signal, mode)
