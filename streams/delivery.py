@@ -228,10 +228,12 @@ class Deliverer:
                           ec: str, after: float | None, first: int, now_ms: int) -> None:
         attempt_no = max(d["attempt"], 0) + 1  # (below 0: another producer's; no backoff)
         policy = self.retry
-        if ep.config.max_attempts is not None:
+        if ep.config.max_attempts is not None:  # the endpoint's cap bounds every limit
+            cap = ep.config.max_attempts
             policy = RetryPolicy(policy.base_s, policy.max_delay_s, policy.ceiling_s,
-                                 policy.jitter, ep.config.max_attempts,
-                                 policy.max_attempts_by_event_type)
+                                 policy.jitter, cap,
+                                 {k: min(v, cap)
+                                  for k, v in policy.max_attempts_by_event_type.items()})
         step = next_step(policy, attempt_no=attempt_no, event_type=d["conversion"]["event_type"],
                          first_attempt_ms=first, now_ms=now_ms, retry_after_s=after,
                          rand=self.rng.random())

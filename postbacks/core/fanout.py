@@ -114,6 +114,9 @@ def check_conversion(event: ConversionEvent, now_ms: int) -> None:
         v = event.get(f)
         if isinstance(v, int) and not 0 <= v <= MAX_MS:
             problems.append(f"{f} {v} is outside 1970-01-01 .. 9999-12-31 (epoch ms)")
+        elif isinstance(v, int) and v < MIN_OCCURRED_AT_MS:  # (the guard saw no retrodating)
+            problems.append(f"{f} {v} is before 2000-01-01T00:00:00Z: epoch seconds where "
+                            "epoch milliseconds are expected?")
     at = event.get("occurred_at")
     if isinstance(at, int) and 0 < at < MIN_OCCURRED_AT_MS:
         problems.append(f"occurred_at {at} is before 2000-01-01T00:00:00Z: epoch seconds "

@@ -37,6 +37,13 @@ T = 1_700_000_000_000
     ("2023-11-14T23:13:20+01:00", T - 60_000, False),
     ("2023-11-14T22:13:20", T, MissingInputs(("source_created_at",), ("source_created_at",))),
     (-5, T, MissingInputs(("source_created_at",), ("source_created_at",))),
+    # epoch seconds: created "now", completed 60 days ago, both in seconds, compared as ms
+    # would never exceed the window (the guard was blind to it)
+    (T // 1000, (T - 60 * DAY_MS) // 1000,
+     MissingInputs(("source_created_at", "source_completed_at"),
+                   ("source_created_at", "source_completed_at"))),
+    (T, (T - 60 * DAY_MS) // 1000,
+     MissingInputs(("source_completed_at",), ("source_completed_at",))),
     (10**17, None, MissingInputs(("source_created_at", "source_completed_at"),
                                  ("source_created_at",))),
     (None, "garbage", MissingInputs(("source_created_at", "source_completed_at"),

@@ -64,6 +64,9 @@ NOW = 1_700_000_300_000
     ({"occurred_at": NOW + 3_600_001}, "more than 60 minutes ahead of the clock"),
     ({"payout_usd_micros": -1}, "payout_usd_micros -1 is negative"),
     ({"source_completed_at": -1}, "source_completed_at -1 is outside 1970-01-01 .. 9999"),
+    # epoch seconds: the retrodating guard compared them as ms and never saw a retrodate
+    ({"source_completed_at": 1_694_000_000}, "source_completed_at 1694000000 is before 2000"),
+    ({"source_created_at": 946_684_799_999}, "source_created_at 946684799999 is before 2000"),
     ({"source_created_at": 253_402_300_800_000}, "source_created_at 253402300800000 is out"),
     ({"conversion_id": "x\x1f\x01conversion"}, "conversion_id 'x\\x1f\\x01conversion' holds a co"),
     ({"goal_id": "g\n1"}, "goal_id 'g\\n1' holds a control character"),
@@ -80,7 +83,7 @@ def test_values_at_the_limits_pass() -> None:
     check_conversion(make_conversion(goal_id="g" * 200, payout_usd_micros=10**12,
                                      occurred_at=NOW + 3_600_000), NOW)
     check_conversion(make_conversion(occurred_at=946_684_800_000, payout_usd_micros=None), NOW)
-    check_conversion(make_conversion(payout_usd_micros=0, source_completed_at=0,
+    check_conversion(make_conversion(payout_usd_micros=0, source_completed_at=946_684_800_000,
                                      source_created_at=253_402_300_799_999,
                                      conversion_id="cv é ü 漢 - _ . : / @"), NOW)
 

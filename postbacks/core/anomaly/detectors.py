@@ -91,15 +91,20 @@ def as_ms(value: object) -> int | None:
 def instant_input(value: object, field: str) -> int | InstantError | None:
     """An input timestamp as epoch ms; None when absent; the InstantError when present but
     neither epoch ms (an int, an integral float, a digit string) nor ISO-8601 with an
-    offset, or outside 1970..9999."""
+    offset, or outside 2000..9999 (before 2000: epoch seconds, which would never compare
+    as retrodated)."""
     if value is None:
         return None
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     try:
-        return parse_instant(value, field)
+        ms = parse_instant(value, field)
     except InstantError as exc:
         return exc
+    if ms < MIN_OCCURRED_AT_MS:  # a source time in epoch seconds is never "retrodated"
+        return InstantError(field, value, "before 2000: epoch seconds where milliseconds "
+                            "belong?")
+    return ms
 
 
 _C, _D = "source_created_at", "source_completed_at"
@@ -109,7 +114,8 @@ def retrodated(created_ms: object, completed_ms: object,
                window_ms: int = RETRODATING_WINDOW_MS) -> bool | MissingInputs:
     """Is ``created - completed`` more than ``window_ms``? MissingInputs if undecidable."""
     if (type(created_ms) is int and type(completed_ms) is int  # the hot path
-            and 0 <= created_ms <= MAX_MS and 0 <= completed_ms <= MAX_MS):
+            and MIN_OCCURRED_AT_MS <= created_ms <= MAX_MS
+            and MIN_OCCURRED_AT_MS <= completed_ms <= MAX_MS):
         return created_ms - completed_ms > window_ms
     created, completed = instant_input(created_ms, _C), instant_input(completed_ms, _D)
     if type(created) is int and type(completed) is int:
