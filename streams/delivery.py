@@ -124,6 +124,20 @@ class Deliverer:
         out.append((topic, d["endpoint_id"].encode(), self._dlv.encode(d)))
 
     # -- decisions -----------------------------------------------------------------------
+    def past_ceiling(self, d: DeliveryRecord, due_at_ms: int) -> bool:
+        """Would ``d``, back at ``due_at_ms``, be past the retry ceiling (counted from its
+        first attempt, as for a retry)? A delivery diverted again and again (an open
+        breaker sends one probe per open period) otherwise outlived it by days."""
+        first = d["first_attempt_at"]
+        return first is not None and due_at_ms - first > self.retry.ceiling_s * 1000
+
+    def exhaust(self, out: list[Item], raw: object, d: DeliveryRecord, why: str,
+                now_ms: int) -> None:
+        """End ``d`` as a retry does at its ceiling: dead-lettered, exhausted."""
+        self.dead_letter(out, raw, DeadLetterError(f"retry ceiling passed while diverted "
+                                                   f"({why})"), "exhausted", now_ms, d)
+        self.outcome(out, d, "exhausted", now_ms, why)
+
     def quarantine(self, out: list[Item], d: DeliveryRecord, reason: str, due_at_ms: int,
                    now_ms: int) -> None:
         """Divert without consuming an attempt; it comes back through the relay at due_at."""

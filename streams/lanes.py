@@ -114,7 +114,7 @@ class Lanes:
             return
         if self._over_budget(lane, d["endpoint_id"]):
             self._divert(out, d, "over_budget", now_ms + int(self.quarantine_delay_s * 1000),
-                         now_ms)
+                         now_ms, msg)
             slot.finish(out)
             return
         lane.push(Work(msg, d, slot))
@@ -204,14 +204,18 @@ class Lanes:
             # strict: the oldest goes to quarantine and the rest wait behind it there
             work = lane.pop()
             head: list[Item] = []
-            due = self._divert(head, work.delivery, decision.reason, decision.due_at_ms, now_ms)
+            due = self._divert(head, work.delivery, decision.reason, decision.due_at_ms, now_ms,
+                               work.msg)
             work.slot.finish(head)  # before the ones parked behind it
-            self.strict.block(lane, work.delivery["delivery_id"], TOPICS.quarantine.base, due)
+            if due is not None:  # (None: ended at the ceiling, the next one may go)
+                self.strict.block(lane, work.delivery["delivery_id"], TOPICS.quarantine.base,
+                                  due)
             return
         while lane.queue or lane.redrives:
             work = lane.pop()
             out: list[Item] = []
-            self._divert(out, work.delivery, decision.reason, decision.due_at_ms, now_ms)
+            self._divert(out, work.delivery, decision.reason, decision.due_at_ms, now_ms,
+                         work.msg)
             work.slot.finish(out)
 
     def _not_seen_yet(self, d: DeliveryRecord) -> bool:
@@ -234,7 +238,9 @@ class Lanes:
         endpoint's diverted so before it (they come back in the order they left)."""
         waiting = self._unseen.setdefault(d["endpoint_id"], {})
         due = max(now_ms + int(UNSEEN_S * 1000), max(waiting.values(), default=0) + 1)
-        waiting[d["delivery_id"]] = self._divert(out, d, UNSEEN, due, now_ms)
+        back = self._divert(out, d, UNSEEN, due, now_ms)
+        assert back is not None  # (no message: never ended here)
+        waiting[d["delivery_id"]] = back
 
     def _behind_unseen(self, out: list[Item], d: DeliveryRecord, now_ms: int) -> bool:
         """While deliveries of ``d``'s endpoint diverted as not seen yet are still out,
@@ -252,10 +258,11 @@ class Lanes:
         return True
 
     def _divert(self, out: list[Item], d: DeliveryRecord, reason: str, due_at_ms: int,
-                now_ms: int) -> int:
+                now_ms: int, msg: Message | None = None) -> int | None:
         """Quarantine ``d`` (no attempt used) until ``due_at_ms`` or, over budget or behind
         an open breaker, paced behind the endpoint's earlier diverts (core/quarantine.py).
-        Returns its due time."""
+        Returns its due time; None when, back then, it would be past the retry ceiling:
+        it is exhausted instead (given ``msg``, what it was read as)."""
         QUARANTINED.labels(reason=reason).inc()
         due = due_at_ms
         if reason in _PACED:
@@ -267,6 +274,9 @@ class Lanes:
             if reason == "breaker_open" and ep is not None and ep.disabled_at_ms is None:
                 BREAKER_OPEN.labels(endpoint=d["endpoint_id"]).set(1)  # (again, if enabled
                 # while open: shown while it diverts)
+        if msg is not None and self.deliverer.past_ceiling(d, due):
+            self.deliverer.exhaust(out, msg, d, reason, now_ms)
+            return None
         self.deliverer.quarantine(out, d, reason, due, now_ms)
         return due
 

@@ -1,0 +1,65 @@
+"""A delivery diverted again and again (behind an open breaker, one probe per open period)
+ends at the retry ceiling like a retry does: exhausted, dead-lettered, with an outcome. It
+used to go round quarantine -> relay -> dispatch for days past the 24 h ceiling."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from postbacks.codec import codec_for
+from postbacks.core.breaker import BreakerPolicy, BreakerState
+from postbacks.core.endpoint import Endpoint, EndpointConfig, SigningSecret
+from postbacks.core.retry import RetryPolicy
+from postbacks.transport.http import SendResult
+from streams.delivery import Deliverer
+from streams.lanes import Lanes
+from streams.offsets import Tracker
+from tests.unit.factories import FakeMessage, make_delivery
+
+NOW = 1_700_000_100_000
+HOUR_MS = 3_600_000
+_DLV = codec_for("Delivery")
+
+
+class Unused:
+    async def send(self, req: Any, follow_redirects: bool = False) -> SendResult:
+        raise AssertionError("nothing is sent while the breaker is open")
+
+
+def _diverted(first_attempt_at: int, strict: bool = False) -> list[tuple[str, Any]]:
+    ep = Endpoint("ep_1", "app_1", "https://x.example/", frozenset({"*"}),
+                  secrets=(SigningSecret("s1", b"k" * 32, 0),),
+                  config=EndpointConfig(ordering="strict" if strict else "none"))
+    lanes = Lanes(Deliverer(Unused(), RetryPolicy(5, 3600, 24 * 3600, 0.2, 50, {}),  # type: ignore[arg-type]
+                            clock=lambda: NOW / 1000),
+                  {ep.endpoint_id: ep}.get, BreakerPolicy(), 30, 1000, 30,
+                  clock=lambda: NOW / 1000, view_checked_ms=lambda: NOW)
+    tracker = Tracker()
+
+    async def main() -> list[tuple[str, bytes | None, bytes]]:
+        lanes.adopt("ep_1", BreakerState(state="open", opened_at_ms=NOW - 1000,
+                                         changed_ms=NOW - 1000))
+        d = make_delivery(delivery_id="dlv_7", endpoint_id="ep_1", attempt=4,
+                          first_attempt_at=first_attempt_at, created_at=first_attempt_at)
+        lanes.submit(FakeMessage(_DLV.encode(d)), tracker.track("dispatch.v1", 0, 0))  # type: ignore[arg-type]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        return tracker.drain()[0]
+
+    codecs = {"dlq.v1": codec_for("DeadLetter"), "outcomes.v1": codec_for("Outcome"),
+              "quarantine.v1": _DLV}
+    return [(t, codecs[t].decode(v)) for t, _k, v in asyncio.run(main())]
+
+
+def test_within_the_ceiling_a_divert_waits_in_quarantine() -> None:
+    out = _diverted(NOW - 2 * HOUR_MS)
+    assert [t for t, _ in out] == ["quarantine.v1", "outcomes.v1"]
+
+
+def test_past_the_ceiling_it_is_exhausted_not_diverted_again() -> None:
+    for strict in (False, True):
+        out = _diverted(NOW - 24 * HOUR_MS, strict=strict)
+        assert [t for t, _ in out] == ["dlq.v1", "outcomes.v1"], (strict, out)
+        assert out[0][1]["reason"] == "exhausted"
+        assert (out[1][1]["kind"], out[1][1]["reason"]) == ("exhausted", "breaker_open")
