@@ -1,14 +1,23 @@
 """Delay relay: retry.<tier>.v1 and quarantine.v1 -> dispatch.v1 once ``due_at`` has passed.
 
-Each delay topic holds records in roughly due order, so the relay looks only at a
-partition's head: when it is not yet due, the partition is **paused** and the records
-already fetched behind it are kept, in order, in memory (at most one batch), then released
-as they fall due; the partition resumes when they are gone. The consumer keeps polling
-(so it stays in its group) with a poll timeout no longer than the wait for the earliest
-paused head: records are never released early, and late by about one poll. Republishing
-and the input offsets go in one Kafka transaction. A ``due_at`` further ahead than any
-configuration schedules (:data:`~postbacks.core.delay.MAX_AHEAD_MS`) would stop its
-partition until then: that delivery is dead-lettered (``invalid_record``) instead.
+The relay looks only at a partition's head: when it is not yet ripe, the partition is
+**paused** and the records already fetched behind it are kept, in order, in memory (at most
+one batch), then released as they ripen; the partition resumes when they are gone. That
+needs each partition in ripening order. A retry tier holds delays from its own period to
+the next tier's (``retry.1h.v1``: 1 h to 6 h), and several endpoints share a partition, so
+a record due in 6 h at the head held one due in 1 h behind it for 5 h. A record in a retry
+tier therefore ripens one tier period after it was enqueued (or at its ``due_at``, if
+sooner): in the order they were enqueued. A ripe record that is due goes to dispatch; one
+not due yet goes on to the tier that fits what is left of its wait (it hops; a 5.7-h wait
+in ``retry.1h.v1`` takes five). ``quarantine.v1`` records ripen at their ``due_at``.
+
+The consumer keeps polling (so it stays in its group) with a poll timeout no longer than
+the wait for the earliest paused head: records are never released early, and late by about
+one poll (a quarantine record behind a later-due one waits for it: at most the longest
+quarantine wait). Republishing and the input offsets go in one Kafka transaction. A
+``due_at`` further ahead than any configuration schedules
+(:data:`~postbacks.core.delay.MAX_AHEAD_MS`) would stop its partition until then: that
+delivery is dead-lettered (``invalid_record``) instead.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from postbacks.codec import Codec, codec_for
 from postbacks.core.delay import due_too_far, is_due, wait_s
+from postbacks.core.retry import tier_for
 from postbacks.errors import DeadLetterError, InvalidRecord
 from postbacks.kafka.clients import (
     check_broker,
@@ -36,7 +46,7 @@ from postbacks.kafka.watchdog import subscribe_watched
 from postbacks.metrics import LATENCY, RELAY_PAUSED, STAGE_RECORDS
 from postbacks.records import DeliveryRecord
 from postbacks.settings import Settings
-from topics import TOPICS
+from topics import RETRY_TIERS, TOPICS
 
 __all__ = ["run_relay"]
 
@@ -53,7 +63,11 @@ def run_relay(
     dlq = codec_for("DeadLetter")
     # Per paused partition: the records already fetched behind a head that is not due,
     # kept in order (never re-fetched), released as they fall due.
-    held: dict[tuple[str, int], deque[tuple[Message, DeliveryRecord | DeadLetterError]]] = {}
+    held: dict[tuple[str, int],
+               deque[tuple[Message, DeliveryRecord | DeadLetterError, int | None]]] = {}
+    # a retry tier's period by topic: its records ripen this long after being enqueued
+    period_ms = {settings.topic(TOPICS.retry_tier(name).base): seconds * 1000
+                 for name, seconds in RETRY_TIERS}
 
     def on_revoke(_c: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
@@ -68,15 +82,15 @@ def run_relay(
     processed = STAGE_RECORDS.labels(stage="relay")
     try:
         while not stop.is_set():
-            heads = [_due(q[0][1]) or 0 for q in held.values() if q]
+            heads = [q[0][2] or 0 for q in held.values() if q]
             msgs = consume_ready(consumer, settings.batch_size,
                                  wait_s(heads, int(clock() * 1000)))
             batch = _Batch(int(clock() * 1000), codec, dlq, limit)
             now_ms = batch.now_ms
             release = batch.release
             for key, queue in list(held.items()):
-                while queue and is_due(_due(queue[0][1]), now_ms):
-                    release(*queue.popleft())
+                while queue and is_due(queue[0][2], now_ms):
+                    release(*queue.popleft()[:2])
                 if not queue:
                     del held[key]
                     consumer.resume([TopicPartition(*key)])
@@ -91,13 +105,14 @@ def run_relay(
                     d = rec
                 except DeadLetterError as exc:
                     d = exc  # dead-lettered in its turn, so offsets stay in order
+                ripe = _ripe(d, period_ms.get(key[0]))
                 if key in held:
-                    held[key].append((m, d))
-                elif is_due(_due(d), now_ms):
+                    held[key].append((m, d, ripe))
+                elif is_due(ripe, now_ms):
                     release(m, d)
                 else:
                     consumer.pause([TopicPartition(*key)])
-                    held[key] = deque([(m, d)])
+                    held[key] = deque([(m, d, ripe)])
             RELAY_PAUSED.set(len(held))
             if batch.offsets:
                 if not commit_batch("relay", settings, consumer, producer, batch.out,
@@ -127,11 +142,23 @@ class _Batch:
             dl = dead_letter_for(m, "relay", d, d.reason, self.now_ms, limit=self.limit)
             self.out.add_dead_letter(dl["original_key"], self._dlq.encode(dl), d.reason)
             return
-        if d["due_at"] is not None:
-            LATENCY.labels(phase="relay_lateness").observe((self.now_ms - d["due_at"]) / 1000)
+        due = d["due_at"]
         d["enqueued_at"] = self.now_ms
+        if due is not None and due > self.now_ms:  # ripe, not due: on to a tier that fits
+            tier = TOPICS.retry_tier(tier_for((due - self.now_ms) / 1000))
+            self.out.add(tier.base, d["endpoint_id"].encode(), self._codec.encode(d))
+            return
+        if due is not None:
+            LATENCY.labels(phase="relay_lateness").observe((self.now_ms - due) / 1000)
         self.out.add(TOPICS.dispatch.base, d["endpoint_id"].encode(), self._codec.encode(d))
 
 
-def _due(d: DeliveryRecord | DeadLetterError) -> int | None:
-    return None if isinstance(d, DeadLetterError) else d["due_at"]
+def _ripe(d: DeliveryRecord | DeadLetterError, period_ms: int | None) -> int | None:
+    """When the relay takes ``d`` off its partition's head: its ``due_at``; in a retry
+    tier (``period_ms``), one period after it was enqueued if that is sooner (None: now)."""
+    if isinstance(d, DeadLetterError):
+        return None
+    due, enqueued = d["due_at"], d["enqueued_at"]
+    if due is None or period_ms is None or enqueued is None:
+        return due
+    return min(due, enqueued + period_ms)
