@@ -65,6 +65,7 @@ from postbacks.core.anomaly.rolling import (
     reset_arms,
 )
 from postbacks.core.anomaly.rolling import add as rolling_add
+from postbacks.core.anomaly.windows import counted_at
 from postbacks.core.instants import MIN_OCCURRED_AT_MS
 from postbacks.core.outcomes import make_dead_letter, make_outcome
 from postbacks.errors import DeadLetterError
@@ -93,8 +94,7 @@ log = logging.getLogger(__name__)
 SCOPE = "endpoint"
 
 
-# An endpoint's rolling state (postbacks.core.anomaly.endpoint_state). The keys ``e:`` and
-# ``h:`` held the hourly detector's state, which the gate no longer reads.
+# An endpoint's rolling state (core.anomaly.endpoint_state); ``e:``/``h:`` keys: unread.
 def profile_key(endpoint_id: str) -> str:
     return f"rp:{endpoint_id}"
 
@@ -120,6 +120,7 @@ class In:
     offset: int
     key: bytes | None
     value: bytes | None
+    written_ms: int = 0  # the record's timestamp (0: unknown, the clock's time instead)
 
 
 @dataclass(slots=True)
@@ -235,10 +236,9 @@ class GateEngine:
         done = self._done
         for rec in batch:
             # Faust hands a partition's last record over again after a pause of its fetch
-            # (4 of 60,000 in `make demo`), its outputs already produced. Only offsets in
-            # the run decided since the assignment are skipped: a record below it (sought
-            # back) starts a new run and is decided (a duplicate at worst, never a record
-            # skipped unseen). A rebalance clears the runs (forget); a restart starts empty.
+            # (4 of 60,000 in `make demo`), its outputs produced: only offsets in the run
+            # decided since the assignment are skipped (one below it, sought back, starts a
+            # new run). A rebalance clears the runs (forget); a restart starts empty.
             lo, hi = done.get(rec.partition, _NO_RUN)
             if lo <= rec.offset <= hi:
                 out.redelivered += 1
@@ -261,13 +261,13 @@ class GateEngine:
             at = conv["occurred_at"]
             if not MIN_OCCURRED_AT_MS <= at <= now_ms + MAX_AHEAD_MS:
                 micros = event_time_input(micros, at, now_ms)
+            at = counted_at(at, rec.written_ms, now_ms)  # (never far ahead of its writing)
             if rec.offset > t.offset:  # not counted in the endpoint's state yet
                 st = t.state if type(micros) is not int else rolling_add(t.state, at, micros)
                 self.scopes[ep] = t = dataclasses.replace(t, state=st, offset=rec.offset)
                 touched[ep] = rec.partition
-            # The partition's partial has an offset of its own: a kill -9 can land the
-            # endpoint's state write and not the partial's (or the other way round), and
-            # each must then count what it is missing.
+            # The partition's partial has an offset of its own: a kill -9 can land one of
+            # the endpoint's state write and the partial's; each counts what it misses.
             retro = retrodated(conv["source_created_at"], conv["source_completed_at"],
                                cfg.window_ms(ep))
             part, p_off = self._partial(rec.partition, get)
@@ -292,8 +292,8 @@ class GateEngine:
                 scored = self.scores[ep] = evaluate(t.state, cfg.thresholds(ep), now_ms=at,
                                                     since_minute=t.since)
                 ep_rate = as_rate_result(scored)
-            # A payout that cannot be counted cannot be judged by the global scope either
-            # (the aggregator's): under its enforce it is held, naming the field.
+            # A payout that cannot be counted cannot be judged globally either: held under
+            # the global enforce, naming the field.
             decision = decide(ep, modes, retro, ep_rate,
                               micros if isinstance(micros, MissingInputs) else None, halts)
             if decision.metrics:

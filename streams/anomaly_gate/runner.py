@@ -269,7 +269,7 @@ class GateProcess:
         t0 = time.perf_counter()
         now_ms = int(time.time() * 1000)
         batch = [In(e.message.topic, e.message.partition, e.message.offset, e.message.key,
-                    e.message.value) for e in events]
+                    e.message.value, int((e.message.timestamp or 0) * 1000)) for e in events]
         out: BatchOut = self.engine.process(batch, table.data.get, now_ms)
         for topic, key, value in out.records:
             self._produce(topic, key, value)

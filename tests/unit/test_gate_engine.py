@@ -596,3 +596,21 @@ def test_a_delivery_the_gate_could_not_pass_on_is_dead_lettered_too_large() -> N
     assert dl["reason"] == "too_large" and "the gate passes on at most" in dl["error_message"]
     assert [d["delivery_id"] for d in on(out, "dispatch.v1")] == ["dlv_ep_1_8"]
     assert dict(out.dead) == {"too_large": 1}
+
+
+def test_a_delivery_dated_ahead_is_counted_no_later_than_a_minute_after_its_writing() -> None:
+    """One delivery dated 59 minutes ahead (a producer's CET clock labelled Z) moved its
+    endpoint's and partition's windows 59 minutes into the future: every later delivery was
+    counted into that minute, blinding the scope, then tripping it on normal traffic."""
+    engine = gate(row("endpoint", "ep_1", "value_rate", "detect"))
+    store: dict[str, Any] = {}
+    ahead = dataclasses.replace(rec(0, at=NOW + 59 * 60_000), written_ms=NOW - 5_000)
+    run(engine, store, [ahead, rec(1, at=NOW - 1_000)])
+    minute = engine.scopes["ep_1"].state.minute
+    assert minute is not None and minute * 60_000 <= NOW + 60_000, minute * 60_000 - NOW
+    part, _offset = engine.partials[0]
+    assert part.window_start is not None and part.window_start <= NOW + 60_000
+    # read again from the same records (their timestamps): the same minute
+    again = gate(row("endpoint", "ep_1", "value_rate", "detect"))
+    run(again, {}, [ahead], now=NOW + 3_600_000)
+    assert again.scopes["ep_1"].state.minute == (NOW - 5_000 + 60_000) // 60_000

@@ -13,11 +13,13 @@ the slot is ``day_of_week * 24 + hour_of_day``, the (dow, hour) seasonal bucket.
 from __future__ import annotations
 
 __all__ = [
+    "AHEAD_COUNTED_MS",
     "DAY_MS",
     "DEFAULT_WINDOW_MS",
     "HOUR_MS",
     "WEEK_MS",
     "check_window_ms",
+    "counted_at",
     "day_of_week",
     "hour_of_day",
     "slots_per_week",
@@ -75,3 +77,18 @@ def slots_per_week(window_ms: int = DEFAULT_WINDOW_MS) -> int:
 def week_slot(start_ms: int, window_ms: int = DEFAULT_WINDOW_MS) -> int:
     """Position of the window in the UTC week: Monday 00:00 is 0."""
     return ((start_ms + _EPOCH_DOW * DAY_MS) % WEEK_MS) // window_ms
+
+
+# How far ahead of the time its delivery was written (the Kafka record's timestamp) an
+# event may be counted: the minute it names, up to this; past it, the minute it was written.
+AHEAD_COUNTED_MS = 60_000
+
+
+def counted_at(occurred_at_ms: int, written_ms: int, now_ms: int) -> int:
+    """The event time a delivery is counted and judged at: its ``occurred_at``, but never
+    more than :data:`AHEAD_COUNTED_MS` after the time its record was written (or the
+    reader's clock, if that is earlier). One delivery dated an hour ahead used to move its
+    endpoint's and partition's windows an hour into the future: every later delivery was
+    counted into that minute, blinding the scope, then tripping it on normal traffic. The
+    record's timestamp makes it the same minute when the record is read again."""
+    return min(occurred_at_ms, min(written_ms or now_ms, now_ms) + AHEAD_COUNTED_MS)
