@@ -54,6 +54,7 @@ __all__ = [
     "MISSING_INPUTS",
     "MONITOR_ERRORS",
     "MONITOR_LAST_SUCCESS",
+    "DATABASE_UP",
     "NOTIFICATIONS_TOTAL",
     "OUTCOMES_TOTAL",
     "PAYOUT_USD",
@@ -103,6 +104,8 @@ ENDPOINTS_DISABLED = Gauge("webhook_endpoints_disabled",
                            "deliveries are parked until re-enabled")
 MONITOR_LAST_SUCCESS = Gauge("postbacks_monitor_last_success_timestamp_seconds",
                              "When the monitor last completed a round, by check", ["check"])
+DATABASE_UP = Gauge("postbacks_database_up",
+                    "1 when the monitor's last round read PostgreSQL, 0 when it could not")
 MONITOR_ERRORS = Counter("postbacks_monitor_errors_total",
                          "Monitor rounds that failed, by check", ["check"])
 DLQ_TOTAL = Counter("webhook_dlq_total", "Records dead-lettered", ["stage", "reason"])

@@ -35,6 +35,7 @@ from postbacks.kafka.lag import ProgressReader
 from postbacks.kafka.operations import OperationalEvents
 from postbacks.metrics import (
     BACKLOG_AGE,
+    DATABASE_UP,
     CONSUMER_LAG,
     ENDPOINTS_DISABLED,
     GAP_DELIVERIES,
@@ -99,6 +100,7 @@ class Monitor:
             log.warning("monitor: the sink's offsets are unreadable (%s); its group is left "
                         "out of this round", exc)
             stored = None
+        DATABASE_UP.set(0 if stored is None else 1)
         parts = self.reader.read(stored)
         self.publish(parts, int(self.clock() * 1000))
         if stored is None:

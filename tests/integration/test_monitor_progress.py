@@ -89,6 +89,9 @@ def test_a_broker_or_database_fault_is_counted_and_the_monitor_goes_on(
         monitor = Monitor(no_db, reader)
         monitor.tick()  # PostgreSQL refuses: both checks fail, nothing raises
         assert (_errors("kafka"), _errors("gaps")) == (before[0] + 1, before[1] + 1)
+        assert REGISTRY.get_sample_value("postbacks_database_up") == 0.0  # (the alert's)
+        Monitor(settings, reader).tick()  # and back
+        assert REGISTRY.get_sample_value("postbacks_database_up") == 1.0
     finally:
         reader.close()
     dead = dataclasses.replace(settings, kafka_bootstrap_servers="127.0.0.1:9")
