@@ -35,8 +35,8 @@ from postbacks.kafka.lag import ProgressReader
 from postbacks.kafka.operations import OperationalEvents
 from postbacks.metrics import (
     BACKLOG_AGE,
-    DATABASE_UP,
     CONSUMER_LAG,
+    DATABASE_UP,
     ENDPOINTS_DISABLED,
     GAP_DELIVERIES,
     GAP_OLDEST_AGE,
