@@ -79,6 +79,7 @@ def save_endpoint(
     exactly this change. Returns the problems found (nothing is saved unless the list is
     empty); raises ActionError for rights and step-up."""
     from postbacks.core.endpoint_check import endpoint_problems
+    from postbacks.core.providers.base import saved_header_problems
 
     require(p, "edit_endpoint", "change endpoint configuration")
     current = load_endpoint(conn, endpoint_id)
@@ -98,6 +99,8 @@ def save_endpoint(
     if problems:
         return problems
     problems += endpoint_problems(new, now_ms=int(time.time() * 1000))
+    if new.config.headers != current.config.headers:  # (headers saved before still send)
+        problems += saved_header_problems(new.config.headers)
     if new.url != current.url:
         why = check_target(new.url, allow_loopback=settings.allow_loopback_targets,
                                  lookup=lookup)
@@ -158,6 +161,7 @@ def create_endpoint(
     holds the endpoint id, the secret id and the secret itself (shown once, never stored
     in clear nor audited)."""
     from postbacks.core.endpoint_check import endpoint_problems
+    from postbacks.core.providers.base import saved_header_problems
     from postbacks.core.signing import generate_secret
     from postbacks.db.crypto import SecretBox
     from postbacks.db.endpoints import add_secret as store
@@ -176,7 +180,7 @@ def create_endpoint(
     new = Endpoint(endpoint_id=new_id("ep", now_ms), app_id=app_id, url=url.strip(),
                    provider=provider.strip(), config=cfg,
                    event_types=frozenset(t.strip() for t in event_types if t.strip()))
-    problems = endpoint_problems(new, now_ms=now_ms)
+    problems = endpoint_problems(new, now_ms=now_ms) + saved_header_problems(cfg.headers)
     why = check_target(new.url, allow_loopback=settings.allow_loopback_targets, lookup=lookup)
     if why:
         problems.append(why)

@@ -207,7 +207,9 @@ class Lanes:
             due = self._divert(head, work.delivery, decision.reason, decision.due_at_ms, now_ms,
                                work.msg)
             work.slot.finish(head)  # before the ones parked behind it
-            if due is not None:  # (None: ended at the ceiling, the next one may go)
+            if due is None:  # ended at the ceiling: resolved, the next one may go
+                self.strict.after(lane, work, head)
+            else:
                 self.strict.block(lane, work.delivery["delivery_id"], TOPICS.quarantine.base,
                                   due)
             return
@@ -263,6 +265,9 @@ class Lanes:
         an open breaker, paced behind the endpoint's earlier diverts (core/quarantine.py).
         Returns its due time; None when, back then, it would be past the retry ceiling:
         it is exhausted instead (given ``msg``, what it was read as)."""
+        if msg is not None and self.deliverer.past_ceiling(d, due_at_ms):
+            self.deliverer.exhaust(out, msg, d, reason, now_ms)  # (no pacing slot taken)
+            return None
         QUARANTINED.labels(reason=reason).inc()
         due = due_at_ms
         if reason in _PACED:

@@ -8,8 +8,10 @@ the next tier's (``retry.1h.v1``: 1 h to 6 h), and several endpoints share a par
 a record due in 6 h at the head held one due in 1 h behind it for 5 h. A record in a retry
 tier therefore ripens one tier period after it was enqueued (or at its ``due_at``, if
 sooner): in the order they were enqueued. A ripe record that is due goes to dispatch; one
-not due yet goes on to the tier that fits what is left of its wait (it hops; a 5.7-h wait
-in ``retry.1h.v1`` takes five). ``quarantine.v1`` records ripen at their ``due_at``.
+not due yet goes back to the end of its own tier (it hops: a 5.7-h wait in ``retry.1h.v1``
+takes five), so the records of one endpoint (one key: one partition) stay in their order,
+as strict ordering needs of a head and the followers parked behind it. ``quarantine.v1``
+records ripen at their ``due_at``.
 
 The consumer keeps polling (so it stays in its group) with a poll timeout no longer than
 the wait for the earliest paused head: records are never released early, and late by about
@@ -31,8 +33,7 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from postbacks.codec import Codec, codec_for
-from postbacks.core.delay import due_too_far, is_due, wait_s
-from postbacks.core.retry import tier_for
+from postbacks.core.delay import due_too_far, is_due, ripe_at, wait_s
 from postbacks.errors import DeadLetterError, InvalidRecord
 from postbacks.kafka.clients import (
     check_broker,
@@ -68,6 +69,8 @@ def run_relay(
     # a retry tier's period by topic: its records ripen this long after being enqueued
     period_ms = {settings.topic(TOPICS.retry_tier(name).base): seconds * 1000
                  for name, seconds in RETRY_TIERS}
+    tiers = {settings.topic(TOPICS.retry_tier(name).base): TOPICS.retry_tier(name).base
+             for name, _seconds in RETRY_TIERS}
 
     def on_revoke(_c: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
@@ -85,7 +88,7 @@ def run_relay(
             heads = [q[0][2] or 0 for q in held.values() if q]
             msgs = consume_ready(consumer, settings.batch_size,
                                  wait_s(heads, int(clock() * 1000)))
-            batch = _Batch(int(clock() * 1000), codec, dlq, limit)
+            batch = _Batch(int(clock() * 1000), codec, dlq, limit, tiers)
             now_ms = batch.now_ms
             release = batch.release
             for key, queue in list(held.items()):
@@ -128,8 +131,10 @@ def run_relay(
 class _Batch:
     """What one loop turn republishes (or dead-letters) and the offsets it commits."""
 
-    def __init__(self, now_ms: int, codec: Codec, dlq: Codec, limit: int) -> None:
+    def __init__(self, now_ms: int, codec: Codec, dlq: Codec, limit: int,
+                 tiers: dict[str, str]) -> None:
         self.now_ms = now_ms
+        self.tiers = tiers  # a retry tier's full topic name -> its registry name
         self.limit = limit  # what one message of the relay's producer may hold
         self.out = Output()
         self.offsets: dict[tuple[str, int], int] = {}
@@ -144,9 +149,9 @@ class _Batch:
             return
         due = d["due_at"]
         d["enqueued_at"] = self.now_ms
-        if due is not None and due > self.now_ms:  # ripe, not due: on to a tier that fits
-            tier = TOPICS.retry_tier(tier_for((due - self.now_ms) / 1000))
-            self.out.add(tier.base, d["endpoint_id"].encode(), self._codec.encode(d))
+        if due is not None and due > self.now_ms:  # ripe, not due: to the end of its tier
+            self.out.add(self.tiers[m.topic() or ""], d["endpoint_id"].encode(),
+                         self._codec.encode(d))
             return
         if due is not None:
             LATENCY.labels(phase="relay_lateness").observe((self.now_ms - due) / 1000)
@@ -154,11 +159,5 @@ class _Batch:
 
 
 def _ripe(d: DeliveryRecord | DeadLetterError, period_ms: int | None) -> int | None:
-    """When the relay takes ``d`` off its partition's head: its ``due_at``; in a retry
-    tier (``period_ms``), one period after it was enqueued if that is sooner (None: now)."""
-    if isinstance(d, DeadLetterError):
-        return None
-    due, enqueued = d["due_at"], d["enqueued_at"]
-    if due is None or period_ms is None or enqueued is None:
-        return due
-    return min(due, enqueued + period_ms)
+    return None if isinstance(d, DeadLetterError) else ripe_at(d["due_at"], d["enqueued_at"],
+                                                                period_ms)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["MAX_AHEAD_MS", "due_too_far", "is_due", "wait_s"]
+__all__ = ["MAX_AHEAD_MS", "due_too_far", "is_due", "ripe_at", "wait_s"]
 
 # The furthest ahead any configuration schedules a delivery on a delay topic (the retry
 # ceiling is at most 72 h), plus an hour for a clock that is ahead of the relay's.
@@ -12,6 +12,16 @@ MAX_AHEAD_MS = 73 * 3_600_000
 def is_due(due_at_ms: int | None, now_ms: int) -> bool:
     """A record without ``due_at`` is due at once; never release one early."""
     return due_at_ms is None or due_at_ms <= now_ms
+
+
+def ripe_at(due_at_ms: int | None, enqueued_at_ms: int | None,
+            period_ms: int | None) -> int | None:
+    """When the relay takes a record off its partition's head: its ``due_at``; in a retry
+    tier (``period_ms``), one period after it was enqueued if that is sooner, so a tier's
+    records leave in the order they came (None: at once)."""
+    if due_at_ms is None or period_ms is None or enqueued_at_ms is None:
+        return due_at_ms
+    return min(due_at_ms, enqueued_at_ms + period_ms)
 
 
 def due_too_far(due_at_ms: int | None, now_ms: int) -> str | None:

@@ -28,7 +28,7 @@ from postbacks.core.endpoint import Endpoint, SigningSecret, active_keys
 from postbacks.core.event_types import event_type_problems
 from postbacks.core.macros import SNAPSHOT_PREFIX, RenderError, find_macros
 from postbacks.core.providers import get_provider, provider_names
-from postbacks.core.providers.base import saved_header_problems, url_problems
+from postbacks.core.providers.base import url_problems
 from postbacks.core.render import render
 from postbacks.core.validators import effective_validator, spec_problems
 from postbacks.records import ConversionEvent, DeliveryRecord
@@ -80,7 +80,6 @@ def endpoint_problems(endpoint: Endpoint, *, now_ms: int) -> list[str]:
         problems.append("endpoint subscribes to no event types")
     problems += event_type_problems(endpoint.event_types)
     problems += url_problems(endpoint.url)
-    problems += saved_header_problems(endpoint.config.headers)
     if endpoint.provider in provider_names():
         problems += get_provider(endpoint.provider).check_config(endpoint)
     else:

@@ -27,9 +27,10 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from postbacks.codec import codec_for
 from postbacks.core.backlog import PartitionProgress, lag_of, position_of
+from postbacks.core.delay import ripe_at
 from postbacks.errors import ServiceUnavailable, UndecodableRecord
 from postbacks.settings import Settings
-from topics.registry import TOPICS, GroupSpec
+from topics.registry import RETRY_TIERS, TOPICS, GroupSpec
 
 __all__ = ["ProgressReader"]
 
@@ -41,14 +42,15 @@ Head = tuple[int | None, int | None] | str
 _CAUGHT_UP = "caught-up"
 
 
-def _due_at(value: bytes | None) -> int | None:
-    """A delay-topic record's ``due_at`` (None when it has none or cannot be read: then its
-    age counts from when it was written)."""
+def _due_at(value: bytes | None, period_ms: int | None) -> int | None:
+    """When a delay-topic record is due to leave (its ``due_at``, or in a retry tier when
+    it ripens: :func:`~postbacks.core.delay.ripe_at`); None when it has none or cannot be
+    read: then its age counts from when it was written."""
     try:
-        due = codec_for("Delivery").decode(value).get("due_at")
+        d = codec_for("Delivery").decode(value)
     except UndecodableRecord:
         return None
-    return int(due) if due is not None else None
+    return ripe_at(d.get("due_at"), d.get("enqueued_at"), period_ms)
 
 
 def _offset_of(info: Any) -> int:
@@ -69,6 +71,8 @@ class ProgressReader:
                 "client.id": "postbacks-monitor"}
         self._admin = AdminClient(base)
         self._delay_topics = {settings.topic(t.base) for t in (*TOPICS.retry, TOPICS.quarantine)}
+        self._periods = {settings.topic(TOPICS.retry_tier(n).base): s * 1000
+                         for n, s in RETRY_TIERS}
         self._peeker_conf = {
             **base, "group.id": settings.topic("postbacks-monitor"),
             "enable.auto.commit": False, "enable.auto.offset.store": False,
@@ -186,7 +190,8 @@ class ProgressReader:
                         out[key] = _CAUGHT_UP
                     else:
                         ts_type, ts = m.timestamp()
-                        due = _due_at(m.value()) if key[0] in self._delay_topics else None
+                        due = (_due_at(m.value(), self._periods.get(key[0]))
+                               if key[0] in self._delay_topics else None)
                         out[key] = (ts if ts_type and ts > 0 else None, due)
                     waiting.discard(key)
                     peeker.pause([TopicPartition(*key)])

@@ -256,7 +256,7 @@ def add_parser(subparsers: Any) -> None:
                     "default 12.5; `postbacks anomaly calibrate` recommends one)")
     sp.add_argument("--window-days", type=finite(0),
                     help="retrodating: hold when created - completed exceeds this")
-    sp.add_argument("--burst-count", type=whole(1),
+    sp.add_argument("--burst-count", type=whole(0),
                     help="retrodating, global: halt the global scope when this many "
                     "retrodated deliveries come within 15 event-time minutes, over twice "
                     "their usual count (off unless set; 0 turns it off again; 50 suits "

@@ -278,7 +278,9 @@ def test_endpoint_creation_in_the_console_and_the_cli(
                 ({"url": "http://internal.test/"}, "does not resolve to an address postbacks"),
                 ({"provider": "v9"}, "unknown provider 'v9'"),
                 ({"event_types": ["conversoin"]}, "unknown event type(s): 'conversoin'"),
-                ({"config": {"headers": {"webhook-id": "x"}}}, "webhook-id")):
+                ({"config": {"headers": {"webhook-id": "x"}}}, "webhook-id"),
+                ({"config": {"headers": {"Host": "x.example"}}}, "'Host' is set by the HTTP"),
+                ({"config": {"headers": {"X-Name": "café"}}}, "non-ASCII character")):
             r = admin.post("/api/v1/endpoints", body={"app_id": app, "url": url, **body})
             assert r.status == 422, r.text
             assert any(words in p for p in r.json()["problems"]), (body, r.text)
@@ -355,3 +357,24 @@ def test_endpoint_creation_in_the_console_and_the_cli(
                    "http://93.184.216.34/none", "--config", f"@{tmp_path}/missing.json") == 2
     assert "cannot read" in capsys.readouterr().err
     assert run_cli(monkeypatch, settings, "endpoints", "disabled") == 0  # still there
+
+
+def test_headers_saved_before_the_header_check_do_not_block_other_edits(
+        settings: Settings, namespace: str) -> None:
+    """The header check is for headers being saved: an endpoint stored earlier with a
+    non-ASCII value (it still sends) can still be disabled, while saving a header the HTTP
+    client sets itself is refused."""
+    from replay_console.auth import Principal
+    from replay_console.endpoints import save_endpoint
+
+    eid = f"ep_{namespace}_hdr"
+    admin = Principal("tok_test", "hdr", "admin", ())
+    with connect(settings.database_url) as conn:
+        upsert_endpoint(conn, endpoint_id=eid, app_id=f"app_{namespace}", url="https://x.example/",
+                        config=EndpointConfig.from_json({"headers": {"X-Name": "café"}}))
+        conn.commit()
+        assert save_endpoint(conn, settings, admin, eid, enabled=False, note="t") == []
+        problems = save_endpoint(conn, settings, admin, eid, note="t",
+                                 config={"headers": {"X-Name": "café", "Host": "y.example"}})
+        conn.rollback()
+    assert any("'Host' is set by the HTTP client" in p for p in problems), problems

@@ -2,8 +2,8 @@
 tier's, and endpoints share partitions, so a record due in 5 h at a partition's head used
 to hold one due in 1.5 h behind it for 3.5 h (every endpoint on the partition late by
 hours; a strict endpoint's order broken). A retry-tier record now ripens one tier period
-after it was enqueued: the one behind goes out when due, the one ahead hops on to the tier
-that fits the rest of its wait."""
+after it was enqueued: the one behind goes out when due, the one ahead goes back to the end
+of its tier (it hops), which keeps one endpoint's records in their order."""
 
 from __future__ import annotations
 
@@ -65,7 +65,48 @@ def test_a_later_due_head_holds_no_record_behind_it(settings: Settings) -> None:
         relay.join(30)
         reader.close()
     assert not relay.is_alive()
-    # the long wait went back to retry.1h (4.5 h left: the longest tier not longer), not out
+    # the long wait went back to the end of retry.1h, not out
     hops = [(t, enq) for t, enq in seen["dlv_long"] if enq > now + HOUR_MS]
     assert hops and all(t == tier for t, _ in hops), seen
     assert not any(t.endswith(TOPICS.dispatch.base) for t, _ in seen["dlv_long"]), seen
+
+
+def test_hops_keep_one_endpoints_records_in_order(settings: Settings) -> None:
+    """A strict endpoint's head and the followers parked behind it share one due time and
+    one partition; hopping through the tiers must not let a follower overtake."""
+    codec = codec_for("Delivery")
+    now = int(time.time() * 1000)
+    p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                  "enable.idempotence": True})
+    tier = settings.topic(TOPICS.retry_tier("1h").base)
+    order = [("dlv_head", 0), ("dlv_f1", 100_000), ("dlv_f2", 2_000_000)]
+    for did, later in order:
+        p.produce(tier, codec.encode(make_delivery(delivery_id=did, endpoint_id="ep_s",
+                                                   enqueued_at=now + later,
+                                                   due_at=now + 2 * HOUR_MS)),
+                  b"ep_s", partition=0)
+    assert p.flush(10) == 0
+    reader = make_consumer(settings, "test-ripening-order")
+    reader.subscribe([settings.topic(TOPICS.dispatch.base)])
+    sent: list[str] = []
+
+    def read() -> list[str]:
+        for m in reader.consume(100, 0.2):
+            if m.error() is None and m.value():
+                sent.append(str(codec.decode(m.value())["delivery_id"]))
+        return sent
+
+    start = time.time()  # the relay's clock runs an hour a second: each record hops once
+    stop = threading.Event()
+    relay = threading.Thread(target=run_relay, args=(settings, stop),
+                             kwargs={"clock": lambda: start + (time.time() - start) * 3600},
+                             daemon=True)
+    relay.start()
+    try:
+        wait_for(lambda: len(read()) >= 3, 60, interval=0.0, what="the three dispatched",
+                 progress=lambda: sent)
+    finally:
+        stop.set()
+        relay.join(30)
+        reader.close()
+    assert sent == [did for did, _ in order]

@@ -21,6 +21,8 @@ from postbacks.cli import build_parser
       "detect", "--window-days", "inf"], "argument --window-days: 'inf'"),
     (["console", "serve", "--port", "-1"], "argument --port: '-1' is not a port"),
     (["deliveries", "list", "--limit", "500"], "argument --limit: '500' is not a whole number"),
+    (["anomaly", "set-mode", "--scope", "global", "--detector", "retrodating", "--mode",
+      "detect", "--burst-count", "-1"], "argument --burst-count: '-1' is not a whole number"),
 ])
 def test_bad_values_are_named_usage_errors(argv: list[str], words: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
@@ -33,3 +35,7 @@ def test_bad_values_are_named_usage_errors(argv: list[str], words: str,
 def test_good_values_parse() -> None:
     args = build_parser().parse_args(["emit", "--apps", "3", "--count", "10", "--rate", "2.5"])
     assert (args.apps, args.count, args.rate) == (3, 10, 2.5)
+    off = build_parser().parse_args(["anomaly", "set-mode", "--scope", "global", "--detector",
+                                     "retrodating", "--mode", "detect", "--burst-count", "0",
+                                     "--actor", "a"])
+    assert off.burst_count == 0  # 0 turns the burst off (docs/containment.md)

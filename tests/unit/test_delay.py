@@ -35,3 +35,17 @@ def test_a_due_at_past_any_schedule_is_refused_with_why(due: int | None, far: bo
     assert (why is not None) == far
     if why:
         assert why.startswith(f"due_at {due} is ") and "73 h ahead" in why
+
+
+@pytest.mark.parametrize(("due", "enqueued", "period", "expected"), [
+    (NOW + 5 * 3_600_000, NOW, 3_600_000, NOW + 3_600_000),  # a tier: one period, then on
+    (NOW + 10_000, NOW, 3_600_000, NOW + 10_000),             # due sooner: at its due_at
+    (NOW + 5 * 3_600_000, NOW, None, NOW + 5 * 3_600_000),    # quarantine: at its due_at
+    (NOW + 5_000, None, 5_000, NOW + 5_000),                  # no enqueue time: its due_at
+    (None, NOW, 5_000, None),                                  # no due_at: at once
+])
+def test_a_retry_tier_record_ripens_one_period_after_it_came(
+        due: int | None, enqueued: int | None, period: int | None, expected: int | None) -> None:
+    from postbacks.core.delay import ripe_at
+
+    assert ripe_at(due, enqueued, period) == expected

@@ -63,3 +63,47 @@ def test_past_the_ceiling_it_is_exhausted_not_diverted_again() -> None:
         assert [t for t, _ in out] == ["dlq.v1", "outcomes.v1"], (strict, out)
         assert out[0][1]["reason"] == "exhausted"
         assert (out[1][1]["kind"], out[1][1]["reason"]) == ("exhausted", "breaker_open")
+
+
+def test_a_strict_head_ended_at_the_ceiling_lets_the_next_one_go() -> None:
+    """The head of a strict endpoint came back from quarantine, met the breaker still
+    open and was exhausted: the endpoint's order state still named it, and every later
+    delivery waited behind it for good (its partition's commits with them)."""
+    ep = Endpoint("ep_1", "app_1", "https://x.example/", frozenset({"*"}),
+                  secrets=(SigningSecret("s1", b"k" * 32, 0),),
+                  config=EndpointConfig(ordering="strict"))
+    clock = [NOW / 1000]
+    lanes = Lanes(Deliverer(Unused(), RetryPolicy(5, 3600, 24 * 3600, 0.2, 50, {}),  # type: ignore[arg-type]
+                            clock=lambda: clock[0]),
+                  {ep.endpoint_id: ep}.get, BreakerPolicy(), 30, 1000, 30,
+                  clock=lambda: clock[0], view_checked_ms=lambda: int(clock[0] * 1000))
+    tracker = Tracker()
+    out: list[tuple[str, str]] = []
+
+    async def submit(d: Any, offset: int) -> None:
+        lanes.adopt("ep_1", BreakerState(state="open", opened_at_ms=int(clock[0] * 1000),
+                                         changed_ms=int(clock[0] * 1000)))
+        lanes.submit(FakeMessage(_DLV.encode(d), offset=offset),
+                     tracker.track("dispatch.v1", 0, offset))  # type: ignore[arg-type]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        for topic, _k, v in tracker.drain()[0]:
+            if topic in ("quarantine.v1", "dlq.v1"):
+                decoded = (_DLV if topic == "quarantine.v1" else codec_for("DeadLetter")).decode(v)
+                out.append((topic, str(decoded.get("delivery_id")
+                                       or _DLV.decode(decoded["original_value"])["delivery_id"])))
+
+    async def main() -> None:
+        first = NOW - 23 * HOUR_MS
+        head = make_delivery(delivery_id="dlv_7", endpoint_id="ep_1", attempt=4,
+                             first_attempt_at=first, created_at=first)
+        await submit(head, 0)  # diverted: the endpoint's head, waiting in quarantine
+        clock[0] += 2 * 3600  # past the ceiling, it comes back (the breaker open again)
+        back = dict(head, last_error="quarantined: breaker_open")
+        await submit(back, 1)
+        nxt = make_delivery(delivery_id="dlv_8", endpoint_id="ep_1",
+                            created_at=int(clock[0] * 1000))
+        await submit(nxt, 2)
+
+    asyncio.run(main())
+    assert out == [("quarantine.v1", "dlv_7"), ("dlq.v1", "dlv_7"), ("quarantine.v1", "dlv_8")]

@@ -49,10 +49,6 @@ def test_good_endpoints_have_no_problems(ep: Endpoint) -> None:
     (_ep(schema_version=3), "unknown schema_version 3"),
     (_ep(aliases={"app_id": "conversion_id"}), "would both be sent as 'conversion_id'"),
     (_ep(headers={"webhook-signature": "x"}), "may not override"),
-    # saved, then dropped by every HTTP client when sending; or not sendable by some
-    (_ep(headers={"Host": "other.example"}), "'Host' is set by the HTTP client"),
-    (_ep(headers={"Content-Length": "5"}), "'Content-Length' is set by the HTTP client"),
-    (_ep(headers={"X-Name": "café"}), "'X-Name' has a non-ASCII character"),
     (_ep(provider_options={"x": 1}), "does not accept option(s): x"),
     (_ep(validator={"kind": "regex"}), "unknown validator 'regex'"),
     (_ep(validator={"kind": "body_matches", "pattern": "("}), "not a valid regex"),
@@ -94,6 +90,20 @@ def test_templated_idn_and_literal_hosts_stay_valid(url: str) -> None:
     from postbacks.core.providers.base import url_problems
 
     assert url_problems(url) == []
+
+
+@pytest.mark.parametrize(("headers", "problem"), [
+    # saved, then dropped by every HTTP client when sending; or not sendable by some
+    ({"Host": "other.example"}, "'Host' is set by the HTTP client"),
+    ({"Content-Length": "5"}, "'Content-Length' is set by the HTTP client"),
+    ({"X-Name": "café"}, "'X-Name' has a non-ASCII character"),
+])
+def test_headers_being_saved_are_refused_when_the_client_sets_or_cannot_send_them(
+        headers: dict[str, str], problem: str) -> None:
+    from postbacks.core.providers.base import saved_header_problems
+
+    assert any(problem in p for p in saved_header_problems(headers))
+    assert saved_header_problems({"X-Api-Key": "k", "Authorization": "Bearer t"}) == []
 
 
 def test_a_header_saved_before_the_save_check_still_renders() -> None:
