@@ -391,7 +391,9 @@ def test_deliveries_the_gate_cannot_count_are_held_naming_the_field_and_it_keeps
         feed.send(ep, at, 2**63 - 1): "payout_usd_micros (unparseable)",
         feed.send(ep, 2**62, GOOD_PAYOUT, source_created_at=at,
                   source_completed_at=at): "occurred_at (unparseable)",
-        feed.send(ep, at // 1000, GOOD_PAYOUT): "occurred_at (unparseable)",  # seconds
+        # in seconds, and so are its source times (taken from it): each field named
+        feed.send(ep, at // 1000, GOOD_PAYOUT): "source_created_at (unparseable), "
+        "source_completed_at (unparseable); occurred_at (unparseable)",
     }
     goods = [feed.send(ep, at, GOOD_PAYOUT) for _ in range(3)]
     feed.flush()
