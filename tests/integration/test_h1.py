@@ -376,7 +376,10 @@ def test_an_interim_response_with_a_body_is_malformed_not_glued_to_the_answer() 
             # its body used to be read as the start of the 200's ("INTERIM!!real")
             with pytest.raises(ProtocolError, match="1xx interim response with a body"):
                 await get(pool, raw.key(), "/")
-            await asyncio.sleep(0.05)
+            for _ in range(100):  # closed: wait for it, up to 5 s
+                if not pool.stats()["open"]:
+                    break
+                await asyncio.sleep(0.05)
             assert pool.stats()["open"] == 0
 
     run(main)

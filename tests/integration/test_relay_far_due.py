@@ -5,7 +5,6 @@ partition until then, so every retry behind it waited years. It is dead-lettered
 
 from __future__ import annotations
 
-import threading
 import time
 
 from confluent_kafka import Producer
@@ -14,7 +13,7 @@ from postbacks.codec import codec_for
 from postbacks.kafka.clients import make_consumer
 from postbacks.settings import Settings
 from postbacks.tools.procs import wait_for
-from streams.relay import run_relay
+from tests.integration.relay_util import relay_running
 from tests.unit.factories import make_delivery
 from topics import TOPICS
 
@@ -48,17 +47,12 @@ def test_a_due_at_years_ahead_is_dead_lettered_and_the_partition_flows(
                 got[str(codec.decode(m.value())["delivery_id"])] = "dispatched"
         return got
 
-    stop = threading.Event()
-    relay = threading.Thread(target=run_relay, args=(settings, stop), daemon=True)
-    relay.start()
     try:
-        wait_for(lambda: len(read()) == 3, 60, interval=0.0,
-                 what="every delivery dispatched or dead-lettered", progress=lambda: got)
+        with relay_running(settings):
+            wait_for(lambda: len(read()) == 3, 60, interval=0.0,
+                     what="every delivery dispatched or dead-lettered", progress=lambda: got)
     finally:
-        stop.set()
-        relay.join(30)
         reader.close()
-    assert not relay.is_alive()
     assert got["dlv_next"] == got["dlv_soon"] == "dispatched"
     assert got["dlv_far"].startswith("invalid_record: delivery 'dlv_far': due_at "), got
     assert "h ahead of the relay's clock" in got["dlv_far"]

@@ -7,7 +7,6 @@ of its tier (it hops), which keeps one endpoint's records in their order."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 from confluent_kafka import Producer
@@ -16,7 +15,7 @@ from postbacks.codec import codec_for
 from postbacks.kafka.clients import make_consumer
 from postbacks.settings import Settings
 from postbacks.tools.procs import wait_for
-from streams.relay import run_relay
+from tests.integration.relay_util import relay_running
 from tests.unit.factories import make_delivery
 from topics import TOPICS
 
@@ -50,21 +49,16 @@ def test_a_later_due_head_holds_no_record_behind_it(settings: Settings) -> None:
 
     # the relay's clock 1.5 h ahead (+5 s): the short wait is due, the long one is not
     ahead_s = 90 * 60 + 5
-    stop = threading.Event()
-    relay = threading.Thread(target=run_relay, args=(settings, stop),
-                             kwargs={"clock": lambda: time.time() + ahead_s}, daemon=True)
-    relay.start()
     try:
-        wait_for(lambda: any(t.endswith(TOPICS.dispatch.base)
-                             for t, _ in read().get("dlv_short", [])), 60, interval=0.0,
-                 what="the record behind the later-due head dispatched", progress=lambda: seen)
-        wait_for(lambda: len(read().get("dlv_long", [])) >= 2, 30, interval=0.0,
-                 what="the later-due head hopped on", progress=lambda: seen)
+        with relay_running(settings, clock=lambda: time.time() + ahead_s):
+            wait_for(lambda: any(t.endswith(TOPICS.dispatch.base)
+                                 for t, _ in read().get("dlv_short", [])), 60, interval=0.0,
+                     what="the record behind the later-due head dispatched",
+                     progress=lambda: seen)
+            wait_for(lambda: len(read().get("dlv_long", [])) >= 2, 30, interval=0.0,
+                     what="the later-due head hopped on", progress=lambda: seen)
     finally:
-        stop.set()
-        relay.join(30)
         reader.close()
-    assert not relay.is_alive()
     # the long wait went back to the end of retry.1h, not out
     hops = [(t, enq) for t, enq in seen["dlv_long"] if enq > now + HOUR_MS]
     assert hops and all(t == tier for t, _ in hops), seen
@@ -97,16 +91,10 @@ def test_hops_keep_one_endpoints_records_in_order(settings: Settings) -> None:
         return sent
 
     start = time.time()  # the relay's clock runs an hour a second: each record hops once
-    stop = threading.Event()
-    relay = threading.Thread(target=run_relay, args=(settings, stop),
-                             kwargs={"clock": lambda: start + (time.time() - start) * 3600},
-                             daemon=True)
-    relay.start()
     try:
-        wait_for(lambda: len(read()) >= 3, 60, interval=0.0, what="the three dispatched",
-                 progress=lambda: sent)
+        with relay_running(settings, clock=lambda: start + (time.time() - start) * 3600):
+            wait_for(lambda: len(read()) >= 3, 60, interval=0.0, what="the three dispatched",
+                     progress=lambda: sent)
     finally:
-        stop.set()
-        relay.join(30)
         reader.close()
     assert sent == [did for did, _ in order]
