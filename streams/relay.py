@@ -19,7 +19,7 @@ one poll (a quarantine record behind a later-due one waits for it: at most the l
 quarantine wait). Republishing and the input offsets go in one Kafka transaction. A
 ``due_at`` further ahead than any configuration schedules
 (:data:`~postbacks.core.delay.MAX_AHEAD_MS`) would stop its partition until then: that
-delivery is dead-lettered (``invalid_record``) instead.
+delivery is dead-lettered (``invalid_record``) instead, with a ``dead_lettered`` outcome.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from postbacks.codec import Codec, codec_for
 from postbacks.core.delay import due_too_far, is_due, ripe_at, wait_s
+from postbacks.core.outcomes import make_outcome
 from postbacks.errors import DeadLetterError, InvalidRecord
 from postbacks.kafka.clients import (
     check_broker,
@@ -54,6 +55,7 @@ __all__ = ["run_relay"]
 log = logging.getLogger(__name__)
 
 GROUP = "postbacks-relay"
+_OUTCOME = codec_for("Outcome")
 
 
 def run_relay(
@@ -146,6 +148,7 @@ class _Batch:
         if isinstance(d, DeadLetterError):
             dl = dead_letter_for(m, "relay", d, d.reason, self.now_ms, limit=self.limit)
             self.out.add_dead_letter(dl["original_key"], self._dlq.encode(dl), d.reason)
+            self._ended(m, d)
             return
         due = d["due_at"]
         d["enqueued_at"] = self.now_ms
@@ -156,6 +159,16 @@ class _Batch:
         if due is not None:
             LATENCY.labels(phase="relay_lateness").observe((self.now_ms - due) / 1000)
         self.out.add(TOPICS.dispatch.base, d["endpoint_id"].encode(), self._codec.encode(d))
+
+    def _ended(self, m: Message, exc: DeadLetterError) -> None:
+        """A decodable delivery dead-lettered here (a ``due_at`` too far ahead) ends on
+        outcomes.v1 too: its status stayed quarantined or failing for good."""
+        try:
+            d: DeliveryRecord = self._codec.decode(m.value())  # type: ignore[assignment]
+        except DeadLetterError:
+            return  # no delivery to speak of: its dead letter keeps the bytes
+        o = make_outcome(d, "dead_lettered", now_ms=self.now_ms, reason=exc.reason)
+        self.out.add(TOPICS.outcomes.base, d["endpoint_id"].encode(), _OUTCOME.encode(o))
 
 
 def _ripe(d: DeliveryRecord | DeadLetterError, period_ms: int | None) -> int | None:

@@ -32,14 +32,18 @@ def test_a_due_at_years_ahead_is_dead_lettered_and_the_partition_flows(
     assert p.flush(10) == 0
 
     reader = make_consumer(settings, "test-far-reader")
-    reader.subscribe([settings.topic(TOPICS.dispatch.base), settings.topic(TOPICS.dlq.base)])
+    reader.subscribe([settings.topic(TOPICS.dispatch.base), settings.topic(TOPICS.dlq.base),
+                      settings.topic(TOPICS.outcomes.base)])
     got: dict[str, str] = {}
 
     def read() -> dict[str, str]:
         for m in reader.consume(100, 0.2):
             if m.error() is not None or not m.value():
                 continue
-            if m.topic().endswith(TOPICS.dlq.base):
+            if m.topic().endswith(TOPICS.outcomes.base):
+                o = codec_for("Outcome").decode(m.value())
+                got[f"outcome {o['delivery_id']}"] = f"{o['kind']}: {o['reason']}"
+            elif m.topic().endswith(TOPICS.dlq.base):
                 dl = dlq.decode(m.value())
                 got[str(codec.decode(dl["original_value"])["delivery_id"])] = (
                     f"{dl['reason']}: {dl['error_message']}")
@@ -49,10 +53,12 @@ def test_a_due_at_years_ahead_is_dead_lettered_and_the_partition_flows(
 
     try:
         with relay_running(settings):
-            wait_for(lambda: len(read()) == 3, 60, interval=0.0,
+            wait_for(lambda: len(read()) == 4, 60, interval=0.0,
                      what="every delivery dispatched or dead-lettered", progress=lambda: got)
     finally:
         reader.close()
     assert got["dlv_next"] == got["dlv_soon"] == "dispatched"
     assert got["dlv_far"].startswith("invalid_record: delivery 'dlv_far': due_at "), got
     assert "h ahead of the relay's clock" in got["dlv_far"]
+    # and it ends on outcomes.v1 (its status stayed quarantined or failing for good)
+    assert got["outcome dlv_far"] == "dead_lettered: invalid_record"
