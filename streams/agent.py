@@ -10,7 +10,8 @@ at-least-once: a crash after a send and before its commit re-sends the delivery 
 same idempotency key; everything between topics is exactly-once. Each request's intent is
 acknowledged by the broker before the request is sent (streams/intents.py), so the first
 request of such a pair is in the attempt log too; and the endpoints' breakers are shared
-with every other agent through ``breakers.v1`` (streams/breakers.py).
+with every other agent through ``breakers.v1`` (streams/breakers.py). A delivery of a
+scope the anomaly gate has tripped is held, not sent (streams/halts.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from postbacks.settings import Settings
 from postbacks.transport.http import HttpTransport
 from streams.breakers import BreakerFollower, breaker_publisher
 from streams.delivery import Deliverer
+from streams.halts import AgentHalts, follow_halts
 from streams.intents import DirectLog
 from streams.lanes import Lanes
 from streams.offsets import Tracker, decode_done
@@ -115,17 +117,22 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                                   intents=direct if settings.attempt_intents else None,
                                   instance=instance)
             endpoints = _Endpoints(cache)
+            halts = AgentHalts(settings.anomaly_global_key)
             lanes = Lanes(deliverer, endpoints, breaker_policy(settings),
                           settings.endpoint_budget_s, settings.endpoint_max_queue,
                           settings.quarantine_delay_s,
                           publish=breaker_publisher(direct, instance),
-                          view_checked_ms=endpoints.checked_ms)
-            # every agent's breakers (and this one's before a restart) before any send
+                          view_checked_ms=endpoints.checked_ms, halted=halts.reason)
+            # every agent's breakers (and this one's before a restart), and the anomaly
+            # halts, before any send
             breakers = BreakerFollower(settings, loop, lanes.adopt)
-            try:
-                await asyncio.wait_for(breakers.caught_up.wait(), 60)
-            except TimeoutError:
-                log.warning("agent: breakers.v1 not read to its end within 60 s; going on")
+            control = follow_halts(settings, loop, halts)
+            for follower in (breakers, control):
+                try:
+                    await asyncio.wait_for(follower.caught_up.wait(), 60)
+                except TimeoutError:
+                    log.warning("agent: %s not read to its end within 60 s; going on",
+                                follower.name)
             watch.start()  # from here on, a blocked loop is a finding (start-up may block)
             last_commit = time.monotonic()
             last_wake = last_commit
@@ -171,6 +178,7 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
             watch.stop()
             await _drain(loop, kafka, settings, consumer, producer, tracker, lanes, skip)
             breakers.close()
+            control.close()
     finally:
         watch.stop()
         cache.stop()

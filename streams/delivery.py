@@ -108,9 +108,13 @@ class Deliverer:
         """Hold a delivery of a disabled endpoint (never sent, never dropped): it waits on
         held.v1 with reason ``endpoint_disabled`` until the endpoint is re-enabled and the
         backlog released (``postbacks endpoints enable``)."""
-        parked = DeliveryRecord(**{**d, "hold_reason": PARKED, "enqueued_at": now_ms})
-        out.append((TOPICS.held.base, d["endpoint_id"].encode(), self._dlv.encode(parked)))
-        self.outcome(out, d, "held", now_ms, PARKED)
+        self.hold(out, d, PARKED, now_ms)
+
+    def hold(self, out: list[Item], d: DeliveryRecord, reason: str, now_ms: int) -> None:
+        """Hold ``d`` on held.v1 with ``reason`` instead of sending it (a held outcome)."""
+        held = DeliveryRecord(**{**d, "hold_reason": reason, "enqueued_at": now_ms})
+        out.append((TOPICS.held.base, d["endpoint_id"].encode(), self._dlv.encode(held)))
+        self.outcome(out, d, "held", now_ms, reason)
 
     def dead_letter(self, out: list[Item], raw: object, exc: BaseException, reason: str,
                     now_ms: int, d: DeliveryRecord | None = None) -> None:

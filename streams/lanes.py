@@ -30,6 +30,7 @@ from postbacks.core.breaker import (
     merge,
     not_ahead,
     on_result,
+    unused,
 )
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.quarantine import UNSEEN, paced_due, slot_ms
@@ -37,7 +38,7 @@ from postbacks.errors import DeadLetterError
 from postbacks.metrics import BREAKER_OPEN, IN_FLIGHT, QUARANTINED
 from postbacks.records import DeliveryRecord
 from streams.delivery import Deliverer
-from streams.lane import Lane, Work
+from streams.lane import REDRIVES, Lane, Work
 from streams.offsets import Item, Slot
 from streams.strict import StrictOrder
 from topics import TOPICS
@@ -72,6 +73,9 @@ class Lanes:
     # the view has been refreshed since it first missed it; only then is it dead-lettered
     # as unknown. None: a missing endpoint is gone at once.
     view_checked_ms: Callable[[], int] | None = None
+    # The hold reason of an anomaly halt over an endpoint now, or None (streams/halts.py);
+    # None: no halts followed.
+    halted: Callable[[str], str | None] | None = None
 
     def __post_init__(self) -> None:
         self._codec = codec_for("Delivery")
@@ -94,6 +98,11 @@ class Lanes:
             d: DeliveryRecord = self._codec.decode(msg.value())  # type: ignore[assignment]
         except DeadLetterError as exc:
             self.deliverer.dead_letter(out, msg, exc, exc.reason, now_ms)
+            slot.finish(out)
+            return
+        why = self._halt(d)
+        if why is not None:  # a tripped scope: held for review, not sent
+            self.deliverer.hold(out, d, why, now_ms)
             slot.finish(out)
             return
         if self._behind_unseen(out, d, now_ms):
@@ -119,6 +128,12 @@ class Lanes:
             return
         lane.push(Work(msg, d, slot))
         self.pump(lane)
+
+    def _halt(self, d: DeliveryRecord) -> str | None:
+        """Why ``d`` is held by an anomaly halt, or None (a person's re-drive goes out)."""
+        if self.halted is None or d["trigger"] in REDRIVES:
+            return None
+        return self.halted(d["endpoint_id"])
 
     @staticmethod
     def _strict(ep: Endpoint | None) -> bool:
@@ -287,11 +302,14 @@ class Lanes:
 
     async def _run(self, lane: Lane, work: Work, probe: bool) -> None:
         out: list[Item] = []
-        unhealthy = False
+        unhealthy = sent = False
         started = time.monotonic()
         try:
             ep = self.endpoint(lane.endpoint_id)
-            if ep is None and self._not_seen_yet(work.delivery):
+            why = self._halt(work.delivery)
+            if why is not None:  # tripped while this waited in its lane
+                self.deliverer.hold(out, work.delivery, why, self._now_ms())
+            elif ep is None and self._not_seen_yet(work.delivery):
                 self._divert_unseen(out, work.delivery, self._now_ms())
             elif ep is None:
                 exc = DeadLetterError(f"endpoint {lane.endpoint_id} is unknown or disabled")
@@ -304,6 +322,7 @@ class Lanes:
                 self.deliverer.park(out, work.delivery, self._now_ms())
             else:
                 self._first_miss.pop(work.delivery["delivery_id"], None)
+                sent = True
                 result = await self.deliverer.deliver(work.msg, work.delivery, ep, out)
                 unhealthy = result.unhealthy
         except Exception as exc:  # a bug must not stall the partition: dead-letter it
@@ -321,8 +340,8 @@ class Lanes:
             lane.in_flight -= 1
             lane.observe(time.monotonic() - started)
         before = lane.breaker
-        lane.breaker = on_result(self.policy, before, self._now_ms(), failed=unhealthy,
-                                 probe=probe)
+        lane.breaker = (on_result(self.policy, before, self._now_ms(), failed=unhealthy,
+                                  probe=probe) if sent else unused(before, probe=probe))
         self._changed(lane, before, own=True)
         work.slot.finish(out)  # before anything parked behind it (finishing order)
         if self.strict is not None and self._strict(self.endpoint(lane.endpoint_id)):

@@ -115,6 +115,15 @@ def on_result(p: BreakerPolicy, s: BreakerState, now_ms: int, *, failed: bool,
     return replace(s, consecutive_failures=n)
 
 
+def unused(s: BreakerState, *, probe: bool) -> BreakerState:
+    """An admitted slot that sent nothing (the delivery was held, parked or dead-lettered
+    instead): the probe it took is free again; nothing about the endpoint's health was
+    learnt, so nothing else changes."""
+    if probe and s.state == "half_open" and s.probe_in_flight and not s.probe_until_ms:
+        return replace(s, probe_in_flight=False)
+    return s
+
+
 def not_ahead(remote: BreakerState, now_ms: int) -> BreakerState:
     """Another agent's transition with no time later than ``now_ms``: an agent whose clock
     ran ahead (by hours) made every other agent divert the endpoint, and ignore its own

@@ -30,23 +30,13 @@ from postbacks.core.anomaly import (
     HaltState,
     Mode,
     Scope,
-    Trip,
     resolve_modes,
 )
+from postbacks.core.anomaly.halts import HaltBook, StateChange, core_scope
 from postbacks.core.anomaly.retro_burst import BURST, BurstPolicy
 from postbacks.core.anomaly.rolling import ENDPOINT_ROLLING, GLOBAL_ROLLING, RollingThresholds
 
-__all__ = ["GateConfig", "HaltBook", "StateChange", "build_config"]
-
-
-@dataclass(frozen=True, slots=True)
-class StateChange:
-    """One halt state as read from PostgreSQL or the control topic."""
-
-    scope: Scope  # core form: ("endpoint", id) or GLOBAL_SCOPE
-    detector: str
-    state: HaltState
-    changed_at: int  # epoch ms; 0 when never changed
+__all__ = ["GateConfig", "HaltBook", "StateChange", "build_config", "core_scope"]
 
 
 def _rolling(params: Mapping[str, Any], default: RollingThresholds) -> RollingThresholds:
@@ -106,13 +96,6 @@ class GateConfig:
         return self.rows.get((GLOBAL_SCOPE, Detector.RETRODATING), Mode.OFF)
 
 
-def core_scope(scope: str, scope_key: str, global_key: str) -> Scope | None:
-    """The core's scope for a stored row, or None for another deployment's global rows."""
-    if scope == "global":
-        return GLOBAL_SCOPE if scope_key == global_key else None
-    return (scope, scope_key) if scope == "endpoint" else None
-
-
 def build_config(rows: Iterable[Any], global_key: str) -> tuple[GateConfig, list[StateChange]]:
     """GateConfig and the halt states from ``payout_anomaly_settings`` rows.
 
@@ -155,51 +138,3 @@ def build_config(rows: Iterable[Any], global_key: str) -> tuple[GateConfig, list
             states.append(StateChange(scope, det.value, HaltState(r.state),
                                       r.state_changed_at_ms or 0))
     return GateConfig(modes, ep_th, g_roll, windows, g_window, burst), states
-
-
-class HaltBook:
-    """The current halt per scope: the latest change wins; a tie reads as tripped."""
-
-    def __init__(self) -> None:
-        self._latest: dict[Scope, dict[str, StateChange]] = {}  # scope -> detector -> change
-        self.halts: dict[Scope, HaltState] = {}  # what ``decide`` reads; only tripped kept
-
-    def apply(self, change: StateChange) -> bool:
-        """Merge one change; True when the scope's effective state changed."""
-        by_detector = self._latest.setdefault(change.scope, {})
-        cur = by_detector.get(change.detector)
-        if cur is not None and (change.changed_at < cur.changed_at or (
-                change.changed_at == cur.changed_at and cur.state is HaltState.TRIPPED)):
-            return False
-        by_detector[change.detector] = change
-        before = self.halts.get(change.scope)
-        if any(c.state is HaltState.TRIPPED for c in by_detector.values()):
-            self.halts[change.scope] = HaltState.TRIPPED
-        else:
-            self.halts.pop(change.scope, None)
-        return before is not self.halts.get(change.scope)
-
-    def latest(self, scope: Scope, detector: str) -> StateChange | None:
-        return self._latest.get(scope, {}).get(detector)
-
-    def trip_now(self, trip: Trip, now_ms: int) -> None:
-        """This instance tripped a scope: honour it here before anyone else hears of it.
-        It is dated after the scope's last change even when that one is dated ahead of
-        this clock (a close from a host whose clock runs ahead): :meth:`tripped_at` is the
-        date to publish and store it with, so every gate and PostgreSQL agree."""
-        scope = _scope_of(trip)
-        cur = self.latest(scope, trip.detector.value)
-        at = now_ms if cur is None else max(now_ms, cur.changed_at + 1)
-        self.apply(StateChange(scope, trip.detector.value, HaltState.TRIPPED, at))
-
-    def tripped_at(self, trip: Trip, now_ms: int) -> int:
-        """The date :meth:`trip_now` gave ``trip`` (``now_ms`` if it is not tripped)."""
-        cur = self.latest(_scope_of(trip), trip.detector.value)
-        return cur.changed_at if cur is not None and cur.state is HaltState.TRIPPED else now_ms
-
-    def tripped(self) -> list[Scope]:
-        return sorted(self.halts)
-
-
-def _scope_of(trip: Trip) -> Scope:
-    return GLOBAL_SCOPE if trip.scope == "global" else (trip.scope, trip.key)

@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from postbacks.codec import codec_for
 from postbacks.core.anomaly import Detector, HaltState, Trip
+from postbacks.core.anomaly.halts import CONTROL_AHEAD_MS, refused
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import ANOMALY_TRIPS, CONTROL_REFUSED, HALTED_SCOPES, child
 from postbacks.records import BreakerStateRecord
@@ -58,19 +59,7 @@ def _gauge(halts: HaltBook) -> None:
         HALTED_SCOPES.labels(kind).set(kinds.count(kind))
 
 
-MAX_AHEAD_MS = 5 * 60_000  # a change dated further ahead of this gate's clock is refused
-_DETECTORS = frozenset(d.value for d in Detector)
-
-
-def refused(rec: BreakerStateRecord, now_ms: int) -> str | None:
-    """Why a halt change read from the control topic is not honoured, or None. Only the
-    gate (a trip, dated by its clock) and a person's close (`anomaly close`) write there;
-    a record dated ahead of the clock, or naming no detector, is someone else's."""
-    if rec["detector"] not in _DETECTORS:
-        return "unknown_detector"
-    if rec["changed_at"] > now_ms + MAX_AHEAD_MS:
-        return "dated_ahead"
-    return None
+MAX_AHEAD_MS = CONTROL_AHEAD_MS  # a change dated further ahead of a gate's clock: refused
 
 
 class ControlReader:

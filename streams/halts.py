@@ -1,0 +1,82 @@
+"""The anomaly halts in the agent: what is still to be sent in a tripped scope is held.
+
+The gate holds what it reads from a tripped scope; deliveries already past it -- waiting
+in a retry tier or in quarantine, queued in an agent's lane -- reach the agent later.
+Every agent follows ``anomaly.control.v1`` from its beginning (streams/follow.py) into the
+same :class:`~postbacks.core.anomaly.halts.HaltBook` the gates keep, with the same
+refusals, and holds a delivery of a tripped scope instead of sending it: to ``held.v1``
+with hold reason ``halted_global`` or ``halted_endpoint``, for review like the gate's
+holds. While the global scope is tripped nothing is sent but re-drives a person chose
+(console replays and held releases: trigger ``manual`` or ``release``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from postbacks.core.anomaly import GLOBAL_SCOPE, HaltState, HoldReason
+from postbacks.core.anomaly.halts import HaltBook, StateChange, core_scope, refused
+from postbacks.metrics import CONTROL_REFUSED, child
+from postbacks.records import BreakerStateRecord
+from postbacks.settings import Settings
+from streams.follow import Follower
+from topics import TOPICS
+from topics.admin import create_topics
+
+__all__ = ["AgentHalts", "follow_halts"]
+
+log = logging.getLogger(__name__)
+
+_GLOBAL = HoldReason.HALTED_GLOBAL.value
+_ENDPOINT = HoldReason.HALTED_ENDPOINT.value
+
+
+class AgentHalts:
+    """The halts this agent honours (read from the control topic)."""
+
+    def __init__(self, global_key: str) -> None:
+        self.global_key = global_key
+        self.book = HaltBook()
+
+    def reason(self, endpoint_id: str) -> str | None:
+        """The hold reason for a delivery to ``endpoint_id`` now, or None: send it."""
+        halts = self.book.halts
+        if not halts:
+            return None
+        if GLOBAL_SCOPE in halts:
+            return _GLOBAL
+        return _ENDPOINT if ("endpoint", endpoint_id) in halts else None
+
+    def apply(self, recs: list[BreakerStateRecord]) -> None:
+        now_ms = int(time.time() * 1000)
+        for rec in recs:
+            try:
+                state = HaltState(rec["state"])
+            except ValueError:
+                log.error("anomaly control: unknown state %r ignored", rec["state"][:40])
+                continue
+            scope = core_scope(rec["scope"], rec["scope_key"], self.global_key)
+            if scope is None:
+                continue  # another deployment's global scope
+            why = refused(rec, now_ms)
+            if why is not None:
+                log.error("anomaly control: state refused (%s): %s/%s %s %s changed_at %s",
+                          why, rec["scope"], rec["scope_key"][:80], rec["detector"][:40],
+                          rec["state"], rec["changed_at"])
+                child(CONTROL_REFUSED, why).inc()
+                continue
+            if self.book.apply(StateChange(scope, rec["detector"], state, rec["changed_at"])):
+                log.warning("agent: halt %s/%s is now %s: its deliveries %s", rec["scope"],
+                            rec["scope_key"][:80],
+                            "tripped" if scope in self.book.halts else "closed",
+                            "are held" if scope in self.book.halts else "go out again")
+
+
+def follow_halts(settings: Settings, loop: asyncio.AbstractEventLoop,
+                 halts: AgentHalts) -> Follower:
+    """Start following ``anomaly.control.v1`` into ``halts``."""
+    create_topics(settings, [TOPICS.anomaly_control])  # idempotent; verifies its configs
+    return Follower(settings, loop, TOPICS.anomaly_control, "postbacks-agent-halts",
+                    halts.apply)
