@@ -127,12 +127,16 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
             # halts, before any send
             breakers = BreakerFollower(settings, loop, lanes.adopt)
             control = follow_halts(settings, loop, halts)
-            for follower in (breakers, control):
+            try:
+                await asyncio.wait_for(breakers.caught_up.wait(), 60)
+            except TimeoutError:
+                log.warning("agent: breakers.v1 not read to its end within 60 s; going on")
+            while not control.caught_up.is_set() and not stop.is_set():  # halts first
                 try:
-                    await asyncio.wait_for(follower.caught_up.wait(), 60)
+                    await asyncio.wait_for(control.caught_up.wait(), 30)
                 except TimeoutError:
-                    log.warning("agent: %s not read to its end within 60 s; going on",
-                                follower.name)
+                    log.warning("agent: %s not read to its end yet; nothing is sent until "
+                                "it is", control.name)
             watch.start()  # from here on, a blocked loop is a finding (start-up may block)
             last_commit = time.monotonic()
             last_wake = last_commit
@@ -169,6 +173,7 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                 await asyncio.sleep(0)  # let finished sends fill their slots
                 now = time.monotonic()
                 if now - last_wake >= 1.0:
+                    halts.recheck()
                     lanes.wake()
                     last_wake = now
                 if now - last_commit >= interval:

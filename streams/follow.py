@@ -51,30 +51,36 @@ class Follower:
         self._thread.start()
 
     def _serve(self) -> None:
-        try:
-            while not self._stop.is_set():
-                got: list[BreakerStateRecord] = []
-                for m in self._consumer.consume(500, 0.2):
-                    err = m.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            self._left.discard(m.partition() or 0)
-                        else:
-                            log.warning("%s: %s", self.name, err)
-                        continue
-                    if m.value() is None:
-                        continue  # a tombstone
-                    try:
-                        got.append(self._codec.decode(m.value()))  # type: ignore[arg-type]
-                    except DeadLetterError as exc:
-                        log.warning("%s: undecodable record at offset %s: %s", self.name,
-                                    m.offset(), exc)
-                if got:
-                    self._loop.call_soon_threadsafe(self._hand_over, got)
-                if not self._left and not self.caught_up.is_set():
-                    self._loop.call_soon_threadsafe(self.caught_up.set)  # after the above
-        except RuntimeError:  # the event loop closed under us: the agent is stopping
-            pass
+        while not self._stop.is_set():
+            try:
+                self._poll()
+            except RuntimeError:  # the event loop closed under us: the agent is stopping
+                return
+            except Exception:  # never end silently: the state would stop moving
+                log.exception("%s: reading failed; retrying", self.name)
+                self._stop.wait(1.0)
+
+    def _poll(self) -> None:
+        got: list[BreakerStateRecord] = []
+        for m in self._consumer.consume(500, 0.2):
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    self._left.discard(m.partition() or 0)
+                else:
+                    log.warning("%s: %s", self.name, err)
+                continue
+            if m.value() is None:
+                continue  # a tombstone
+            try:
+                got.append(self._codec.decode(m.value()))  # type: ignore[arg-type]
+            except DeadLetterError as exc:
+                log.warning("%s: undecodable record at offset %s: %s", self.name,
+                            m.offset(), exc)
+        if got:
+            self._loop.call_soon_threadsafe(self._hand_over, got)
+        if not self._left and not self.caught_up.is_set():
+            self._loop.call_soon_threadsafe(self.caught_up.set)  # after the above
 
     def close(self) -> None:
         self._stop.set()

@@ -15,9 +15,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
-from postbacks.core.anomaly import GLOBAL_SCOPE, HaltState, HoldReason
-from postbacks.core.anomaly.halts import HaltBook, StateChange, core_scope, refused
+from postbacks.core.anomaly import GLOBAL_SCOPE, HaltState, HoldReason, Scope
+from postbacks.core.anomaly.halts import (
+    CONTROL_AHEAD_MS,
+    HaltBook,
+    StateChange,
+    core_scope,
+    refused,
+)
 from postbacks.metrics import CONTROL_REFUSED, child
 from postbacks.records import BreakerStateRecord
 from postbacks.settings import Settings
@@ -36,9 +43,11 @@ _ENDPOINT = HoldReason.HALTED_ENDPOINT.value
 class AgentHalts:
     """The halts this agent honours (read from the control topic)."""
 
-    def __init__(self, global_key: str) -> None:
+    def __init__(self, global_key: str, clock: Callable[[], float] = time.time) -> None:
         self.global_key = global_key
+        self.clock = clock
         self.book = HaltBook()
+        self._later: dict[tuple[Scope, str], BreakerStateRecord] = {}  # refused: dated ahead
 
     def reason(self, endpoint_id: str) -> str | None:
         """The hold reason for a delivery to ``endpoint_id`` now, or None: send it."""
@@ -50,28 +59,47 @@ class AgentHalts:
         return _ENDPOINT if ("endpoint", endpoint_id) in halts else None
 
     def apply(self, recs: list[BreakerStateRecord]) -> None:
-        now_ms = int(time.time() * 1000)
+        now_ms = int(self.clock() * 1000)
         for rec in recs:
-            try:
-                state = HaltState(rec["state"])
-            except ValueError:
-                log.error("anomaly control: unknown state %r ignored", rec["state"][:40])
-                continue
-            scope = core_scope(rec["scope"], rec["scope_key"], self.global_key)
-            if scope is None:
-                continue  # another deployment's global scope
-            why = refused(rec, now_ms)
-            if why is not None:
-                log.error("anomaly control: state refused (%s): %s/%s %s %s changed_at %s",
-                          why, rec["scope"], rec["scope_key"][:80], rec["detector"][:40],
-                          rec["state"], rec["changed_at"])
-                child(CONTROL_REFUSED, why).inc()
-                continue
-            if self.book.apply(StateChange(scope, rec["detector"], state, rec["changed_at"])):
-                log.warning("agent: halt %s/%s is now %s: its deliveries %s", rec["scope"],
-                            rec["scope_key"][:80],
-                            "tripped" if scope in self.book.halts else "closed",
-                            "are held" if scope in self.book.halts else "go out again")
+            self._one(rec, now_ms)
+
+    def recheck(self) -> None:
+        """Honour the changes refused as dated ahead whose date has come (a close from a
+        host whose clock runs ahead: refused for ever, it held every delivery the gates,
+        which re-read PostgreSQL, pass again)."""
+        if not self._later:
+            return
+        now_ms = int(self.clock() * 1000)
+        for key, rec in list(self._later.items()):
+            if rec["changed_at"] <= now_ms + CONTROL_AHEAD_MS:
+                del self._later[key]
+                self._one(rec, now_ms)
+
+    def _one(self, rec: BreakerStateRecord, now_ms: int) -> None:
+        try:
+            state = HaltState(rec["state"])
+        except ValueError:
+            log.error("anomaly control: unknown state %r ignored", rec["state"][:40])
+            return
+        scope = core_scope(rec["scope"], rec["scope_key"], self.global_key)
+        if scope is None:
+            return  # another deployment's global scope
+        why = refused(rec, now_ms)
+        if why is not None:
+            log.error("anomaly control: state refused (%s): %s/%s %s %s changed_at %s",
+                      why, rec["scope"], rec["scope_key"][:80], rec["detector"][:40],
+                      rec["state"], rec["changed_at"])
+            child(CONTROL_REFUSED, why).inc()
+            if why == "dated_ahead":  # honoured when its date comes (:meth:`recheck`)
+                key = (scope, rec["detector"])
+                if key not in self._later or self._later[key]["changed_at"] < rec["changed_at"]:
+                    self._later[key] = rec
+            return
+        if self.book.apply(StateChange(scope, rec["detector"], state, rec["changed_at"])):
+            tripped = scope in self.book.halts
+            log.warning("agent: halt %s/%s is now %s: its deliveries %s", rec["scope"],
+                        rec["scope_key"][:80], "tripped" if tripped else "closed",
+                        "are held" if tripped else "go out again")
 
 
 def follow_halts(settings: Settings, loop: asyncio.AbstractEventLoop,

@@ -33,6 +33,7 @@ from postbacks.core.breaker import (
     unused,
 )
 from postbacks.core.endpoint import Endpoint
+from postbacks.core.notify import EVENT_TYPE_PREFIX as NOTIFICATION_TYPES
 from postbacks.core.quarantine import UNSEEN, paced_due, slot_ms
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import BREAKER_OPEN, IN_FLIGHT, QUARANTINED
@@ -100,15 +101,16 @@ class Lanes:
             self.deliverer.dead_letter(out, msg, exc, exc.reason, now_ms)
             slot.finish(out)
             return
-        why = self._halt(d)
-        if why is not None:  # a tripped scope: held for review, not sent
-            self.deliverer.hold(out, d, why, now_ms)
-            slot.finish(out)
-            return
         if self._behind_unseen(out, d, now_ms):
             slot.finish(out)
             return
         ep = self.endpoint(d["endpoint_id"])
+        if not self._strict(ep):  # (strict: held in its turn, which resolves its order)
+            why = self._halt(d)
+            if why is not None:  # a tripped scope: held for review, not sent
+                self.deliverer.hold(out, d, why, now_ms)
+                slot.finish(out)
+                return
         if ep is not None and ep.disabled_at_ms is not None:
             self.deliverer.park(out, d, now_ms)  # disabled: held until re-enabled
             slot.finish(out)
@@ -130,8 +132,10 @@ class Lanes:
         self.pump(lane)
 
     def _halt(self, d: DeliveryRecord) -> str | None:
-        """Why ``d`` is held by an anomaly halt, or None (a person's re-drive goes out)."""
-        if self.halted is None or d["trigger"] in REDRIVES:
+        """Why ``d`` is held by an anomaly halt, or None: a person's re-drive goes out, and
+        so does an owner's notification (no payout; fan-out refuses its event types)."""
+        if (self.halted is None or d["trigger"] in REDRIVES
+                or d["conversion"]["event_type"].startswith(NOTIFICATION_TYPES)):
             return None
         return self.halted(d["endpoint_id"])
 

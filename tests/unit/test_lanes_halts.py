@@ -9,7 +9,7 @@ from typing import Any
 
 from postbacks.codec import codec_for
 from postbacks.core.anomaly import HaltState
-from postbacks.core.anomaly.halts import StateChange
+from postbacks.core.anomaly.halts import CONTROL_AHEAD_MS, StateChange
 from postbacks.core.breaker import BreakerPolicy, BreakerState, unused
 from postbacks.core.classify import HttpResult
 from postbacks.core.endpoint import Endpoint, EndpointConfig, SigningSecret
@@ -158,3 +158,111 @@ def test_a_probe_slot_that_sent_nothing_is_free_again() -> None:
     adopted = BreakerState("half_open", 5, NOW - 60_000, 0, changed_ms=NOW,
                            probe_in_flight=True, probe_until_ms=NOW + 30_000)
     assert unused(adopted, probe=True) is adopted  # another agent's probe: not ours to free
+
+
+def test_a_strict_endpoint_tripped_before_its_deliveries_came_holds_them_in_order_and_resumes(
+) -> None:
+    lanes, halts, transport, tracker = _setup(_endpoint("ep_s", ordering="strict"))
+    _trip(halts, ("endpoint", "ep_s"))
+
+    async def main() -> tuple[list[tuple[str, str, str]], int]:
+        for i in range(3):
+            _submit(lanes, tracker, i, endpoint_id="ep_s", trigger="retry")
+        await _settle()
+        held = _held(tracker)
+        _trip(halts, ("endpoint", "ep_s"), HaltState.CLOSED, NOW + 1)
+        _submit(lanes, tracker, 3, endpoint_id="ep_s", trigger="conversion")
+        await _settle()
+        return held, len(transport.sent)
+
+    held, sent = asyncio.run(main())
+    # each held in its turn (its order state resolved), so the one after the close is
+    # sent at once instead of waiting behind a head that never comes back
+    assert [h[0] for h in held] == ["dlv_0", "dlv_1", "dlv_2"]
+    assert sent == 1
+
+
+def test_an_owners_notification_goes_out_during_a_global_halt() -> None:
+    lanes, halts, transport, tracker = _setup(_endpoint("ep_owner"))
+    _trip(halts, ("global", "*"))
+    d = make_delivery(delivery_id="dlv_n", endpoint_id="ep_owner", created_at=NOW - 1000)
+    d["conversion"] = {**d["conversion"], "event_type": "operations.anomaly.tripped",
+                       "payout_usd_micros": None}
+
+    async def main() -> list[tuple[str, str, str]]:
+        lanes.submit(FakeMessage(_DLV.encode(d)),  # type: ignore[arg-type]
+                     tracker.track("dispatch.v1", 0, 0))
+        await _settle()
+        return _held(tracker)
+
+    assert asyncio.run(main()) == []
+    assert len(transport.sent) == 1  # the owner hears of the halt
+
+
+def test_a_close_dated_ahead_of_this_clock_is_honoured_when_its_date_comes() -> None:
+    now = [NOW / 1000]
+    halts = AgentHalts("prod", clock=lambda: now[0])
+    rec: dict[str, Any] = {"scope": "global", "scope_key": "prod", "detector": "value_rate",
+                           "state": "tripped", "changed_at": NOW - 60_000}
+    halts.apply([rec])  # type: ignore[list-item]
+    assert halts.reason("ep_a") == "halted_global"
+    ahead = NOW + CONTROL_AHEAD_MS + 60_000  # written by a host 6 minutes ahead
+    halts.apply([{**rec, "state": "closed", "changed_at": ahead}])  # type: ignore[list-item]
+    assert halts.reason("ep_a") == "halted_global"  # refused for now
+    halts.recheck()
+    assert halts.reason("ep_a") == "halted_global"
+    now[0] += 61
+    halts.recheck()
+    assert halts.reason("ep_a") is None
+    other = {**rec, "scope_key": "another-deployment", "changed_at": NOW}
+    halts.apply([other])  # type: ignore[list-item]
+    assert halts.reason("ep_a") is None  # not this deployment's global scope
+
+
+class FailsFirst(Transport):
+    async def send(self, req: Any, follow_redirects: bool = False) -> SendResult:
+        self.sent.append(req.body.decode())
+        await asyncio.sleep(0)
+        status = 503 if len(self.sent) == 1 else 200
+        return SendResult(HttpResult(status, None, None), 1.0, b"x", None, b"x")
+
+
+def test_a_strict_head_back_from_its_retry_during_a_halt_is_held_and_resolves_the_order(
+) -> None:
+    ep = _endpoint("ep_s", ordering="strict")
+    halts = AgentHalts("prod")
+    transport = FailsFirst()
+    lanes = Lanes(Deliverer(transport, RetryPolicy(5, 3600, 86400, 0.2, 10, {}),  # type: ignore[arg-type]
+                            clock=lambda: NOW / 1000),
+                  {"ep_s": ep}.get, BreakerPolicy(), 30, 1000, 30, clock=lambda: NOW / 1000,
+                  view_checked_ms=lambda: NOW, halted=halts.reason)
+    tracker = Tracker()
+    offsets = iter(range(100))
+
+    def feed(d: Any) -> None:
+        lanes.submit(FakeMessage(_DLV.encode(d), offset=(o := next(offsets))),  # type: ignore[arg-type]
+                     tracker.track("dispatch.v1", 0, o))
+
+    async def main() -> tuple[list[str], list[str], int]:
+        feed(make_delivery(delivery_id="dlv_0", endpoint_id="ep_s", created_at=NOW - 1000))
+        await _settle()  # its first attempt fails: it is the head, waiting in a retry tier
+        feed(make_delivery(delivery_id="dlv_1", endpoint_id="ep_s", created_at=NOW - 900))
+        await _settle()  # parked behind the head
+        out = [(t, _DLV.decode(v)) for t, _k, v in tracker.drain()[0]
+               if t.startswith(("retry.", "quarantine."))]
+        assert [d["delivery_id"] for _t, d in out] == ["dlv_0", "dlv_1"], out
+        _trip(halts, ("global", "*"))
+        for _t, d in out:  # both come back from their tier while the scope is tripped
+            feed({**d, "due_at": None})
+        await _settle()
+        held = [d for d, _r, _o in _held(tracker)]
+        _trip(halts, ("global", "*"), HaltState.CLOSED, NOW + 1)
+        feed(make_delivery(delivery_id="dlv_2", endpoint_id="ep_s", created_at=NOW - 800))
+        await _settle()
+        later = [t for t, _k, _v in tracker.drain()[0]]
+        return held, later, len(transport.sent)
+
+    held, later, sent = asyncio.run(main())
+    assert held == ["dlv_0", "dlv_1"]
+    # the order state is resolved: the delivery after the close goes out at once
+    assert sent == 2, later
