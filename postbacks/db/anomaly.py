@@ -58,6 +58,7 @@ _PARAM_DETECTOR = {
     "floor_micros": Detector.VALUE_RATE,
     "k": Detector.VALUE_RATE,
     "h": Detector.VALUE_RATE,
+    "single_multiple": Detector.VALUE_RATE,
     "window_ms": Detector.RETRODATING,
     "burst_count": Detector.RETRODATING,
 }
@@ -129,15 +130,16 @@ def _check_actor(actor: str) -> None:
 
 def validate_params(detector: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """Checked, normalised params: ``multiple`` (float >= 1), ``floor_micros`` (int >= 0),
-    ``k`` and ``h`` (float > 0) for value_rate, ``window_ms`` (int > 0) and
-    ``burst_count`` (int 0..10,000,000, global rows only: the retrodated burst) for
-    retrodating; anything else is a ValueError."""
+    ``k`` and ``h`` (float > 0), ``single_multiple`` (0: off, or float >= 1) for
+    value_rate, ``window_ms`` (int > 0) and ``burst_count`` (int 0..10,000,000, global
+    rows only: the retrodated burst) for retrodating; anything else is a ValueError."""
     out: dict[str, Any] = {}
     for key, value in params.items():
         owner = _PARAM_DETECTOR.get(key)
         if owner is None:
-            raise ValueError(f"unknown param {key!r}: allowed are multiple, floor_micros, k, h "
-                             "(value_rate), window_ms and burst_count (retrodating)")
+            raise ValueError(f"unknown param {key!r}: allowed are multiple, floor_micros, k, "
+                             "h, single_multiple (value_rate), window_ms and burst_count "
+                             "(retrodating)")
         if owner != detector:
             raise ValueError(f"param {key!r} configures {owner.value}, not {detector}")
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -146,6 +148,12 @@ def validate_params(detector: str, params: Mapping[str, Any]) -> dict[str, Any]:
             if not math.isfinite(value) or value < 1:
                 raise ValueError(f"multiple must be a finite number >= 1 (a span over that "
                                  f"multiple of its expectation), not {value!r}")
+            out[key] = float(value)
+        elif key == "single_multiple":
+            if not math.isfinite(value) or not (value == 0 or value >= 1):
+                raise ValueError(f"single_multiple must be 0 (off) or a finite number >= 1 "
+                                 f"(a payout over that multiple of the endpoint's peak), "
+                                 f"not {value!r}")
             out[key] = float(value)
         elif key in ("k", "h"):
             if not math.isfinite(value) or value <= 0:

@@ -151,6 +151,8 @@ def set_mode_cmd(settings: Settings, args: argparse.Namespace) -> int:
         params["k"] = args.k
     if args.h is not None:
         params["h"] = args.h
+    if args.single_multiple is not None:
+        params["single_multiple"] = args.single_multiple
     if args.window_days is not None:
         params["window_ms"] = round(args.window_days * _MS_PER_DAY)
     if args.burst_count is not None:
@@ -254,6 +256,10 @@ def add_parser(subparsers: Any) -> None:
     sp.add_argument("--h", type=finite(0),
                     help="value_rate: the CUSUM arms' threshold (log-likelihood ratio; "
                     "default 12.5; `postbacks anomaly calibrate` recommends one)")
+    sp.add_argument("--single-multiple", type=finite(0),
+                    help="value_rate, endpoint: hold one payout over this multiple of the "
+                    "largest the endpoint was paid in 4 weeks (and over it by the floor; "
+                    "default 5; 0 turns the check off)")
     sp.add_argument("--window-days", type=finite(0),
                     help="retrodating: hold when created - completed exceeds this")
     sp.add_argument("--burst-count", type=whole(0),

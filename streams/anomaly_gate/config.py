@@ -39,13 +39,15 @@ from postbacks.core.anomaly.rolling import ENDPOINT_ROLLING, GLOBAL_ROLLING, Rol
 __all__ = ["GateConfig", "HaltBook", "StateChange", "build_config", "core_scope"]
 
 
+_ROLLING = ("multiple", "floor_micros", "k", "skew", "single_multiple")  # the row's params
+
+
 def _rolling(params: Mapping[str, Any], default: RollingThresholds) -> RollingThresholds:
     """A value-rate row's ``multiple``, ``floor_micros``, ``k`` (and, in a hand-made row,
     ``skew``; ``h``: the CUSUM arms' threshold) over the rolling detector's defaults for
     its scope; unusable params read as the defaults."""
     try:
-        over: dict[str, Any] = {k: type(getattr(default, k))(params[k])
-                                for k in ("multiple", "floor_micros", "k", "skew")
+        over: dict[str, Any] = {k: type(getattr(default, k))(params[k]) for k in _ROLLING
                                 if k in params}
         if "h" in params:
             over["cusum_h"] = float(params["h"])

@@ -20,11 +20,8 @@ for the state it changed are taken with :meth:`GateEngine.take_writes` before ea
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from postbacks.codec import codec_for
@@ -35,8 +32,6 @@ from postbacks.core.anomaly import (
     Mode,
     PartitionPartial,
     RateResult,
-    Signal,
-    Trip,
     accumulate,
     decide,
     payout_input,
@@ -50,6 +45,7 @@ from postbacks.core.anomaly.detectors import (
 )
 from postbacks.core.anomaly.endpoint_state import EndpointState, dump, restore
 from postbacks.core.anomaly.modes import HoldReason
+from postbacks.core.anomaly.outlier import describe_outlier, judge, note
 from postbacks.core.anomaly.persist import (
     NOTHING,
     Value,
@@ -67,21 +63,27 @@ from postbacks.core.anomaly.rolling import (
 from postbacks.core.anomaly.rolling import add as rolling_add
 from postbacks.core.anomaly.windows import counted_at
 from postbacks.core.instants import MIN_OCCURRED_AT_MS
-from postbacks.core.outcomes import make_dead_letter, make_outcome
+from postbacks.core.outcomes import make_outcome
 from postbacks.errors import DeadLetterError
-from postbacks.kafka.stage import fit_dead_letter
 from postbacks.metrics import (
     ANOMALY_ENDPOINT_SPAN_EXPECTED,
     ANOMALY_ENDPOINT_SPAN_OBSERVED,
     ANOMALY_ENDPOINT_SPAN_SCORE,
-    ANOMALY_SIGNALS,
     GATE_DECISIONS,
-    MISSING_INPUTS,
-    RETRODATED,
     child,
 )
-from postbacks.records import DeadLetterRecord, DeliveryRecord
+from postbacks.records import DeliveryRecord
 from streams.anomaly_gate.config import GateConfig, HaltBook
+from streams.anomaly_gate.engine_io import (
+    BatchOut,
+    In,
+    count_signals,
+    dead_letter,
+    open_key,
+    partial_key,
+    profile_key,
+    ring_key,
+)
 from streams.anomaly_gate.placement import check_placed
 from topics import TOPICS
 
@@ -92,71 +94,6 @@ __all__ = ["BatchOut", "GateEngine", "In", "open_key", "partial_key", "profile_k
 
 log = logging.getLogger(__name__)
 SCOPE = "endpoint"
-
-
-# An endpoint's rolling state (core.anomaly.endpoint_state); ``e:``/``h:`` keys: unread.
-def profile_key(endpoint_id: str) -> str:
-    return f"rp:{endpoint_id}"
-
-
-def ring_key(endpoint_id: str) -> str:
-    return f"rr:{endpoint_id}"
-
-
-def open_key(endpoint_id: str) -> str:
-    return f"ro:{endpoint_id}"
-
-
-def partial_key(partition: int) -> str:
-    return f"p:{partition}"
-
-
-@dataclass(frozen=True, slots=True)
-class In:
-    """One consumed record of deliveries.v1."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    written_ms: int = 0  # the record's timestamp (0: unknown, the clock's time instead)
-
-
-@dataclass(slots=True)
-class BatchOut:
-    records: list[tuple[str, bytes | None, bytes]] = field(default_factory=list)  # base topic
-    partials: list[tuple[int, PartitionPartial, int]] = field(default_factory=list)
-    trips: list[Trip] = field(default_factory=list)
-    dispatched: int = 0
-    held: int = 0
-    dead: Counter[str] = field(default_factory=Counter)  # dead letters by reason
-    redelivered: int = 0  # records handed over again in this generation: skipped
-
-
-_SIGNAL_COUNTERS = {HoldReason.RETRODATED: RETRODATED,
-                    HoldReason.MISSING_ANOMALY_INPUTS: MISSING_INPUTS}
-
-
-@functools.cache
-def _signal_counter(reason: str, mode: str) -> Any:
-    return ANOMALY_SIGNALS.labels(reason, mode)
-
-
-def _count(signals: tuple[Signal, ...]) -> None:
-    for s in signals:
-        _signal_counter(s.reason.value, s.mode.value).inc()
-        counter = _SIGNAL_COUNTERS.get(s.reason)
-        if counter is not None:
-            child(counter, s.mode).inc()
-
-
-def dead_letter(rec: In, exc: BaseException, reason: str, now_ms: int) -> DeadLetterRecord:
-    """Cut to fit one message of the gate's producer (Faust's ``producer_max_request_size``,
-    1,000,000 bytes by default, as librdkafka's): keyed by its ``original_key``."""
-    return fit_dead_letter(make_dead_letter(
-        topic=rec.topic, partition=rec.partition, offset=rec.offset, key=rec.key,
-        value=rec.value, stage="gate", exc=exc, reason=reason, now_ms=now_ms))
 
 
 class GateEngine:
@@ -262,9 +199,16 @@ class GateEngine:
             if not MIN_OCCURRED_AT_MS <= at <= now_ms + MAX_AHEAD_MS:
                 micros = event_time_input(micros, at, now_ms)
             at = counted_at(at, rec.written_ms, now_ms)  # (never far ahead of its writing)
+            th = cfg.thresholds(ep)
+            peak = (None if type(micros) is not int
+                    else judge(t.peaks, at, micros, th.single_multiple, th.floor_micros))
             if rec.offset > t.offset:  # not counted in the endpoint's state yet
-                st = t.state if type(micros) is not int else rolling_add(t.state, at, micros)
-                self.scopes[ep] = t = dataclasses.replace(t, state=st, offset=rec.offset)
+                st, pk = t.state, t.peaks
+                if type(micros) is int:  # an outlier does not raise the peak it is judged by
+                    st = rolling_add(st, at, micros)
+                    pk = pk if peak is not None else note(pk, at, micros)
+                self.scopes[ep] = t = dataclasses.replace(t, state=st, offset=rec.offset,
+                                                          peaks=pk)
                 touched[ep] = rec.partition
             # The partition's partial has an offset of its own: a kill -9 can land one of
             # the endpoint's state write and the partial's; each counts what it misses.
@@ -289,15 +233,16 @@ class GateEngine:
                 if ((SCOPE, ep) in halts) is not t.halted:
                     t = self._rearm(ep, t, not t.halted)
                     touched[ep] = rec.partition
-                scored = self.scores[ep] = evaluate(t.state, cfg.thresholds(ep), now_ms=at,
+                scored = self.scores[ep] = evaluate(t.state, th, now_ms=at,
                                                     since_minute=t.since)
                 ep_rate = as_rate_result(scored)
             # A payout that cannot be counted cannot be judged globally either: held under
             # the global enforce, naming the field.
             decision = decide(ep, modes, retro, ep_rate,
-                              micros if isinstance(micros, MissingInputs) else None, halts)
+                              micros if isinstance(micros, MissingInputs) else None, halts,
+                              outlier=peak is not None)
             if decision.metrics:
-                _count(decision.metrics)
+                count_signals(decision.metrics)
             d["enqueued_at"] = now_ms
             if isinstance(decision, Hold):
                 if decision.trips:
@@ -310,6 +255,9 @@ class GateEngine:
                         self.halts.trip_now(trip, now_ms)
                         out.trips.append(trip)
                     halts = self.halts.halts
+                if decision.reason is HoldReason.PAYOUT_OUTLIER:
+                    decision = dataclasses.replace(decision, detail=describe_outlier(
+                        micros, peak, th.single_multiple))  # type: ignore[arg-type]
                 d["hold_reason"] = decision.reason.value
                 out.records.append((TOPICS.held.base, rec.key, self._delivery.encode(d)))
                 o = make_outcome(d, "held", now_ms=now_ms, reason=decision.describe())

@@ -16,7 +16,8 @@ changes, all to the endpoint's changelog partition, in this order:
 was written for (a later minute's ``ring`` always comes with it); otherwise the ring's own
 totals and offset stand, which can only under-count.
 
-``halted`` and ``since`` carry a close across restarts and rebalances: once a tripped
+``pk``, the endpoint's payout peaks (:mod:`.outlier`), rides with them in ``ring`` and
+``open``. ``halted`` and ``since`` carry a close across restarts and rebalances: once a tripped
 endpoint is closed, its spans judge only minutes after the newest one known then (that
 minute's money came before the close), so the incident still inside its 15- and
 60-minute spans does not trip it again (as for the global scope: ``docs/detector.md``).
@@ -27,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from postbacks.core.anomaly.outlier import NO_PEAKS, Peaks, peaks_from, to_json
 from postbacks.core.anomaly.persist import NOTHING, Value
 from postbacks.core.anomaly.profile import SLOTS, format_profile
 from postbacks.core.anomaly.rolling import RollingPolicy, RollingState, empty
@@ -49,6 +51,7 @@ class EndpointState:
     written_minute: int | None = None  # the open minute the ring was written for
     halted: bool = False  # the endpoint's value-rate halt was tripped when last seen
     since: int | None = None  # after a close: spans judge only minutes from this one
+    peaks: Peaks = NO_PEAKS  # the largest payouts of the last weeks (.outlier)
 
 
 def dump(t: EndpointState) -> tuple[Value | None, Value | None, Value, EndpointState]:
@@ -58,7 +61,7 @@ def dump(t: EndpointState) -> tuple[Value | None, Value | None, Value, EndpointS
     profile = ring = None
     if hour != t.written_hour:
         profile = {"hour": hour, "profile": format_profile(s.profile), "o": t.offset}
-    marks = {"halted": t.halted, "since": t.since}
+    marks = {"halted": t.halted, "since": t.since, "pk": to_json(t.peaks)}
     if s.minute != t.written_minute:
         ring = {**to_dict(s, profile=False), "o": t.offset, **marks}
     open_ = {"m": s.minute, "c": s.cur, "n": s.ccur, "ht": s.h_total, "hn": s.h_count,
@@ -93,7 +96,7 @@ def restore(profile: object | None, ring: object | None, open_: object | None,
     if not isinstance(text, str) or not (written_hour is None or type(written_hour) is int):
         raise ValueError("endpoint state: a malformed profile")
     s = from_dict({k: v for k, v in r.items() if k not in _OURS}, text)
-    halted, since = _marks(r)
+    halted, since, peaks = _marks(r)
     if open_ is not None:
         o = _load(open_, "open")
         cur, ccur, h_total, h_count, o_off = (o.get(k) for k in ("c", "n", "ht", "hn", "o"))
@@ -102,15 +105,15 @@ def restore(profile: object | None, ring: object | None, open_: object | None,
                 and o_off >= offset):
             s = dataclasses.replace(s, cur=cur, ccur=ccur, h_total=h_total, h_count=h_count)
             offset = o_off
-            halted, since = _marks(o)
-    return EndpointState(s, offset, written_hour, s.minute, halted, since)
+            halted, since, peaks = _marks(o)
+    return EndpointState(s, offset, written_hour, s.minute, halted, since, peaks)
 
 
-_OURS = ("o", "halted", "since")
+_OURS = ("o", "halted", "since", "pk")
 
 
-def _marks(v: dict[str, Any]) -> tuple[bool, int | None]:
+def _marks(v: dict[str, Any]) -> tuple[bool, int | None, Peaks]:
     halted, since = v.get("halted", False), v.get("since")
     if type(halted) is not bool or not (since is None or type(since) is int):
         raise ValueError("endpoint state: bad halted or since")
-    return halted, since
+    return halted, since, peaks_from(v.get("pk"))

@@ -15,9 +15,11 @@ Halts: a value-rate trip under enforce moves its scope ``closed -> tripped`` (a
 :class:`Trip` the caller persists and publishes). While a scope is tripped **everything**
 in it holds, whatever the current mode. Nothing here ever moves ``tripped -> closed``:
 that is a human's audited command, elsewhere. The decision reports one hold reason, the
-first of: retrodated, missing_anomaly_inputs, payout_rate_global, halted_global,
-payout_rate_endpoint, halted_endpoint (delivery-specific facts first, then the widest
-scope); every signal that fired is in ``metrics``.
+first of: retrodated, missing_anomaly_inputs, payout_outlier, payout_rate_global,
+halted_global, payout_rate_endpoint, halted_endpoint (delivery-specific facts first, then
+the widest scope); every signal that fired is in ``metrics``. A payout outlier
+(:mod:`.outlier`) is judged under the endpoint's value-rate mode and holds that delivery
+alone: it trips no halt.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class HaltState(StrEnum):
 class HoldReason(StrEnum):
     RETRODATED = "retrodated"
     MISSING_ANOMALY_INPUTS = "missing_anomaly_inputs"
+    PAYOUT_OUTLIER = "payout_outlier"
     PAYOUT_RATE_GLOBAL = "payout_rate_global"
     HALTED_GLOBAL = "halted_global"
     PAYOUT_RATE_ENDPOINT = "payout_rate_endpoint"
@@ -185,20 +188,22 @@ def _rate(result: RateResult | MissingInputs | None, mode: Mode, scope: Scope,
 def decide(endpoint_id: str, modes: GateModes, retro: bool | MissingInputs,
            endpoint_rate: RateResult | MissingInputs,
            global_rate: RateResult | MissingInputs | None = None,
-           halts: Mapping[Scope, HaltState] = _NO_HALTS) -> Decision:
+           halts: Mapping[Scope, HaltState] = _NO_HALTS, outlier: bool = False) -> Decision:
     """Deliver or hold one delivery.
 
     ``retro`` is :func:`~.detectors.retrodated`'s result, the rates are the rolling
     detector's results (:func:`~.rolling.as_rate_result`) for the endpoint and, where this
     process evaluates it, the global scope (``None`` when the aggregator does: a global
     trip then reaches the gate as a halt), or the endpoint's missing payout. ``halts`` maps a
-    scope to its state; a missing scope is closed.
+    scope to its state; a missing scope is closed. ``outlier``: the payout is far above
+    the endpoint's peak (:func:`.outlier.judge`).
     """
     ep_halted = g_halted = False
     if halts:
         g_halted = halts.get(GLOBAL_SCOPE) is HaltState.TRIPPED
         ep_halted = halts.get(endpoint_scope(endpoint_id)) is HaltState.TRIPPED
-    elif retro is False and type(endpoint_rate) not in _LOUD and type(global_rate) not in _LOUD:
+    elif (retro is False and not outlier and type(endpoint_rate) not in _LOUD
+          and type(global_rate) not in _LOUD):
         return DELIVER  # the hot path: nothing fired, nothing halted
     metrics: list[Signal] = []
     holds: set[HoldReason] = set()
@@ -209,6 +214,10 @@ def decide(endpoint_id: str, modes: GateModes, retro: bool | MissingInputs,
         metrics.append(Signal(reason, rmode))
         if rmode is Mode.ENFORCE:
             holds.add(reason)
+    if outlier and modes.endpoint_rate is not Mode.OFF:
+        metrics.append(Signal(HoldReason.PAYOUT_OUTLIER, modes.endpoint_rate))
+        if modes.endpoint_rate is Mode.ENFORCE:
+            holds.add(HoldReason.PAYOUT_OUTLIER)
     _rate(global_rate, modes.global_rate, GLOBAL_SCOPE, HoldReason.PAYOUT_RATE_GLOBAL,
           g_halted, metrics, holds, trips)
     _rate(endpoint_rate, modes.endpoint_rate, endpoint_scope(endpoint_id),

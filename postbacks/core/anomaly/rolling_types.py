@@ -79,11 +79,15 @@ class RollingThresholds:
     support_k: float = 2.0  # value score a count trip needs
     count_skew: float = 2.0  # counts carry no payout sizes: less skew than value
     cusum_h: float = 12.5  # a CUSUM arm trips above this (log-likelihood ratio)
+    # An endpoint's single payout over this multiple of its peak (and over it by the
+    # floor) is an outlier (.outlier); 0: not judged. The global scope does not use it.
+    single_multiple: float = 5.0
 
     def __post_init__(self) -> None:
         if not (self.k > 0 and self.skew >= 0 and self.multiple >= 1
                 and self.floor_micros >= 0 and self.cv_floor >= 0 and self.support_k >= 0
-                and self.count_skew >= 0 and self.cusum_h > 0):
+                and self.count_skew >= 0 and self.cusum_h > 0
+                and (self.single_multiple == 0 or self.single_multiple >= 1)):
             raise ValueError(f"bad rolling thresholds: {self}")
 
     def k_for(self, span: int) -> float:
