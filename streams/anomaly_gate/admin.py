@@ -152,6 +152,9 @@ def set_mode_cmd(settings: Settings, args: argparse.Namespace) -> int:
     if args.h is not None:
         params["h"] = args.h
     if args.single_multiple is not None:
+        if args.scope != "endpoint":
+            return fail(args, "--single-multiple goes with --scope endpoint (one payout "
+                        "against the endpoint's peak)", 2)
         params["single_multiple"] = args.single_multiple
     if args.window_days is not None:
         params["window_ms"] = round(args.window_days * _MS_PER_DAY)

@@ -45,7 +45,7 @@ from postbacks.core.anomaly.detectors import (
 )
 from postbacks.core.anomaly.endpoint_state import EndpointState, dump, restore
 from postbacks.core.anomaly.modes import HoldReason
-from postbacks.core.anomaly.outlier import describe_outlier, judge, note
+from postbacks.core.anomaly.outlier import describe_outlier, judge, note, verdict, with_verdict
 from postbacks.core.anomaly.persist import (
     NOTHING,
     Value,
@@ -199,14 +199,15 @@ class GateEngine:
             if not MIN_OCCURRED_AT_MS <= at <= now_ms + MAX_AHEAD_MS:
                 micros = event_time_input(micros, at, now_ms)
             at = counted_at(at, rec.written_ms, now_ms)  # (never far ahead of its writing)
-            th = cfg.thresholds(ep)
-            peak = (None if type(micros) is not int
-                    else judge(t.peaks, at, micros, th.single_multiple, th.floor_micros))
-            if rec.offset > t.offset:  # not counted in the endpoint's state yet
+            th, fresh = cfg.thresholds(ep), rec.offset > t.offset
+            peak = None if type(micros) is not int else (
+                judge(t.peaks, at, micros, th.single_multiple, th.floor_micros) if fresh
+                else verdict(t.peaks, rec.offset))  # read again: its first verdict
+            if fresh:  # not counted in the endpoint's state yet
                 st, pk = t.state, t.peaks
-                if type(micros) is int:  # an outlier does not raise the peak it is judged by
+                if type(micros) is int:
                     st = rolling_add(st, at, micros)
-                    pk = pk if peak is not None else note(pk, at, micros)
+                    pk = pk if peak is None else with_verdict(pk, rec.offset, peak)
                 self.scopes[ep] = t = dataclasses.replace(t, state=st, offset=rec.offset,
                                                           peaks=pk)
                 touched[ep] = rec.partition
@@ -266,6 +267,9 @@ class GateEngine:
             else:
                 out.records.append((TOPICS.dispatch.base, rec.key, self._delivery.encode(d)))
                 out.dispatched += 1
+                if fresh and peak is None and type(micros) is int:  # sent: the peak learns
+                    self.scopes[ep] = t = dataclasses.replace(t, peaks=note(t.peaks, at,
+                                                                            micros))
         self._dirty_eps.update(touched)
         self._dirty_parts |= parts
         self._unsent_parts |= parts

@@ -301,6 +301,13 @@ def test_cli_set_mode_and_status(
     assert run_cli(monkeypatch, settings, *base, "--detector", "retrodating", "--mode",
                    "enforce", "--burst-count", "80") == 2
     assert "--burst-count goes with --scope global" in capsys.readouterr().err
+    assert run_cli(monkeypatch, settings, "anomaly", "set-mode", "--scope", "global",
+                   "--detector", "value_rate", "--mode", "detect", "--single-multiple", "8",
+                   "--actor", "a") == 2
+    assert "--single-multiple goes with --scope endpoint" in capsys.readouterr().err
+    assert run_cli(monkeypatch, settings, *base, "--detector", "value_rate", "--mode",
+                   "enforce", "--single-multiple", "0.5") == 2
+    assert "single_multiple must be 0 (off) or" in capsys.readouterr().err
 
     assert _trip(settings, key)
     assert run_cli(monkeypatch, settings, "anomaly", "status", "--json") == 0

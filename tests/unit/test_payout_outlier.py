@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 from postbacks.codec import codec_for
 from postbacks.core.anomaly.endpoint_state import ENDPOINT_POLICY, EndpointState, dump, restore
 from postbacks.core.anomaly.outlier import (
+    MIN_PAYOUTS,
     NO_PEAKS,
     WEEK_MS,
     Peaks,
@@ -20,6 +21,8 @@ from postbacks.core.anomaly.outlier import (
     note,
     peaks_from,
     to_json,
+    verdict,
+    with_verdict,
 )
 from postbacks.core.anomaly.rolling import add, empty
 from postbacks.db.anomaly import AnomalyRow, validate_params
@@ -34,15 +37,24 @@ NOW = W0 + 3 * WEEK_MS + 10 * HOUR
 DELIVERY, OUTCOME = codec_for("Delivery"), codec_for("Outcome")
 
 
-def test_no_judgement_until_the_first_payout_is_two_weeks_back() -> None:
-    p = note(NO_PEAKS, W0 + WEEK_MS + 5, 40 * USD)  # first seen in week 1
+def _paid(p: Peaks, at: int, micros: int, times: int = MIN_PAYOUTS) -> Peaks:
+    for i in range(times):
+        p = note(p, at + i, micros)
+    return p
+
+
+def test_no_judgement_until_the_history_is_two_weeks_long_with_ten_payouts() -> None:
+    p = _paid(NO_PEAKS, W0 + WEEK_MS + 5, 40 * USD)  # first seen in week 1
     assert judge(p, W0 + 2 * WEEK_MS + 5, 5_000 * USD, 5.0, 200 * USD) is None
     p = note(p, W0 + 5, 40 * USD)  # a late one from week 0: the history starts there
     assert judge(p, W0 + 2 * WEEK_MS + 5, 5_000 * USD, 5.0, 200 * USD) == 40 * USD
+    thin = _paid(NO_PEAKS, W0, 40 * USD, MIN_PAYOUTS - 1)
+    assert judge(thin, W0 + 3 * WEEK_MS, 5_000 * USD, 5.0, 200 * USD) is None
+    assert note(thin, W0, 0) == thin  # a payout of 0 counts nothing
 
 
 def test_both_the_multiple_and_the_floor_must_be_exceeded() -> None:
-    p = note(note(NO_PEAKS, W0, 10 * USD), W0 + 2 * WEEK_MS, 40 * USD)
+    p = note(_paid(NO_PEAKS, W0, 10 * USD), W0 + 2 * WEEK_MS, 40 * USD)
     at = W0 + 2 * WEEK_MS + HOUR
     assert judge(p, at, 240 * USD, 5.0, 200 * USD) is None  # over the floor, not 5 x
     assert judge(p, at, 240_000_001, 5.0, 200 * USD) == 40 * USD  # both: over $240
@@ -51,29 +63,47 @@ def test_both_the_multiple_and_the_floor_must_be_exceeded() -> None:
 
 
 def test_the_peak_is_the_largest_of_the_last_four_weeks() -> None:
-    p = note(NO_PEAKS, W0, 900 * USD)  # a big one, long ago
+    p = _paid(NO_PEAKS, W0, 900 * USD)  # a big one, long ago
     for week in range(1, 6):
         p = note(p, W0 + week * WEEK_MS, 20 * USD)
     at = W0 + 5 * WEEK_MS + HOUR
     assert judge(p, at, 500 * USD, 5.0, 200 * USD) == 20 * USD  # the $900 aged out
-    assert [w for w, _m in p.weeks] == [2801 + i for i in range(1, 5)]
+    assert [w for w, _m in p.weeks] == [2802, 2803, 2804, 2805]
+    assert note(p, W0, 1).weeks == p.weeks  # late, before every kept week
+
+
+def test_an_endpoint_back_after_a_silence_is_judged_as_a_new_one() -> None:
+    p = _paid(NO_PEAKS, W0, 20 * USD)
     quiet = W0 + 12 * WEEK_MS  # nothing paid in the last four weeks: no peak to judge by
     assert judge(p, quiet, 500 * USD, 5.0, 200 * USD) is None
-    assert note(p, W0, 1) is not None  # late, before every kept week: kept as it was
+    back = note(p, quiet, 20 * USD)  # a test payout: the history starts again
+    assert (back.since, back.n) == (quiet // WEEK_MS, 1)
+    assert judge(back, quiet + HOUR, 500 * USD, 5.0, 200 * USD) is None
 
 
-def test_peaks_round_trip_and_a_malformed_one_is_refused() -> None:
-    p = note(note(NO_PEAKS, W0, 10 * USD), W0 + WEEK_MS, 30 * USD)
+def test_verdicts_are_kept_for_a_delivery_read_again() -> None:
+    p = NO_PEAKS
+    for offset in range(40):
+        p = with_verdict(p, offset, 7)
+    assert verdict(p, 39) == 7 and verdict(p, 8) == 7 and verdict(p, 7) is None  # 32 kept
+    assert verdict(NO_PEAKS, 3) is None
+
+
+def test_peaks_round_trip_and_a_malformed_one_is_dropped_alone() -> None:
+    p = with_verdict(note(_paid(NO_PEAKS, W0, 10 * USD), W0 + WEEK_MS, 30 * USD), 12, 30)
     assert peaks_from(json.loads(json.dumps(to_json(p)))) == p
     assert peaks_from(None) == NO_PEAKS
-    for bad in ([1], "x", [1, [[1, -5]]], [1, [["w", 5]]]):
+    for bad in ([1], "x", [1, [[1, -5]], 3, []], [1, [["w", 5]], 3, []], [1, [], -1, []]):
         with pytest.raises(ValueError):
             peaks_from(bad)
     t = EndpointState(add(empty(ENDPOINT_POLICY), W0 + WEEK_MS, 30 * USD), 7, peaks=p)
     profile, ring, open_, _ = dump(t)
+    assert ring is not None
     assert restore(profile, ring, open_).peaks == p
     assert restore(profile, ring, None).peaks == p  # the ring carries them too
     assert restore(profile, {**ring, "pk": None}, {**open_, "pk": None}).peaks == NO_PEAKS
+    broken = restore(profile, ring, {**open_, "pk": [1, 2]})  # only the peaks start afresh
+    assert broken.peaks == NO_PEAKS and broken.state.minute == t.state.minute
 
 
 def test_single_multiple_is_a_value_rate_param() -> None:
@@ -86,16 +116,18 @@ def test_single_multiple_is_a_value_rate_param() -> None:
         validate_params("retrodating", {"single_multiple": 3})
 
 
-def _gate(mode: str, **params: Any) -> GateEngine:
+def _gate(mode: str, retro: str = "off", **params: Any) -> GateEngine:
     cfg, _ = build_config([AnomalyRow("endpoint", "ep_1", "value_rate", mode, params,
+                                      "closed", None, None),
+                           AnomalyRow("endpoint", "ep_1", "retrodating", retro, {},
                                       "closed", None, None)], "g")
     return GateEngine(cfg, HaltBook())
 
 
-def _rec(offset: int, at: int, micros: int) -> In:
+def _rec(offset: int, at: int, micros: int, age_ms: int = 1000) -> In:
     conv = make_conversion(event_id=f"evt_{offset}", occurred_at=at,
                            payout_usd_micros=micros, source_created_at=at,
-                           source_completed_at=at - 1000)
+                           source_completed_at=at - age_ms)
     d = make_delivery(delivery_id=f"dlv_{offset}", endpoint_id="ep_1", conversion=conv)
     return In("deliveries.v1", 0, offset, b"ep_1", DELIVERY.encode(d))
 
@@ -170,3 +202,25 @@ def test_peaks_are_kept_exactly_once_a_replayed_outlier_does_not_raise_them() ->
     assert [d for d, _r in _held(out)] == [f"dlv_{n}"]
     assert isinstance(g.scopes["ep_1"].peaks, Peaks)
     assert max(m for _w, m in g.scopes["ep_1"].peaks.weeks) == 40 * USD
+
+
+def test_a_delivery_read_again_after_a_crash_keeps_its_first_verdict() -> None:
+    g, store = _gate("enforce"), {}
+    n = _history(g, store)
+    at = W0 + 3 * WEEK_MS + HOUR
+    # $600 is an outlier against the $40 peak; $150 after it is not, and raises the peak
+    batch = [_rec(n, at, 600 * USD), _rec(n + 1, at + 1, 150 * USD)]
+    assert [d for d, _r in _held(_run(g, store, batch))] == [f"dlv_{n}"]
+    g.forget()  # a crash before the commit: both are read again, their state already on
+    out = _run(g, store, batch)  # the table (against a $150 peak, $600 would pass)
+    assert [d for d, _r in _held(out)] == [f"dlv_{n}"] and out.dispatched == 1
+
+
+def test_a_payout_held_for_another_reason_does_not_raise_the_peak() -> None:
+    g, store = _gate("enforce", retro="enforce"), {}
+    n = _history(g, store)
+    at = W0 + 3 * WEEK_MS + HOUR
+    out = _run(g, store, [_rec(n, at, 150 * USD, age_ms=30 * 86_400_000)])  # retrodated
+    assert [r for _d, r in _held(out)] == ["retrodated"]
+    out = _run(g, store, [_rec(n + 1, at + HOUR, 600 * USD)])  # still against $40
+    assert [r.split(":")[0] for _d, r in _held(out)] == ["payout_outlier"]

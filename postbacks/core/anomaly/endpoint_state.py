@@ -116,4 +116,8 @@ def _marks(v: dict[str, Any]) -> tuple[bool, int | None, Peaks]:
     halted, since = v.get("halted", False), v.get("since")
     if type(halted) is not bool or not (since is None or type(since) is int):
         raise ValueError("endpoint state: bad halted or since")
-    return halted, since, peaks_from(v.get("pk"))
+    try:
+        peaks = peaks_from(v.get("pk"))
+    except ValueError:  # only the peaks afresh: nothing judged until they are rebuilt
+        peaks = NO_PEAKS
+    return halted, since, peaks

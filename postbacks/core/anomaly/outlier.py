@@ -3,16 +3,19 @@
 The value rate (:mod:`.rolling`) weighs a minute's money against what the minute usually
 brings, with one payout's weight bounded, so one large payout on a sparse endpoint moves
 its score only so much. This check judges each payout alone, against the endpoint's
-**peak**: the largest payout counted on it in each of the last :data:`WEEKS` event-time
-weeks (the newest one included). A payout is an outlier when it is over ``multiple`` x
-the peak **and** over the peak by more than ``floor_micros`` (the value-rate row's floor:
-$200 by default), once the endpoint's first payout is at least :data:`MIN_WEEKS` weeks
-old. With no payout in the retained weeks there is no peak: nothing is judged.
+**peak**: the largest payout sent to it in each of the last :data:`WEEKS` event-time
+weeks (calendar weeks of the epoch, from Thursday 00:00 UTC; the newest one included). A
+payout is an outlier when it is over ``multiple`` x the peak **and** over the peak by more
+than ``floor_micros`` (the value-rate row's floor: $200 by default). It is judged once the
+endpoint's history starts at least :data:`MIN_WEEKS` weeks back with :data:`MIN_PAYOUTS`
+payouts counted, and only while it was paid in the weeks before; a history without a
+payout for :data:`WEEKS` weeks starts again.
 
-A payout judged an outlier does not raise the peak, so a stream of mispriced payouts
-keeps being judged; every other payout does (in detect and off modes too, so a peak is
-ready when the endpoint is armed). Pure; the peaks are a max and a min, so counting a
-payout twice (a delivery read again after a crash) changes nothing.
+Only payouts the gate sends raise the peak (the caller's rule): an outlier never does, so
+a stream of mispriced payouts keeps being judged, and nor does a payout held for another
+reason. A payout of 0 counts nothing. The verdicts are kept with the peaks: a delivery
+read again after a crash (its later deliveries already counted) is an outlier exactly
+when it was one the first time. Pure.
 """
 
 from __future__ import annotations
@@ -22,45 +25,56 @@ from dataclasses import dataclass
 from postbacks.core.anomaly.windows import DAY_MS
 
 __all__ = [
-    "MIN_WEEKS", "NO_PEAKS", "WEEKS", "Peaks", "describe_outlier", "judge", "note",
-    "peaks_from", "to_json",
+    "MIN_PAYOUTS", "MIN_WEEKS", "NO_PEAKS", "WEEKS", "Peaks", "describe_outlier", "judge",
+    "note", "peaks_from", "to_json", "verdict", "with_verdict",
 ]
 
 WEEK_MS = 7 * DAY_MS
 WEEKS = 4  # the peak is the largest payout of this many event-time weeks
-MIN_WEEKS = 2  # judged once the endpoint's first payout is this many weeks old
+MIN_WEEKS = 2  # judged once the endpoint's first payout is this many weeks back
+MIN_PAYOUTS = 10  # ... and at least this many payouts were counted
+VERDICTS = 32  # the latest outlier verdicts kept (a delivery read again gets its own back)
 
 
 @dataclass(frozen=True, slots=True)
 class Peaks:
     since: int | None = None  # the week of the first payout counted
     weeks: tuple[tuple[int, int], ...] = ()  # (week, largest payout), oldest first
+    n: int = 0  # payouts counted since ``since`` (saturating)
+    # (source offset, peak) of the latest deliveries judged outliers: read again after a
+    # crash, a delivery is an outlier exactly when it was one the first time
+    verdicts: tuple[tuple[int, int], ...] = ()
 
 
 NO_PEAKS = Peaks()
 
 
 def note(p: Peaks, at_ms: int, micros: int) -> Peaks:
-    """``p`` with a payout at event time ``at_ms`` counted (weeks before the retained ones:
-    only ``since`` moves)."""
-    week = at_ms // WEEK_MS
-    since = week if p.since is None or week < p.since else p.since
-    weeks = p.weeks
-    newest = weeks[-1][0] if weeks else week
-    if week <= newest - WEEKS:  # late: older than any week kept
-        return p if since == p.since else Peaks(since, weeks)
-    kept = {w: m for w, m in weeks}
-    if kept.get(week, -1) >= micros and since == p.since:
+    """``p`` with a payout sent at event time ``at_ms`` counted. A payout of 0 counts
+    nothing. With no payout in the :data:`WEEKS` weeks before it, the history starts
+    again at its week (an endpoint back after a silence is judged as a new one)."""
+    if micros <= 0:
         return p
+    week = at_ms // WEEK_MS
+    n = min(p.n + 1, 1 << 30)
+    weeks = p.weeks
+    newest = weeks[-1][0] if weeks else None
+    if p.since is None or newest is None or week >= newest + WEEKS:  # (re)start
+        return Peaks(week, ((week, micros),), 1, p.verdicts)
+    since = min(p.since, week)
+    if week <= newest - WEEKS:  # late: older than any week kept
+        return Peaks(since, weeks, n, p.verdicts)
+    kept = dict(weeks)
     kept[week] = max(kept.get(week, 0), micros)
     top = max(kept)
-    return Peaks(since, tuple(sorted((w, m) for w, m in kept.items() if w > top - WEEKS)))
+    return Peaks(since, tuple(sorted((w, m) for w, m in kept.items() if w > top - WEEKS)),
+                 n, p.verdicts)
 
 
 def judge(p: Peaks, at_ms: int, micros: int, multiple: float, floor_micros: int) -> int | None:
-    """The peak ``micros`` is an outlier against, or None (not an outlier, no peak yet, or
-    ``multiple`` 0: the check is off)."""
-    if multiple <= 0 or p.since is None or not p.weeks:
+    """The peak ``micros`` is an outlier against, or None (not an outlier, a history too
+    short, no payout in the last weeks, or ``multiple`` 0: the check is off)."""
+    if multiple <= 0 or p.since is None or p.n < MIN_PAYOUTS:
         return None
     week = at_ms // WEEK_MS
     if p.since > week - MIN_WEEKS:
@@ -72,6 +86,18 @@ def judge(p: Peaks, at_ms: int, micros: int, multiple: float, floor_micros: int)
     return peak if micros > multiple * peak and micros - peak > floor_micros else None
 
 
+def verdict(p: Peaks, offset: int) -> int | None:
+    """The peak a delivery read again was judged an outlier against, or None."""
+    for o, peak in p.verdicts:
+        if o == offset:
+            return peak
+    return None
+
+
+def with_verdict(p: Peaks, offset: int, peak: int) -> Peaks:
+    return Peaks(p.since, p.weeks, p.n, (*p.verdicts[-(VERDICTS - 1):], (offset, peak)))
+
+
 def describe_outlier(micros: int, peak: int, multiple: float) -> str:
     """A hold's detail: ``USD 5,000.00 over 5 x the endpoint's 4-week peak of USD 40.00``."""
     return (f"USD {micros / 1e6:,.2f} over {multiple:g} x the endpoint's {WEEKS}-week peak "
@@ -79,16 +105,24 @@ def describe_outlier(micros: int, peak: int, multiple: float) -> str:
 
 
 def to_json(p: Peaks) -> list[object] | None:
-    return None if p.since is None else [p.since, [[w, m] for w, m in p.weeks]]
+    if p.since is None and not p.verdicts:
+        return None
+    return [p.since, [[w, m] for w, m in p.weeks], p.n, [[o, m] for o, m in p.verdicts]]
+
+
+def _pairs(v: object) -> bool:
+    return isinstance(v, list) and all(
+        isinstance(x, list) and len(x) == 2 and type(x[0]) is int and type(x[1]) is int
+        and x[1] >= 0 for x in v)
 
 
 def peaks_from(value: object) -> Peaks:
     """The peaks :func:`to_json` wrote; ValueError when malformed."""
     if value is None:
         return NO_PEAKS
-    if (isinstance(value, list) and len(value) == 2 and type(value[0]) is int
-            and isinstance(value[1], list)
-            and all(isinstance(x, list) and len(x) == 2 and type(x[0]) is int
-                    and type(x[1]) is int and x[1] >= 0 for x in value[1])):
-        return Peaks(value[0], tuple((w, m) for w, m in value[1]))
+    if (isinstance(value, list) and len(value) == 4
+            and (value[0] is None or type(value[0]) is int) and _pairs(value[1])
+            and type(value[2]) is int and value[2] >= 0 and _pairs(value[3])):
+        return Peaks(value[0], tuple((w, m) for w, m in value[1]), value[2],
+                     tuple((o, m) for o, m in value[3]))
     raise ValueError("endpoint state: malformed payout peaks")
