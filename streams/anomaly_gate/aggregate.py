@@ -274,10 +274,10 @@ class GlobalAggregator:
         s, b, policy = self.state, self.burst, self.config.retro_burst
         for w in sorted(x for x in self.windows if x < watermark):
             total, count, retro = self.windows.pop(w)
-            s = rolling_add(s, w, total, count)
+            s = rolling_add(s, w, total, count, learn=not self.halted)
             b = close_minute(b, w // MINUTE_MS, retro, policy, learn=not self.halted)
         if s.minute is not None:
-            s = advance(s, watermark // MINUTE_MS)
+            s = advance(s, watermark // MINUTE_MS, learn=not self.halted)
             ANOMALY_GLOBAL_WATERMARK.set((s.minute or 0) * MINUTE_MS / 1000)
         if b.minute is not None and b.minute < watermark // MINUTE_MS - 1:
             b = close_minute(b, watermark // MINUTE_MS - 1, 0, policy,  # quiet minutes

@@ -44,7 +44,7 @@ from postbacks.core.anomaly.detectors import (
     event_time_input,
 )
 from postbacks.core.anomaly.endpoint_state import EndpointState, dump, restore
-from postbacks.core.anomaly.modes import HoldReason
+from postbacks.core.anomaly.modes import GLOBAL_SCOPE, HoldReason
 from postbacks.core.anomaly.outlier import describe_outlier, judge, note, verdict, with_verdict
 from postbacks.core.anomaly.persist import (
     NOTHING,
@@ -206,7 +206,9 @@ class GateEngine:
             if fresh:  # not counted in the endpoint's state yet
                 st, pk = t.state, t.peaks
                 if type(micros) is int:
-                    st = rolling_add(st, at, micros)
+                    learn = not halts or (GLOBAL_SCOPE not in halts  # halted: not learnt
+                                          and (SCOPE, ep) not in halts)
+                    st = rolling_add(st, at, micros, learn=learn)
                     pk = pk if peak is None else with_verdict(pk, rec.offset, peak)
                 self.scopes[ep] = t = dataclasses.replace(t, state=st, offset=rec.offset,
                                                           peaks=pk)

@@ -217,9 +217,9 @@ def test_with_many_minutes_open_the_score_adds_only_the_oldest_few(
     added: list[int] = []
     real = aggregate.rolling_add
 
-    def counting(s: Any, w: int, total: int, count: int) -> Any:
+    def counting(s: Any, w: int, total: int, count: int, learn: bool = True) -> Any:
         added.append(w)
-        return real(s, w, total, count)
+        return real(s, w, total, count, learn)
 
     monkeypatch.setattr(aggregate, "rolling_add", counting)
     a.feed(partial(0, T0 + 5000 * MIN, USD))
@@ -335,3 +335,20 @@ def test_an_instance_taking_over_after_the_close_re_arms_at_it() -> None:
         assert b.feed(partial(0, w + m * MIN, 10 * USD, 10)) == [], m
     assert b.agg.since == (w + MIN) // MIN + 1
     assert b.store[GLOBAL_ROLL]["halted"] is False
+
+
+def test_hours_closed_while_the_global_scope_is_halted_are_not_learnt() -> None:
+    """A held incident does not raise the expectation of its hours in later weeks: while
+    the global scope is halted, closed hours leave the hour-of-week profile as it was;
+    after the close, hours are learnt again."""
+    a = Agg(row("enforce"))
+    w = _tripped_by_a_surge(a)
+    profile, st = a.agg.state.profile, a.agg.state.st
+    for m in range(3 * 60):  # three hours of the incident going on, +500 %
+        a.feed(partial(0, w + m * MIN, 60 * USD, 60))
+    assert a.agg.state.profile == profile and a.agg.state.st == st
+    w += 3 * 60 * MIN
+    _close(a)
+    for m in range(2 * 60):
+        a.feed(partial(0, w + m * MIN, 10 * USD, 10))
+    assert a.agg.state.profile != profile  # learning again

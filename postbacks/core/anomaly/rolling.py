@@ -199,14 +199,22 @@ def reset_arms(s: RollingState, from_minute: int) -> RollingState:
     return replace(s, arms=(), arms_from=from_minute)
 
 
-def _close_hours(s: RollingState, first: int, upto: int) -> RollingState:
-    """Close hours ``first`` .. ``upto - 1`` (the first with the accumulators, then zeros)."""
+def _close_hours(s: RollingState, first: int, upto: int, learn: bool = True) -> RollingState:
+    """Close hours ``first`` .. ``upto - 1`` (the first with the accumulators, then zeros).
+    ``learn`` False (the scope is halted): the hours leave the hour-of-week profile as it
+    was -- each slot keeps its earlier weeks; today's level (bounded, hours long) follows
+    them as usual."""
     p = s.policy
     n = upto - first
     if n <= 0:
         return s
     entry = (s.h_total, s.h_count, s.h_sq, s.h_csq)
     blank = replace(s, h_total=0, h_count=0, h_sq=0.0, h_csq=0)
+    if not learn:
+        lv, lc = s.lv, s.lc
+        for _ in range(min(n, p.weeks * SLOTS)):
+            lv, lc = close_level_hour(lv, s.st.cv2), close_level_hour(lc, s.cst.cv2)
+        return replace(blank, lv=lv, lc=lc)
     if n > p.weeks * SLOTS:  # longer than the history: every sample is a zero
         profile: Profile = (((0, 0, 0.0, 0),) * p.weeks,) * SLOTS
         return replace(blank, profile=profile, st=stats(profile, p.min_weeks),
@@ -222,8 +230,9 @@ def _close_hours(s: RollingState, first: int, upto: int) -> RollingState:
     return replace(blank, profile=profile, st=st, cst=cst, lv=lv, lc=lc)
 
 
-def advance(s: RollingState, minute: int) -> RollingState:
-    """Close the open minute and every minute before ``minute`` (zeros); open ``minute``."""
+def advance(s: RollingState, minute: int, learn: bool = True) -> RollingState:
+    """Close the open minute and every minute before ``minute`` (zeros); open ``minute``.
+    ``learn`` False: the hours closed on the way are not learnt (:func:`_close_hours`)."""
     old = s.minute
     if old is None or minute <= old:
         return s
@@ -237,28 +246,30 @@ def advance(s: RollingState, minute: int) -> RollingState:
     if m < keep_from:  # a gap longer than the ring: its early minutes are only hours
         m = keep_from
         if m // 60 > hour:
-            s = _close_hours(ring.into(s), hour, m // 60)
+            s = _close_hours(ring.into(s), hour, m // 60, learn)
             ring, hour = _Ring(s), m // 60
     while m < minute:
         if m // 60 > hour:  # the profile and the levels move: through a state
-            s = _close_hours(ring.into(s), hour, m // 60)
+            s = _close_hours(ring.into(s), hour, m // 60, learn)
             ring, hour = _Ring(s), m // 60
         ring.push(s, m, 0, 0)
         m += 1
     s = ring.into(s)
     if minute // 60 > hour:
-        s = _close_hours(s, hour, minute // 60)
+        s = _close_hours(s, hour, minute // 60, learn)
     return replace(s, minute=minute)
 
 
-def add(s: RollingState, occurred_at_ms: int, micros: int, count: int = 1) -> RollingState:
-    """Count a payout (or a pre-aggregated ``count`` of them) at its event time."""
+def add(s: RollingState, occurred_at_ms: int, micros: int, count: int = 1,
+        learn: bool = True) -> RollingState:
+    """Count a payout (or a pre-aggregated ``count`` of them) at its event time; ``learn``
+    False (the scope is halted): the hours it closes are not learnt (:func:`advance`)."""
     minute = occurred_at_ms // MINUTE_MS
     if s.minute is None:
         return replace(s, minute=minute, cur=micros, ccur=count, h_total=micros,
                        h_count=count)
     if minute > s.minute:
-        s = advance(s, minute)
+        s = advance(s, minute, learn)
     # Every delivery of a scope comes here: built field by field (``replace`` costs 4x).
     return RollingState(s.policy, s.minute, s.cur + micros, s.ccur + count, s.obs, s.capped,
                         s.exp, s.var, s.cobs, s.cexp, s.cvar, s.h_total + micros,
