@@ -29,7 +29,8 @@ from postbacks.core.event_types import event_type_problems
 from postbacks.core.macros import SNAPSHOT_PREFIX, RenderError, find_macros
 from postbacks.core.providers import get_provider, provider_names
 from postbacks.core.providers.base import url_problems
-from postbacks.core.render import render
+from postbacks.core.redact import field_names
+from postbacks.core.render import RenderedRequest, render
 from postbacks.core.validators import effective_validator, spec_problems
 from postbacks.records import ConversionEvent, DeliveryRecord
 
@@ -70,6 +71,19 @@ def sample_delivery(endpoint: Endpoint, *, now_ms: int) -> DeliveryRecord:
     )
 
 
+def _redact_problems(fields: tuple[str, ...], sample: RenderedRequest) -> list[str]:
+    """``redact_fields`` naming a field the endpoint's requests do not carry: a typo would
+    leave the field it meant unmasked in the attempt log."""
+    carried = field_names(sample)
+    unknown = [f for f in fields if f not in carried]
+    if not unknown:
+        return []
+    shown = ", ".join(sorted(carried)[:30]) or "none"
+    return [f"redact_fields names {', '.join(repr(f[:60]) for f in unknown[:10])}, which "
+            f"this endpoint's requests do not carry (a typo leaves the field it meant "
+            f"unmasked); they carry: {shown}"]
+
+
 def endpoint_problems(endpoint: Endpoint, *, now_ms: int) -> list[str]:
     """Everything wrong with ``endpoint``'s configuration, in words for the person saving
     it; ``[]`` means it can be saved."""
@@ -95,7 +109,9 @@ def endpoint_problems(endpoint: Endpoint, *, now_ms: int) -> list[str]:
         if not active_keys(endpoint, now_ms):
             probe = replace(endpoint, secrets=(_SAMPLE_KEY,))
         try:
-            render(sample_delivery(endpoint, now_ms=now_ms), probe, now_ms=now_ms)
+            sample = render(sample_delivery(endpoint, now_ms=now_ms), probe, now_ms=now_ms)
         except RenderError as exc:
             problems.append(f"sample delivery does not render: {exc}")
+        else:
+            problems += _redact_problems(endpoint.config.redact_fields, sample)
     return list(dict.fromkeys(problems))

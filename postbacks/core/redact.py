@@ -8,6 +8,7 @@ masked by :mod:`postbacks.core.outcomes`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ import orjson
 
 from postbacks.core.render import RenderedRequest
 
-__all__ = ["ECHO_MIN", "MASK", "NO_REDACTION", "Redaction", "redact_request"]
+__all__ = ["ECHO_MIN", "MASK", "NO_REDACTION", "Redaction", "field_names", "redact_request"]
 
 MASK = "[redacted]"
 ECHO_MIN = 6  # a custom header value this long or longer is masked where it is echoed
@@ -72,6 +73,30 @@ def _walk(value: Any, fields: frozenset[str]) -> Any:
 def _query(q: str, fields: frozenset[str]) -> str:
     pairs = parse_qsl(q, keep_blank_values=True)
     return urlencode([(k, MASK if k in fields else v) for k, v in pairs])
+
+
+def _keys(value: Any, into: set[str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            into.add(k)
+            _keys(v, into)
+    elif isinstance(value, list):
+        for v in value:
+            _keys(v, into)
+
+
+def field_names(req: RenderedRequest) -> set[str]:
+    """The names ``redact_fields`` can mask in ``req``: its query's, and its JSON (at any
+    depth) or form body's."""
+    names = {k for k, _v in parse_qsl(urlsplit(req.url).query, keep_blank_values=True)}
+    ctype = req.headers.get("content-type", "")
+    if req.body and "json" in ctype:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            _keys(orjson.loads(req.body), names)
+    elif req.body and "x-www-form-urlencoded" in ctype:
+        names |= {k for k, _v in parse_qsl(req.body.decode("utf-8", "replace"),
+                                           keep_blank_values=True)}
+    return names
 
 
 def redact_request(req: RenderedRequest,

@@ -109,3 +109,19 @@ def test_headers_being_saved_are_refused_when_the_client_sets_or_cannot_send_the
 def test_a_header_saved_before_the_save_check_still_renders() -> None:
     ep = _ep(headers={"X-Name": "café", "Connection": "close"})
     assert render(sample_delivery(ep, now_ms=NOW_MS), ep, now_ms=NOW_MS).headers["X-Name"] == "café"
+
+
+def test_redact_fields_must_name_fields_the_requests_carry() -> None:
+    """A typo in redact_fields would leave the field it meant unmasked in the attempt log:
+    refused on save, naming what the requests do carry."""
+    assert endpoint_problems(_ep(schema_version=2, fields=["conversion_id", "currency"],
+                                 redact_fields=["currency"]), now_ms=NOW_MS) == []
+    query = _ep("v2", "https://pub.example/cb?cid={conversion_id}&email={snapshot.sub_id}",
+                redact_fields=["email"])
+    assert endpoint_problems(query, now_ms=NOW_MS) == []
+    typo = _ep(schema_version=2, fields=["conversion_id", "currency"],
+               redact_fields=["curency", "currency"])
+    [problem] = endpoint_problems(typo, now_ms=NOW_MS)
+    assert problem.startswith("redact_fields names 'curency', which this endpoint's requests "
+                              "do not carry"), problem
+    assert "currency" in problem.split("they carry: ")[1]
