@@ -209,7 +209,8 @@ def create_replay(
         edited = apply_override(ep, override)
         from postbacks.core.endpoint_check import endpoint_problems
 
-        problems = endpoint_problems(edited, now_ms=int(time.time() * 1000))
+        problems = endpoint_problems(edited, now_ms=int(time.time() * 1000),
+                                     redact=False)  # (the endpoint's own, not this edit's)
         why = None
         if override.url is not None:
             why = check_target(override.url,

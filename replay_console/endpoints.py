@@ -98,7 +98,9 @@ def save_endpoint(
         new = replace(new, enabled=enabled)
     if problems:
         return problems
-    problems += endpoint_problems(new, now_ms=int(time.time() * 1000))
+    problems += endpoint_problems(  # (redact_fields saved before stand)
+        new, now_ms=int(time.time() * 1000),
+        redact=new.config.redact_fields != current.config.redact_fields)
     if new.config.headers != current.config.headers:  # (headers saved before still send)
         problems += saved_header_problems(new.config.headers)
     if new.url != current.url:

@@ -280,7 +280,9 @@ def test_endpoint_creation_in_the_console_and_the_cli(
                 ({"event_types": ["conversoin"]}, "unknown event type(s): 'conversoin'"),
                 ({"config": {"headers": {"webhook-id": "x"}}}, "webhook-id"),
                 ({"config": {"headers": {"Host": "x.example"}}}, "'Host' is set by the HTTP"),
-                ({"config": {"headers": {"X-Name": "café"}}}, "non-ASCII character")):
+                ({"config": {"headers": {"X-Name": "café"}}}, "non-ASCII character"),
+                ({"config": {"redact_fields": ["plyer_id"]}},
+                 "redact_fields names 'plyer_id', which this endpoint's requests do not")):
             r = admin.post("/api/v1/endpoints", body={"app_id": app, "url": url, **body})
             assert r.status == 422, r.text
             assert any(words in p for p in r.json()["problems"]), (body, r.text)
