@@ -270,8 +270,9 @@ class GateEngine:
                 out.records.append((TOPICS.dispatch.base, rec.key, self._delivery.encode(d)))
                 out.dispatched += 1
                 if fresh and peak is None and type(micros) is int:  # sent: the peak learns
-                    self.scopes[ep] = t = dataclasses.replace(t, peaks=note(t.peaks, at,
-                                                                            micros))
+                    pk = note(t.peaks, at, micros)
+                    if pk is not t.peaks:
+                        self.scopes[ep] = t = dataclasses.replace(t, peaks=pk)
         self._dirty_eps.update(touched)
         self._dirty_parts |= parts
         self._unsent_parts |= parts

@@ -56,15 +56,21 @@ def note(p: Peaks, at_ms: int, micros: int) -> Peaks:
     if micros <= 0:
         return p
     week = at_ms // WEEK_MS
-    n = min(p.n + 1, 1 << 30)
+    n = p.n + 1 if p.n < MIN_PAYOUTS else p.n  # (only "enough" matters)
     weeks = p.weeks
-    newest = weeks[-1][0] if weeks else None
-    if p.since is None or newest is None or week >= newest + WEEKS:  # (re)start
+    if not weeks or p.since is None:
+        return Peaks(week, ((week, micros),), 1, p.verdicts)
+    last_week, last_max = weeks[-1]
+    if week == last_week and micros <= last_max and n == p.n and week >= p.since:
+        return p  # the usual case: nothing moves (no allocation per delivery)
+    if week >= last_week + WEEKS:  # (re)start after a silence
         return Peaks(week, ((week, micros),), 1, p.verdicts)
     since = min(p.since, week)
-    if week <= newest - WEEKS:  # late: older than any week kept
+    if week <= last_week - WEEKS:  # late: older than any week kept
         return Peaks(since, weeks, n, p.verdicts)
     kept = dict(weeks)
+    if kept.get(week, 0) >= micros and since == p.since and n == p.n:
+        return p
     kept[week] = max(kept.get(week, 0), micros)
     top = max(kept)
     return Peaks(since, tuple(sorted((w, m) for w, m in kept.items() if w > top - WEEKS)),
@@ -74,8 +80,8 @@ def note(p: Peaks, at_ms: int, micros: int) -> Peaks:
 def judge(p: Peaks, at_ms: int, micros: int, multiple: float, floor_micros: int) -> int | None:
     """The peak ``micros`` is an outlier against, or None (not an outlier, a history too
     short, no payout in the last weeks, or ``multiple`` 0: the check is off)."""
-    if multiple <= 0 or p.since is None or p.n < MIN_PAYOUTS:
-        return None
+    if micros <= floor_micros or multiple <= 0 or p.since is None or p.n < MIN_PAYOUTS:
+        return None  # (most payouts: under the floor, never an outlier)
     week = at_ms // WEEK_MS
     if p.since > week - MIN_WEEKS:
         return None
