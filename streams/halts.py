@@ -17,14 +17,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from postbacks.core.anomaly import GLOBAL_SCOPE, HaltState, HoldReason, Scope
-from postbacks.core.anomaly.halts import (
-    CONTROL_AHEAD_MS,
-    HaltBook,
-    StateChange,
-    core_scope,
-    refused,
-)
+from postbacks.core.anomaly import GLOBAL_SCOPE, HoldReason
+from postbacks.core.anomaly.halts import CONTROL_AHEAD_MS, HaltBook, read_change, refusal
 from postbacks.metrics import CONTROL_REFUSED, child
 from postbacks.records import BreakerStateRecord
 from postbacks.settings import Settings
@@ -47,7 +41,7 @@ class AgentHalts:
         self.global_key = global_key
         self.clock = clock
         self.book = HaltBook()
-        self._later: dict[tuple[Scope, str], BreakerStateRecord] = {}  # refused: dated ahead
+        self._later: dict[tuple[str, str, str], BreakerStateRecord] = {}  # refused: dated ahead
 
     def reason(self, endpoint_id: str) -> str | None:
         """The hold reason for a delivery to ``endpoint_id`` now, or None: send it."""
@@ -77,25 +71,22 @@ class AgentHalts:
 
     def _one(self, rec: BreakerStateRecord, now_ms: int) -> None:
         try:
-            state = HaltState(rec["state"])
+            change = read_change(rec, self.global_key, now_ms)
         except ValueError:
             log.error("anomaly control: unknown state %r ignored", rec["state"][:40])
             return
-        scope = core_scope(rec["scope"], rec["scope_key"], self.global_key)
-        if scope is None:
+        if change is None:
             return  # another deployment's global scope
-        why = refused(rec, now_ms)
-        if why is not None:
-            log.error("anomaly control: state refused (%s): %s/%s %s %s changed_at %s",
-                      why, rec["scope"], rec["scope_key"][:80], rec["detector"][:40],
-                      rec["state"], rec["changed_at"])
-            child(CONTROL_REFUSED, why).inc()
-            if why == "dated_ahead":  # honoured when its date comes (:meth:`recheck`)
-                key = (scope, rec["detector"])
+        if isinstance(change, str):
+            log.error("%s", refusal(rec, change))
+            child(CONTROL_REFUSED, change).inc()
+            if change == "dated_ahead":  # honoured when its date comes (:meth:`recheck`)
+                key = (rec["scope"], rec["scope_key"], rec["detector"])
                 if key not in self._later or self._later[key]["changed_at"] < rec["changed_at"]:
                     self._later[key] = rec
             return
-        if self.book.apply(StateChange(scope, rec["detector"], state, rec["changed_at"])):
+        if self.book.apply(change):
+            scope = change.scope
             tripped = scope in self.book.halts
             log.warning("agent: halt %s/%s is now %s: its deliveries %s", rec["scope"],
                         rec["scope_key"][:80], "tripped" if tripped else "closed",

@@ -19,7 +19,6 @@ held and rejected deliveries are excluded **in the query**.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -28,6 +27,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from postbacks.core.anomaly.modes import Detector, HaltState, Mode
+from postbacks.db.anomaly_params import validate_params
 from postbacks.db.times import ms_of, ts_of
 
 __all__ = [
@@ -52,16 +52,6 @@ __all__ = [
 SCOPES = ("endpoint", "global")
 GLOBAL_KEY = "*"  # the default global scope_key (Settings.anomaly_global_key)
 SYSTEM_ACTOR_PREFIX = "system:"
-# Which detector each param configures.
-_PARAM_DETECTOR = {
-    "multiple": Detector.VALUE_RATE,
-    "floor_micros": Detector.VALUE_RATE,
-    "k": Detector.VALUE_RATE,
-    "h": Detector.VALUE_RATE,
-    "single_multiple": Detector.VALUE_RATE,
-    "window_ms": Detector.RETRODATING,
-    "burst_count": Detector.RETRODATING,
-}
 _HELD_LOCK = 7_424_611_001  # pg advisory lock serialising held-cohort resolutions
 
 
@@ -126,50 +116,6 @@ def _check_actor(actor: str) -> None:
         raise ValueError("an actor is required (who is making this change)")
     if len(actor.strip()) > 200 or any(ch < " " or ch == "\x7f" for ch in actor):
         raise ValueError("the actor must be at most 200 characters, no control characters")
-
-
-def validate_params(detector: str, params: Mapping[str, Any]) -> dict[str, Any]:
-    """Checked, normalised params: ``multiple`` (float >= 1), ``floor_micros`` (int >= 0),
-    ``k`` and ``h`` (float > 0), ``single_multiple`` (0: off, or float >= 1) for
-    value_rate, ``window_ms`` (int > 0) and ``burst_count`` (int 0..10,000,000, global
-    rows only: the retrodated burst) for retrodating; anything else is a ValueError."""
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        owner = _PARAM_DETECTOR.get(key)
-        if owner is None:
-            raise ValueError(f"unknown param {key!r}: allowed are multiple, floor_micros, k, "
-                             "h, single_multiple (value_rate), window_ms and burst_count "
-                             "(retrodating)")
-        if owner != detector:
-            raise ValueError(f"param {key!r} configures {owner.value}, not {detector}")
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"param {key!r} must be a number, not {value!r}")
-        if key == "multiple":
-            if not math.isfinite(value) or value < 1:
-                raise ValueError(f"multiple must be a finite number >= 1 (a span over that "
-                                 f"multiple of its expectation), not {value!r}")
-            out[key] = float(value)
-        elif key == "single_multiple":
-            if not math.isfinite(value) or not (value == 0 or value >= 1):
-                raise ValueError(f"single_multiple must be 0 (off) or a finite number >= 1 "
-                                 f"(a payout over that multiple of the endpoint's peak), "
-                                 f"not {value!r}")
-            out[key] = float(value)
-        elif key in ("k", "h"):
-            if not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{key} must be a finite number > 0, not {value!r}")
-            out[key] = float(value)
-        elif not isinstance(value, int):
-            raise ValueError(f"param {key!r} must be an integer, not {value!r}")
-        elif key == "floor_micros" and value < 0:
-            raise ValueError(f"floor_micros must be >= 0, not {value}")
-        elif key == "window_ms" and value <= 0:
-            raise ValueError(f"window_ms must be > 0, not {value}")
-        elif key == "burst_count" and not 0 <= value <= 10_000_000:
-            raise ValueError(f"burst_count must be 0 (off) .. 10,000,000, not {value}")
-        else:
-            out[key] = value
-    return out
 
 
 def _audit(conn: psycopg.Connection[Any], *, actor: str, action: str, target_type: str,

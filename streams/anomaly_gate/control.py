@@ -22,13 +22,13 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from postbacks.codec import codec_for
 from postbacks.core.anomaly import Detector, HaltState, Trip
-from postbacks.core.anomaly.halts import CONTROL_AHEAD_MS, refused
+from postbacks.core.anomaly.halts import CONTROL_AHEAD_MS, read_change, refusal, refused
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import ANOMALY_TRIPS, CONTROL_REFUSED, HALTED_SCOPES, child
 from postbacks.records import BreakerStateRecord
 from postbacks.settings import Settings
 from streams.anomaly_gate.admin import breaker_record, control_key
-from streams.anomaly_gate.config import HaltBook, StateChange, core_scope
+from streams.anomaly_gate.config import HaltBook, core_scope
 from topics import TOPICS
 
 __all__ = ["MAX_AHEAD_MS", "ControlReader", "TripWriter", "breaker_state", "refused"]
@@ -107,26 +107,23 @@ class ControlReader:
             return  # a compaction tombstone: nothing to honour
         try:
             rec: BreakerStateRecord = self._codec.decode(raw)  # type: ignore[assignment]
-            state = HaltState(rec["state"])
+            change = read_change(rec, self.settings.anomaly_global_key,
+                                 int(time.time() * 1000))
         except (DeadLetterError, ValueError) as exc:
             log.error("control topic: unreadable state ignored: %s", exc)
             return
-        scope = core_scope(rec["scope"], rec["scope_key"], self.settings.anomaly_global_key)
-        if scope is None:
-            return
-        why = refused(rec, int(time.time() * 1000))
-        if why is not None:  # "latest change wins": one record dated ahead would win for ever
-            log.error("control topic: state refused (%s): %s/%s %s %s changed_at %s", why,
-                      rec["scope"], rec["scope_key"][:80], rec["detector"][:40],
-                      rec["state"], rec["changed_at"])
-            child(CONTROL_REFUSED, why).inc()
+        if change is None:
+            return  # another deployment's global scope
+        if isinstance(change, str):  # "latest change wins": one dated ahead would win for ever
+            log.error("%s", refusal(rec, change))
+            child(CONTROL_REFUSED, change).inc()
             return
         self.seen += 1
-        if self.halts.apply(StateChange(scope, rec["detector"], state, rec["changed_at"])):
+        if self.halts.apply(change):
             log.warning("halt %s/%s %s is now %s (%s)", rec["scope"], rec["scope_key"],
-                        rec["detector"], state.value, rec["actor"] or rec["reason"] or "")
+                        rec["detector"], change.state.value, rec["actor"] or rec["reason"] or "")
             _gauge(self.halts)
-        if state is HaltState.TRIPPED:
+        if change.state is HaltState.TRIPPED:
             self.writer.ensure(rec)
 
     async def run(self) -> None:

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from postbacks.core.anomaly.modes import GLOBAL_SCOPE, Detector, HaltState, Scope, Trip
 from postbacks.records import BreakerStateRecord
 
-__all__ = ["CONTROL_AHEAD_MS", "HaltBook", "StateChange", "core_scope", "refused"]
+__all__ = [
+    "CONTROL_AHEAD_MS",
+    "HaltBook",
+    "StateChange",
+    "core_scope",
+    "read_change",
+    "refusal",
+    "refused",
+]
 
 CONTROL_AHEAD_MS = 5 * 60_000  # a change dated further ahead of the reader's clock: refused
 _DETECTORS = frozenset(d.value for d in Detector)
@@ -94,3 +102,22 @@ def refused(rec: BreakerStateRecord, now_ms: int) -> str | None:
     if rec["changed_at"] > now_ms + CONTROL_AHEAD_MS:
         return "dated_ahead"
     return None
+
+
+def read_change(rec: BreakerStateRecord, global_key: str, now_ms: int) -> StateChange | str | None:
+    """What a control-topic record asks of a reader (a gate or an agent): the change to
+    honour, the reason it is refused (:func:`refused`), or None when it is another
+    deployment's global scope. ValueError: a state that is neither tripped nor closed."""
+    state = HaltState(rec["state"])
+    scope = core_scope(rec["scope"], rec["scope_key"], global_key)
+    if scope is None:
+        return None
+    why = refused(rec, now_ms)
+    return why if why is not None else StateChange(scope, rec["detector"], state,
+                                                   rec["changed_at"])
+
+
+def refusal(rec: BreakerStateRecord, why: str) -> str:
+    """A refused record, for the log line."""
+    return (f"anomaly control: state refused ({why}): {rec['scope']}/{rec['scope_key'][:80]} "
+            f"{rec['detector'][:40]} {rec['state'][:20]} changed_at {rec['changed_at']}")
