@@ -134,10 +134,13 @@ class Lanes:
     def _halt(self, d: DeliveryRecord) -> str | None:
         """Why ``d`` is held by an anomaly halt, or None: a person's re-drive goes out, and
         so does an owner's notification (no payout; fan-out refuses its event types)."""
-        if (self.halted is None or d["trigger"] in REDRIVES
-                or d["conversion"]["event_type"].startswith(NOTIFICATION_TYPES)):
+        if self.halted is None:
             return None
-        return self.halted(d["endpoint_id"])
+        why = self.halted(d["endpoint_id"])  # None at once while nothing is halted
+        if why is None or d["trigger"] in REDRIVES or d["conversion"]["event_type"].startswith(
+                NOTIFICATION_TYPES):
+            return None
+        return why
 
     @staticmethod
     def _strict(ep: Endpoint | None) -> bool:
