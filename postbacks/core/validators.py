@@ -27,6 +27,7 @@ broken validator holds deliveries visibly rather than passing them silently.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -140,8 +141,15 @@ def _json_equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+# The receiver's JSON shown in a reason: bounded in depth and length (a plain repr of a
+# value nested a thousand deep raised RecursionError, and the delivery was lost as an
+# internal error with no attempt recorded).
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring = 4, 8, 8, 60
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
+    text = _SHORT.repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -204,7 +212,12 @@ def check_response(spec: ValidatorSpec, status: int, body: bytes) -> str | None:
     problems = spec_problems(spec)
     if problems:
         return "invalid validator config: " + "; ".join(problems)
-    return VALIDATORS[spec.kind].check(spec.params, body)
+    try:
+        return VALIDATORS[spec.kind].check(spec.params, body)
+    except (RecursionError, MemoryError, ValueError, TypeError) as exc:
+        # The receiver's body is what the check walks: one it cannot judge fails it, with
+        # a reason, rather than ending the delivery as an internal error.
+        return f"body could not be judged by {spec.kind}: {type(exc).__name__}"
 
 
 def effective_validator(endpoint: Endpoint) -> ValidatorSpec:

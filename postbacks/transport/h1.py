@@ -24,11 +24,12 @@ whole pipeline, they reach 0.64 and 0.02 of this client's rate
 * a total timeout per request via ``asyncio.timeout`` (connect + write + read).
 
 Stale keep-alive connections: a server may close an idle connection just as a request is
-written on it. If a request on a *reused* connection fails before a single byte of the
-response arrived, it is re-sent once on a fresh connection. The server may in principle
-have processed the first copy; this is acceptable here because every postback carries an
-idempotency key (receivers must de-duplicate anyway, as the pipeline delivers at least
-once). A request on a fresh connection, or one that saw part of a response, is never re-sent.
+written on it. A request is sent again on a fresh connection only when nothing of it was
+written: the pooled connection was found closed at the moment of sending. Once written, a
+request is never sent again here, whatever the failure: the server may have acted on it,
+and every request that goes out must be the caller's to record (the agent's attempt log
+has one attempt per request). A written request on a connection the server then closes
+unanswered is a :class:`ServerDisconnected` like any other, which the agent retries.
 
 Errors are ``OSError`` subclasses, so callers can map them in one place: :class:`ConnectError`
 (could not connect, including TLS verification), :class:`ServerDisconnected` (closed before
@@ -162,21 +163,17 @@ class H1Pool:
         async with self._limit:
             conn = await self._acquire(key)
             try:
-                resp = await conn.send(data, head)
-            except ServerDisconnected as exc:
-                if exc.received or conn.uses < 2:
-                    self._release(conn)
-                    raise
-                # A stale keep-alive connection: re-send once on a fresh one (module doc).
-                slot = conn.slot
-                conn.done()
-                conn.shut()
-                conn = await self._open(key, slot)
                 try:
-                    resp = await conn.send(data, head)
-                except BaseException:
-                    self._release(conn)
-                    raise
+                    sent = conn.send(data, head)  # raises only before writing anything
+                except ServerDisconnected:
+                    # Found closed as it was to carry the request: nothing of it was
+                    # written, so it goes out on a fresh connection (module doc).
+                    slot = conn.slot
+                    conn.done()
+                    conn.shut()
+                    conn = await self._open(key, slot)
+                    sent = conn.send(data, head)
+                resp = await sent
             except BaseException:
                 self._release(conn)
                 raise

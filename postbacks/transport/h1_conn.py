@@ -13,8 +13,7 @@ from typing import NamedTuple, Protocol, cast
 
 import httptools
 
-from postbacks import __version__
-from postbacks.core.providers.base import CLIENT_HEADERS
+from postbacks.transport.h1_request import USER_AGENT, InvalidRequest, encode_request
 
 __all__ = [
     "BODY_LIMIT",
@@ -32,7 +31,6 @@ __all__ = [
     "encode_request",
 ]
 
-USER_AGENT = f"postbacks/{__version__}"
 BODY_LIMIT = 64 * 1024
 DISCARD_LIMIT = 1024 * 1024
 # The bytes a response may take before its final status line and headers are complete
@@ -45,8 +43,6 @@ HEAD_LIMIT = 64 * 1024
 # chunk framing is not body. A response with this much of them is cut as malformed.
 FRAMING_LIMIT = 4 * 1024 * 1024
 
-# Set by this client from its arguments; a caller's copy is dropped.
-_OWN_HEADERS = CLIENT_HEADERS
 _NO_BODY_STATUSES = frozenset({204, 304})
 _NO_BYTES = bytes(4)  # FIONREAD's answer (a C int) when nothing waits to be read
 
@@ -87,44 +83,6 @@ class ProtocolError(ConnectionError):
     """The response is not valid HTTP/1.x."""
 
 
-class InvalidRequest(ValueError):
-    """The request text would not be a single, well-formed HTTP request."""
-
-
-def encode_request(
-    method: str, target: str, host: str, headers: dict[str, str], body: bytes | None,
-    user_agent: str = USER_AGENT,
-) -> bytes:
-    """The request bytes: ``Host``, the caller's headers (minus those this client owns),
-    ``User-Agent`` unless given, ``Content-Length`` when there is a body (or the method
-    normally has one). Raises :class:`InvalidRequest` on CR/LF/NUL anywhere."""
-    parts = [method, " ", target, " HTTP/1.1\r\nHost: ", host, "\r\n"]
-    lines = 3  # request line, Host, the blank line
-    agent = True
-    for name, value in headers.items():
-        lname = name.lower()
-        if lname in _OWN_HEADERS:
-            continue
-        if lname == "user-agent":
-            agent = False
-        parts += (name, ": ", value, "\r\n")
-        lines += 1
-    if agent:
-        parts += ("User-Agent: ", user_agent, "\r\n")
-        lines += 1
-    if body or (body is not None and method in ("POST", "PUT", "PATCH")):
-        parts += ("Content-Length: ", str(len(body)), "\r\n")
-        lines += 1
-    parts.append("\r\n")
-    head = "".join(parts)
-    # Every CR and LF must be one written here: no request splitting through any text.
-    if (head.count("\n") != lines or head.count("\r") != lines or "\x00" in head
-            or not method.isalpha() or " " in target or not target):
-        raise InvalidRequest(f"refusing to send a malformed request to {host!r}")
-    data = head.encode("utf-8")
-    return data + body if body else data
-
-
 class _Slot:
     """Connections of one key: idle ones (a stack), a count of all open or being opened,
     and requests waiting for one (handed a connection, or None = permission to open one)."""
@@ -154,7 +112,7 @@ class PoolSide(Protocol):
 class _Conn(asyncio.Protocol):
     __slots__ = (
         "_bare", "_body", "_bytes", "_complete", "_extra", "_fd", "_framed", "_fut", "_head",
-        "_head_bytes", "_headers", "_interim",
+        "_head_bytes", "_head_size", "_headers", "_interim",
         "_keep_alive", "_kept", "_parser", "_pool", "_received", "_size", "_status",
         "_truncated", "_until_eof", "closed", "idle_since", "slot", "transport", "uses",
     )
@@ -178,7 +136,8 @@ class _Conn(asyncio.Protocol):
         self._bytes = 0
         self._status = 0
         self._headers: dict[str, str] = {}
-        self._body: list[bytes] = []
+        self._head_size = 0  # the status line and headers of the message being read
+        self._body: bytes | bytearray = b""  # one piece as read; grown in place past it
         self._kept = 0
         self._size = 0
         self._received = False
@@ -311,10 +270,15 @@ class _Conn(asyncio.Protocol):
     # -- httptools callbacks ---------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self._head_size = 0
         if self._complete:
             self._extra = True  # a second response to one request
 
+    def on_status(self, status: bytes) -> None:
+        self._grow_head(len(status))
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._grow_head(len(name) + len(value) + 4)
         if self._status:
             return  # a trailer, or a header of a second response: never taken as the answer's
         lname = name.lower()
@@ -323,7 +287,10 @@ class _Conn(asyncio.Protocol):
         elif lname == b"transfer-encoding":
             # Framed only if chunked is the final coding; otherwise the body runs to the end
             # of the connection (RFC 9112 6.3), as llhttp reads it.
-            self._framed = value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
+            # llhttp skips the whitespace before a coding but only spaces after it: a value
+            # ending in a tab is not chunked to it, so the body runs to the end there too.
+            last = value.rsplit(b",", 1)[-1].lstrip(b" \t").rstrip(b" ")
+            self._framed = last.lower() == b"chunked"
         elif lname in self._pool.wanted:
             self._headers[lname.decode("ascii")] = value.decode("latin-1").strip()
 
@@ -355,7 +322,12 @@ class _Conn(asyncio.Protocol):
         room = self._pool.body_limit - self._kept
         if room > 0:
             piece = body if len(body) <= room else body[:room]
-            self._body.append(piece)
+            if not self._kept:
+                self._body = piece
+            else:  # one buffer, not one object per read (a body dripped a byte at a time)
+                if isinstance(self._body, bytes):
+                    self._body = bytearray(self._body)
+                self._body += piece
             self._kept += len(piece)
         if size > self._pool.discard_limit:
             self._truncated = True
@@ -380,8 +352,16 @@ class _Conn(asyncio.Protocol):
             body = self._body
             fut.set_result(H1Response(
                 self._status, self._headers,
-                body[0] if len(body) == 1 else b"".join(body), self._size, self._truncated,
+                body if isinstance(body, bytes) else bytes(body), self._size, self._truncated,
             ))
+
+    def _grow_head(self, n: int) -> None:
+        """Hold one message's head to the limit however it is read: a head that arrives
+        whole in one read is over it too (the check in ``data_received`` sees only heads
+        still unfinished at the end of a read)."""
+        self._head_size += n
+        if self._head_size > HEAD_LIMIT:
+            raise ProtocolError(f"response head over {HEAD_LIMIT // 1024} KiB")
 
     def _fail(self, exc: Exception) -> None:
         fut = self._fut

@@ -142,7 +142,7 @@ def _vet_url(url: str, *, allow_loopback: bool) -> URL | _Refused:
         host = target.host
         if target.raw_host:
             target.raw_host.encode("idna")
-    except (ValueError, TypeError) as exc:  # UnicodeError is a ValueError
+    except Exception as exc:  # UnicodeError is a ValueError; yarl raised IndexError on some
         return _Refused("invalid_url", f"invalid_url: {exc}")
     reason = url_blocked_reason(url, allow_loopback=allow_loopback)
     if reason is not None:
@@ -256,7 +256,7 @@ class HttpTransport:
                 )
             try:
                 url = str(target.join(URL(reply.location)))
-            except (ValueError, TypeError) as exc:
+            except Exception as exc:  # the receiver's text: yarl raised IndexError on some
                 return _refused(_Refused("invalid_url", f"invalid_url: Location: {exc}"), start)
             method, keep_body = redirect_method(reply.status, method)
             if not keep_body:

@@ -162,3 +162,25 @@ def test_an_early_answer_closed_with_the_request_unread_keeps_its_status() -> No
                 assert result.http.status == 410, result
 
     run(main)
+
+
+def test_a_location_the_url_parser_chokes_on_is_an_invalid_url() -> None:
+    """``Location: http://][@/`` (legal header bytes) made the URL library raise
+    IndexError: the send raised, and the delivery ended as an internal error with no
+    attempt recorded. It is a permanent ``invalid_url``, as any Location that is no URL."""
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: Raw) -> None:
+        while True:
+            await read_request(reader, raw)
+            writer.write(b"HTTP/1.1 302 Found\r\nLocation: http://][@/\r\n"
+                         b"Content-Length: 0\r\n\r\n")
+            await writer.drain()
+
+    async def main() -> None:
+        async with raw_server(script) as raw, HttpTransport(
+                timeout_s=WAIT_S, allow_loopback=True) as t:
+            result = await t.send(_req(f"http://127.0.0.1:{raw.port}/"),
+                                  follow_redirects=True)
+            assert result.http.error_class == "invalid_url", result
+            assert (result.blocked or "").startswith("invalid_url: Location"), result.blocked
+
+    run(main)

@@ -117,3 +117,26 @@ def test_a_backtracking_pattern_on_a_body_made_for_it_gives_up_within_its_time()
     assert check_response(spec, 200, b"a" * 20) is None  # an ordinary body still matches
     reason = check_response(spec, 200, b"a" * 60 + b"b")  # ~1e12 paths for re: hours
     assert reason is not None and "gave up after 50 ms" in reason, reason
+
+
+@pytest.mark.parametrize("spec", [FIELD_OK, FIELD_NOT_ERROR,
+                                  _spec("json_field", field="status", op="not_equals",
+                                        value=[[["x"]]])])
+def test_a_body_nested_a_thousand_deep_fails_with_a_reason_not_an_exception(
+        spec: ValidatorSpec) -> None:
+    """The receiver's JSON is shown in the reason: a value nested 1,000 deep made the
+    reason's repr raise RecursionError, and the delivery ended as an internal error with no
+    attempt recorded."""
+    body = b'{"status":' + b"[" * 1000 + b"]" * 1000 + b"}"
+    reason = check_response(spec, 200, body)
+    if spec is FIELD_OK:
+        assert reason is not None and reason.startswith("json field status is [[[["), reason
+        assert len(reason) < 200
+    else:
+        assert reason is None or len(reason) < 200
+
+
+def test_a_short_reason_bounds_every_shown_value() -> None:
+    body = b'{"status":"' + b"x" * 5000 + b'"}'
+    reason = check_response(FIELD_OK, 200, body)
+    assert reason is not None and len(reason) < 200 and reason.endswith("expected 'ok'")
