@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.macros import RenderError, macro_sequence
-from postbacks.core.override import Override, host_of, scheme_of
+from postbacks.core.override import Override, host_of, same_target, scheme_of
 from postbacks.core.ssrf import blocked_reason, parse_host_literal, url_blocked_reason
 from replay_console.auth import Principal, may
 from replay_console.rules import ActionError, Lookup
@@ -93,8 +93,17 @@ def check_reach(p: Principal, endpoint: Endpoint, url: str) -> None:
             + "; use https", 403, scheme="http")
     own = host_of(endpoint.url)
     host = host_of(url)
-    allowed = bool(host) and (host == own or host in endpoint.config.test_hosts)
-    if allowed or may(p, "edit_endpoint"):
+    listed = bool(host) and host in endpoint.config.test_hosts
+    if may(p, "edit_endpoint"):
+        return
+    if (host and host == own and endpoint.config.headers and not listed
+            and not same_target(endpoint.url, url)):
+        raise ActionError(
+            f"the endpoint has custom headers ({', '.join(sorted(endpoint.config.headers))})"
+            ", which only an admin may send to another path or port of its host (one host "
+            "may serve many tenants): ask an admin, or an admin to add the host to "
+            "test_hosts", 403, host=host, headers=sorted(endpoint.config.headers))
+    if listed or (host and host == own):
         return
     if p.role in WIDE_REACH:
         if not endpoint.config.headers:
@@ -104,12 +113,26 @@ def check_reach(p: Principal, endpoint: Endpoint, url: str) -> None:
             f", which only an admin may send to a host other than its own ({own or 'none'})"
             " or its test_hosts: ask an admin", 403, host=host,
             headers=sorted(endpoint.config.headers))
-    listed = ", ".join(endpoint.config.test_hosts) or "none"
+    hosts = ", ".join(endpoint.config.test_hosts) or "none"
     raise ActionError(
         f"a {p.role} may send to the endpoint's own host ({own or 'none'}) or its "
-        f"test_hosts ({listed}) only; {host or url[:80]!r} needs a reviewer or an admin "
+        f"test_hosts ({hosts}) only; {host or url[:80]!r} needs a reviewer or an admin "
         f"(ask one to send it, or an admin to add the host to test_hosts)", 403,
         host=host, allowed=[own, *endpoint.config.test_hosts])
+
+
+# Path text that some servers read as something other than the path (Spring and Tomcat
+# drop what follows ';' in a segment; a decoded %2F adds a segment): a value put before
+# a macro that way is what the receiver reads.
+_PATH_TRICKS = (";", "%2f", "%5c")
+
+
+def _macro_tail(path: str) -> str:
+    """The path from the start of the segment holding its first macro ("" without one):
+    literal text there, or a segment added among the macros, changes the values a receiver
+    reads by position (``/pb/{conversion_id}/9999/{payout_usd}``)."""
+    first = path.find("{")
+    return "" if first < 0 else path[path.rfind("/", 0, first) + 1:]
 
 
 def check_edit(p: Principal, endpoint: Endpoint, override: Override) -> None:
@@ -120,7 +143,8 @@ def check_edit(p: Principal, endpoint: Endpoint, override: Override) -> None:
     signed with the live secret and skips the anomaly gate, so a literal payout in a query,
     macros swapped in the path, or an alias moving another value into the payout's field,
     would be paid as sent. (The path's macros must come in the same order, repeats
-    included.)"""
+    included, and the path from the segment of its first macro on stays as it is: only the
+    part before it may change, without a ';' or an encoded slash.)"""
     if p.role in WIDE_REACH:
         return
     why: list[str] = []
@@ -133,6 +157,10 @@ def check_edit(p: Principal, endpoint: Endpoint, override: Override) -> None:
                 why.append("the URL's query")
             elif macro_sequence(new.path) != macro_sequence(old.path):
                 why.append("the macros in the URL's path")
+            elif _macro_tail(new.path) != _macro_tail(old.path):
+                why.append("the URL's path from its first macro on")
+            elif any(t in new.path.lower() and t not in old.path.lower() for t in _PATH_TRICKS):
+                why.append("a ';' or an encoded slash in the URL's path")
         except (ValueError, RenderError):  # unparseable: the edit's own check refuses it (400)
             pass
     if why:

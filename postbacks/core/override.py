@@ -34,6 +34,7 @@ __all__ = [
     "host_of",
     "override_diff",
     "parse_override",
+    "same_target",
     "scheme_of",
 ]
 
@@ -130,16 +131,34 @@ def scheme_of(url: str) -> str:
         return ""
 
 
+def same_target(a: str, b: str) -> bool:
+    """Whether two URL templates name the same scheme, host, port and path (the query may
+    differ). One host may serve many tenants, one path each (webhook relays): another path
+    or port on an endpoint's host is not the endpoint."""
+    try:
+        x, y = urlsplit(a), urlsplit(b)
+        ports = (x.port or _DEFAULT_PORTS.get(x.scheme.lower()),
+                 y.port or _DEFAULT_PORTS.get(y.scheme.lower()))
+    except ValueError:
+        return False
+    return (x.scheme.lower() == y.scheme.lower() and bool(host_of(a))
+            and host_of(a) == host_of(b) and ports[0] == ports[1]
+            and (x.path or "/") == (y.path or "/"))
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
 def headers_may_go(endpoint: Endpoint, url: str, by: str | None) -> bool:
     """Whether a copy retargeted to ``url`` may carry the endpoint's custom headers, judged
     when it is sent (the console judged it when the replay was queued; the endpoint may
     have gained headers, or lost a test host, since): never from an https endpoint over
-    http; to a host other than the endpoint's own or its ``test_hosts``, only when an
-    admin queued it (``by``: the copy's ``triggered_by``, ``admin:…``)."""
+    http; to anything but the endpoint's own URL (:func:`same_target`) or a host of its
+    ``test_hosts``, only when an admin queued it (``by``: the copy's ``triggered_by``,
+    ``admin:…``)."""
     if scheme_of(endpoint.url) == "https" and scheme_of(url) != "https":
         return False
-    host = host_of(url)
-    if host and (host == host_of(endpoint.url) or host in endpoint.config.test_hosts):
+    if same_target(endpoint.url, url) or host_of(url) in endpoint.config.test_hosts:
         return True
     return (by or "").startswith("admin:")
 

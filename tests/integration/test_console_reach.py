@@ -203,6 +203,14 @@ def test_support_may_retarget_an_edit_but_not_change_what_the_receiver_is_told(
             ({"url": "https://allowed.test/cb/123?p={payout_usd}"}, "path"),
             ({"url": "https://own.test/cb/{conversion_id}/{conversion_id}?p={payout_usd}"},
              "path"),  # a macro repeated: the same names, not the same places
+            # a literal before a macro in its segment, or a segment among the macros, is
+            # what a receiver reading values by position takes: the path from the first
+            # macro's segment on stays as it is
+            ({"url": "https://own.test/cb/9999.00;{conversion_id}?p={payout_usd}"}, "path"),
+            ({"url": "https://own.test/cb/{conversion_id}/9999?p={payout_usd}"}, "path"),
+            ({"url": "https://own.test/cb;amount=9999/{conversion_id}?p={payout_usd}"},
+             "path"),  # Spring and Tomcat drop what follows ';' in a segment
+            ({"url": "https://own.test/cb%2F9999/{conversion_id}?p={payout_usd}"}, "path"),
             ({"aliases": {"occurred_at": "payout_usd"}}, "aliases"),
             ({"fields": ["conversion_id"]}, "fields"),
             ({"url": "http://own.test/cb/{conversion_id}?p={payout_usd}"}, "plain http"),
@@ -261,6 +269,15 @@ def test_no_downgrade_to_http_headers_only_by_an_admin_and_no_lookup_before_reac
             for path in (send, replay):
                 r = client.post(path, body={"override": {"url": "http://own.test/hooks"}})
                 assert r.status == 403 and "Authorization" in r.json()["error"], r.text
+        # the custom headers to another path or port of its host (one host may serve many
+        # tenants, a path each): an admin only
+        for client in (sup, rev):
+            for path in (send, replay):
+                for url in ("https://own.test/hooks-of-another-tenant",
+                            "https://own.test:8443/hooks"):
+                    r = client.post(path, body={"override": {"url": url}})
+                    assert r.status == 403 and "another path or port" in r.json()["error"], \
+                        r.text
         # the custom headers to another host: an admin only
         for path in (send, replay):
             r = rev.post(path, body={"override": {"url": "https://other.test/hooks"}})

@@ -16,8 +16,13 @@ EP = Endpoint("ep_1", "app_1", "https://hooks.pub.example/in", frozenset({"*"}),
 
 
 @pytest.mark.parametrize(("url", "by", "go"), [
-    ("https://hooks.pub.example/other", "support:alice", True),  # its own host
-    ("https://HOOKS.pub.example./x", "support:alice", True),
+    ("https://hooks.pub.example/in?x=1", "support:alice", True),  # its own URL
+    ("https://HOOKS.pub.example.:443/in", "support:alice", True),
+    # another path or port of its host may be another tenant's: admins only
+    ("https://hooks.pub.example/other", "support:alice", False),
+    ("https://hooks.pub.example/in/", "reviewer:carol", False),
+    ("https://hooks.pub.example:8443/in", "support:alice", False),
+    ("https://hooks.pub.example/other", "admin:dana", True),
     ("https://staging.pub.example/in", "support:cli:bob", True),  # a test host
     ("https://reviewer.example/h", "reviewer:carol", False),  # another host: admins only
     ("https://reviewer.example/h", "admin:dana", True),
