@@ -14,8 +14,10 @@ forgotten first.
 
 :class:`RefusalAudit`: every 403 and 429 the console answers writes an ``audit_log`` row
 (actor the principal or ``anonymous:<address>``, action ``refused.<action>``, the status
-and reason in ``after``), at most one per actor, action and minute, and at most
-:data:`AUDIT_PER_MINUTE` rows a minute per instance; the rest are counted in the log.
+and reason in ``after``): one row per actor, action, status and reason a minute (a
+repeat of the same refusal is not written again; a refusal for another reason, another
+target named in it, is), at most :data:`AUDIT_PER_ACTOR` rows a minute per actor and
+:data:`AUDIT_PER_MINUTE` per instance; the rest are counted in the log.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import psycopg
 from aiohttp import web
 from psycopg.types.json import Jsonb
 
-__all__ = ["AUDIT_PER_MINUTE", "LIMIT", "MAX_KEYS", "PREFIX_CHARS", "WINDOW_S",
+__all__ = ["AUDIT_PER_ACTOR", "AUDIT_PER_MINUTE", "LIMIT", "MAX_KEYS", "PREFIX_CHARS", "WINDOW_S",
            "ActionLimit", "RefusalAudit", "SignInThrottle", "Throttled", "client_address"]
 
 log = logging.getLogger("postbacks.console")
@@ -44,6 +46,7 @@ WINDOW_S = 300.0
 PREFIX_CHARS = 8
 MAX_KEYS = 10_000
 AUDIT_PER_MINUTE = 1_000
+AUDIT_PER_ACTOR = 60
 
 
 class Throttled(Exception):
@@ -177,13 +180,16 @@ class RefusalAudit:
     def __init__(self, per_minute: int = AUDIT_PER_MINUTE) -> None:
         self.per_minute = per_minute
         self._minute = -1
-        self._seen: set[tuple[str, str]] = set()
+        self._seen: set[tuple[str, str, int, str]] = set()
+        self._per_actor: dict[str, int] = {}
         self._dropped = 0
         self._lock = threading.Lock()
 
-    def admit(self, actor: str, action: str, *, now: float | None = None) -> bool:
-        """Whether to write this row: the first of its (actor, action) this minute, and
-        within this minute's budget."""
+    def admit(self, actor: str, action: str, status: int = 403, reason: str = "", *,
+              now: float | None = None) -> bool:
+        """Whether to write this row: the first of its (actor, action, status, reason) this
+        minute, and within the minute's budgets (one harmless refusal used to hide every
+        other refusal of its action that minute: probes of internal hosts included)."""
         minute = int((time.time() if now is None else now) // 60)
         with self._lock:
             if minute != self._minute:
@@ -191,13 +197,16 @@ class RefusalAudit:
                     log.warning("console: %d refused requests were not audited in the "
                                 "last minute (over %d rows)", self._dropped, self.per_minute)
                 self._minute, self._seen, self._dropped = minute, set(), 0
-            key = (actor, action)
+                self._per_actor = {}
+            key = (actor, action, status, reason[:500])
             if key in self._seen:
                 return False
-            if len(self._seen) >= self.per_minute:
+            rows = self._per_actor.get(actor, 0)
+            if len(self._seen) >= self.per_minute or rows >= AUDIT_PER_ACTOR:
                 self._dropped += 1
                 return False
             self._seen.add(key)
+            self._per_actor[actor] = rows + 1
             return True
 
     @staticmethod

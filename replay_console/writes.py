@@ -52,14 +52,16 @@ def replay_one(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = me(request)
         did = request.match_info["id"]
+        doing(request, "replay")
+        if not may(p, "replay"):  # before the body: a malformed one is refused as a 403 too
+            raise Problem(403, f"a {p.role} may not replay deliveries")
         body = await body_of(request)
         override = override_from(body)
         note = text(body, "note")
         promote = flag(body, "promote")
         confirmed = flag(body, "confirm") or is_api(request)
-        doing(request, "edit_replay" if override else "replay")
-        if not may(p, "replay"):
-            raise Problem(403, f"a {p.role} may not replay deliveries")
+        if override:
+            doing(request, "edit_replay")
         if override is not None and not confirmed:
             d, diff = await c.pool.run(lambda conn: act.preview_edit(
                 conn, c.settings, p, did, override, lookup=c.lookup))
@@ -86,11 +88,13 @@ def replay_one(c: Console) -> Handler:
 def replay_bulk(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = me(request)
+        doing(request, "bulk_replay")
+        if not may(p, "replay"):  # before the body: the filter's errors name internal
+            raise Problem(403, f"a {p.role} may not replay deliveries")  # statuses
         body = await body_of(request)
         ids = id_list(body, "delivery_ids")
-        doing(request, "replay" if ids else "bulk_replay")
-        if not may(p, "replay"):  # before the filter: its errors name internal statuses
-            raise Problem(403, f"a {p.role} may not replay deliveries")
+        if ids:
+            doing(request, "replay")
         flt = None if ids else filter_from(body)
         job = await c.pool.run(lambda conn: act.create_replay(
             conn, c.settings, p, delivery_ids=ids, flt=flt, note=text(body, "note"),
@@ -106,6 +110,7 @@ def suppress(c: Console) -> Handler:
         p = me(request)
         did = request.match_info["id"]
         doing(request, "suppress")
+        require(p, "suppress", "suppress deliveries")  # before the body, as every write
         body = await body_of(request)
         await c.pool.run(lambda conn: sup.suppress_delivery(conn, p, did,
                                                             text(body, "reason") or ""))
@@ -118,6 +123,7 @@ def resolve_dl(c: Console) -> Handler:
         p = me(request)
         dl = request.match_info["id"]
         doing(request, "resolve_dead_letter")
+        require(p, "suppress", "resolve dead letters")
         body = await body_of(request)
         await c.pool.run(lambda conn: sup.resolve_dead_letter(conn, p, dl, text(body, "note")))
         return done(request, {"resolved": dl}, "/dead-letters")
@@ -129,6 +135,7 @@ def resolve_suppression(c: Console) -> Handler:
         p = me(request)
         did = request.match_info["id"]
         doing(request, "resolve_suppression")
+        require(p, "suppress", "resolve suppressions")
         body = await body_of(request)
         await c.pool.run(lambda conn: sup.resolve_suppression(conn, p, did,
                                                               text(body, "note")))

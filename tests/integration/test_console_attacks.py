@@ -251,6 +251,14 @@ def test_no_role_does_what_it_has_no_right_to(settings: Settings, namespace: str
         (f"/api/v1/suppressions/dlv_{ns}_8/resolve", {}, {pub: 403}),
         ("/api/v1/import", {"data": "legacy_id,endpoint_id\nx,y\n", "dry_run": False},
          {pub: 404, sup: 403}),
+        # the same for replays, suppressions and their resolutions: a malformed body from
+        # a publisher was a 400, unaudited
+        (f"/api/v1/deliveries/dlv_{ns}_1/replay", {"override": {"fields": "payout"}},
+         {pub: 403}),
+        ("/api/v1/replays", {"delivery_ids": "not a list", "filter": 7}, {pub: 403}),
+        (f"/api/v1/deliveries/dlv_{ns}_5/suppress", {"reason": ["a", "b"]}, {pub: 403}),
+        (f"/api/v1/dead-letters/dl_{ns}/resolve", {"note": {"x": 1}}, {pub: 403}),
+        (f"/api/v1/suppressions/dlv_{ns}_8/resolve", {"note": {"x": 1}}, {pub: 403}),
     ]
     reads: list[tuple[str, dict[str, int]]] = [
         ("/api/v1/held", {pub: 404}), ("/api/v1/dead-letters", {pub: 403}),
@@ -285,6 +293,9 @@ def test_no_role_does_what_it_has_no_right_to(settings: Settings, namespace: str
     done = [(a, x) for a, x in _actions_by(settings, actors)
             if not x.startswith("refused.") and x != "console.login"]
     assert done == [], done
+    refused = {x for a, x in _actions_by(settings, [f"publisher:pub-{ns}"])}
+    assert {"refused.replay", "refused.bulk_replay", "refused.suppress",
+            "refused.resolve_dead_letter", "refused.resolve_suppression"} <= refused, refused
 
 
 # --- CSRF ---------------------------------------------------------------------------------

@@ -21,7 +21,14 @@ from postbacks.db.connect import connect
 from postbacks.db.endpoints import upsert_endpoint
 from postbacks.settings import Secret, Settings
 from replay_console.auth import issue_step_up, lookup_token
-from replay_console.throttle import LIMIT, PREFIX_CHARS, RefusalAudit, SignInThrottle, Throttled
+from replay_console.throttle import (
+    AUDIT_PER_ACTOR,
+    LIMIT,
+    PREFIX_CHARS,
+    RefusalAudit,
+    SignInThrottle,
+    Throttled,
+)
 from tests.integration.anomaly_helpers import run_cli
 from tests.integration.console_util import Client, console_server, token
 
@@ -137,6 +144,22 @@ def test_refusal_audit_is_bounded_per_actor_action_and_minute() -> None:
     assert a.admit("support:x", "refused.login", now=63.0)
     assert not a.admit("support:y", "refused.login", now=64.0)  # the minute's budget
     assert a.admit("anonymous:192.0.2.1", "refused.login", now=120.0)  # a new minute
+
+
+def test_refusal_audit_writes_each_reason_and_bounds_each_actor() -> None:
+    """One harmless refusal no longer hides the minute's others: probes of internal hosts
+    after it are refused for other reasons, each written once; one actor's rows are
+    bounded so it cannot spend every other actor's budget."""
+    a = RefusalAudit(per_minute=1_000)
+    actor = "reviewer:r"
+    assert a.admit(actor, "refused.edit_replay", 403, "custom headers to another host", now=60)
+    for host in ("db.internal.corp", "vault.internal.corp", "metadata.internal"):
+        assert a.admit(actor, "refused.edit_replay", 400, f"{host} is not public", now=61)
+        assert not a.admit(actor, "refused.edit_replay", 400, f"{host} is not public", now=62)
+    admitted = sum(a.admit(actor, "refused.edit_replay", 400, f"h{i}.internal", now=63)
+                   for i in range(AUDIT_PER_ACTOR * 2))
+    assert admitted == AUDIT_PER_ACTOR - 4  # its cap, the four rows above included
+    assert a.admit("support:s", "refused.edit_replay", 400, "h0.internal", now=64)
 
 
 def test_every_403_is_audited_once_a_minute(settings: Settings, namespace: str) -> None:
