@@ -5,6 +5,7 @@ redirect, count and answer."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hashlib
 import ipaddress
@@ -38,6 +39,7 @@ PRINCIPAL = web.RequestKey("principal", Principal)
 COOKIE_VALUE = web.RequestKey("cookie", str)
 ACTION = web.RequestKey("action", str)  # the action a POST performs (metrics)
 COOKIE = "pb_session"
+PREVIEWS_AT_ONCE = 2  # re-render previews rendering at once per console instance
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # No script at all, styles only from the console's own stylesheet, no framing.
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
@@ -109,6 +111,8 @@ class Console:
         self.key = (hashlib.sha256(b"postbacks-console-session|" + configured.encode()).digest()
                     if configured else secrets.token_bytes(32))
         self.env = _env()
+        self.previews = asyncio.Semaphore(PREVIEWS_AT_ONCE)  # re-render previews running
+        self.previewing: set[str] = set()  # the actors with one running
         self.test_sends = ActionLimit(  # this instance's own counts
             "test-send", per_target=settings.console_test_sends_per_endpoint,
             per_actor=settings.console_test_sends_per_user)

@@ -5,6 +5,7 @@ the connection pool; the state-changing handlers are in :mod:`.writes`."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 from urllib.parse import urlencode
@@ -19,6 +20,7 @@ from replay_console.filters import ID, MAX_PAGE
 from replay_console.forms import filter_from
 from replay_console.http import Console, Handler, me, not_for_publishers, staff
 from replay_console.problem import Problem
+from replay_console.throttle import Throttled
 
 __all__ = ["HELD_PAGE_LIMIT", "audit", "audit_filter", "dead_letters", "deliveries",
            "delivery", "endpoint", "held", "import_page", "job", "preview", "rerender",
@@ -192,13 +194,24 @@ def preview(c: Console) -> Handler:
 def rerender(c: Console) -> Handler:
     """A re-render's preview: the endpoint's undelivered deliveries rendered now."""
     async def h(request: web.Request) -> web.StreamResponse:
-        from replay_console.rerender import rerender_preview
+        from replay_console.rerender import judge_rows, preview_rows
 
         p = staff(request, "re-renders are")
         if not may(p, "replay"):
             raise Problem(403, f"a {p.role} may not replay deliveries")
         eid = request.match_info["id"]
-        pv = await c.pool.run(lambda conn: rerender_preview(conn, c.settings, p, eid))
+        # Rendering every undelivered delivery of an endpoint (up to the bulk cap) takes
+        # seconds: one preview per person at a time, a few per console, and rendered off
+        # the database connection, so the rest of the console keeps answering.
+        if p.actor in c.previewing:
+            raise Throttled(2, "a re-render preview of yours is still running")
+        c.previewing.add(p.actor)
+        try:
+            async with c.previews:
+                ep, rows = await c.pool.run(lambda conn: preview_rows(conn, c.settings, p, eid))
+                pv = await asyncio.to_thread(judge_rows, c.settings, p, ep, rows)
+        finally:
+            c.previewing.discard(p.actor)
         return c.reply(request, pv, "rerender.html", pv=pv)
     return h
 

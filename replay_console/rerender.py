@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 
+from postbacks.core.endpoint import Endpoint
 from postbacks.settings import Settings
 from replay_console.actions import (
     RENDER_FAILED,
@@ -34,7 +35,8 @@ from replay_console.filters import ID, DeliveryFilter
 from replay_console.queries import NotFound, filter_sql
 from replay_console.rules import ActionError, require
 
-__all__ = ["PREVIEW_SHOWN", "rerender_preview", "rerender_replay"]
+__all__ = ["PREVIEW_SHOWN", "judge_rows", "preview_rows", "rerender_preview",
+           "rerender_replay"]
 
 PREVIEW_SHOWN = 50  # deliveries shown one by one (all of them are rendered and counted)
 _LINES = 6
@@ -53,11 +55,17 @@ def _excerpt(body: bytes) -> str:
 def rerender_preview(conn: psycopg.Connection[Any], settings: Settings, p: Principal,
                      endpoint_id: str) -> dict[str, Any]:
     """What a re-render of ``endpoint_id`` would re-drive, each delivery rendered now."""
-    from postbacks.core.override import OverrideError
-    from postbacks.core.render import RenderError, render
+    ep, rows = preview_rows(conn, settings, p, endpoint_id)
+    return judge_rows(settings, p, ep, rows)
+
+
+def preview_rows(conn: psycopg.Connection[Any], settings: Settings, p: Principal,
+                 endpoint_id: str) -> tuple[Endpoint, list[Any]]:
+    """The endpoint and the rows :func:`judge_rows` renders (at most the bulk cap and one
+    more). The console renders them after giving the connection back: rendering tens of
+    thousands held one of its few connections for seconds."""
     from postbacks.db.crypto import SecretBox
     from postbacks.db.endpoints import load_endpoints
-    from replay_console.held import redrive_record
 
     require(p, "replay", "replay deliveries")
     if not ID.match(endpoint_id):
@@ -76,6 +84,19 @@ def rerender_preview(conn: psycopg.Connection[Any], settings: Settings, p: Princ
         f" WHERE {where} AND d.status = ANY(%s) AND {RERENDER_NOT_QUEUED}"
         " ORDER BY d.created_at, d.delivery_id LIMIT %s",
         (*args, list(RERENDERABLE), cap + 1)).fetchall()
+    return ep, rows
+
+
+def judge_rows(settings: Settings, p: Principal, ep: Endpoint,
+               rows: list[Any]) -> dict[str, Any]:
+    """Each row of :func:`preview_rows` rendered now: the counts, and the first
+    :data:`PREVIEW_SHOWN` one by one."""
+    from postbacks.core.override import OverrideError
+    from postbacks.core.render import RenderError, render
+    from replay_console.held import redrive_record
+
+    endpoint_id = ep.endpoint_id
+    cap = settings.console_bulk_max
     now_ms = int(time.time() * 1000)
     shown: list[dict[str, Any]] = []
     skipped: dict[str, int] = {}

@@ -211,3 +211,59 @@ def test_cli_rerender_previews_then_replays(settings: Settings, namespace: str,
     assert "2/2 published\tdone" in capsys.readouterr().out
     sent = {decode("Delivery", m)["delivery_id"] for m in read_topic(settings, RETRY_5S, 2)}
     assert sent == {d["delivery_id"] for d in broken}
+
+
+def test_previews_take_turns_and_leave_the_console_its_connections(
+        settings: Settings, namespace: str, monkeypatch: Any) -> None:
+    """A preview renders every undelivered delivery of its endpoint (up to the bulk cap):
+    seconds for tens of thousands. Eight at once from one support user held every pooled
+    connection while they rendered, and the rest of the console waited behind them. Now a
+    person has one preview running at a time (429 for a second), a console renders a few
+    at once, and none holds a connection while it renders. Each preview is held open
+    here (the renderer waits for the test) to make the overlap certain."""
+    import threading
+
+    import replay_console.rerender as rr
+
+    ns = namespace
+    ep, app = f"ep_{ns}_pv", f"app_{ns}_pv"
+    _endpoint(settings, ep, app, "https://pub.example/cb?c={conversion_id}")
+    insert_deliveries(settings, [held_delivery(ns, i, endpoint=ep, app=app) for i in range(3)],
+                      status="dead_lettered")
+    real = rr.judge_rows
+    entered = threading.Semaphore(0)
+    release = threading.Event()
+
+    def held_open(*args: Any) -> Any:
+        entered.release()
+        assert release.wait(30), "never released"
+        return real(*args)
+
+    monkeypatch.setattr(rr, "judge_rows", held_open)
+    path = f"/api/v1/endpoints/{ep}/rerender"
+    with console_server(settings) as port:
+        people = [Client(port, bearer=token(settings, f"sup{i}-{ns}", "support"))
+                  for i in range(6)]
+        got: dict[int, int] = {}
+
+        def preview(i: int) -> None:
+            got[i] = people[i].get(path).status
+
+        threads = [threading.Thread(target=preview, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for _ in range(2):  # two render at once; four wait their turn, off the pool
+            assert entered.acquire(timeout=20), "no preview started rendering"
+        assert not entered.acquire(timeout=0.5), "a third preview rendered at once"
+        # the same person again: refused until the first is done
+        again = people[0].get(path)
+        assert again.status == 429 and again.headers.get("retry-after") == "2", again.text
+        # four waiting and two rendering, and every other page still has a connection
+        for _ in range(8):
+            assert people[5].get("/api/v1/deliveries?limit=1").status == 200
+        release.set()
+        for t in threads:
+            t.join(30)
+        assert got == dict.fromkeys(range(6), 200), got
+        pv = people[0].get(path).json()
+        assert pv["replayable"] == 3, pv
