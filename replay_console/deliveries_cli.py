@@ -27,13 +27,18 @@ __all__ = ["add_parser"]
 def _principal(args: argparse.Namespace) -> Any:
     from replay_console.auth import cli_principal
 
-    return cli_principal(args.actor, args.role)
+    return cli_principal(args.actor or "cli", args.role)
 
 
-def _actor_problem(args: argparse.Namespace) -> str | None:
+def _actor_problem(args: argparse.Namespace, *, writes: bool = True) -> str | None:
+    """What is wrong with ``--actor``: a command that changes anything names a person (a
+    replay as ``admin:cli:cli`` said who did it to nobody)."""
     from replay_console.auth import name_problem
 
-    return name_problem(args.actor, "--actor")
+    if writes and args.actor is None:
+        return ("--actor NAME is required: who you are, written to the audit log with "
+                "what this command changes")
+    return name_problem(args.actor or "cli", "--actor")
 
 
 _FILTER_ARGS = ("q", "app", "endpoint", "status", "error", "error_class", "since", "until",
@@ -187,7 +192,7 @@ def _rerender(settings: Settings, args: argparse.Namespace) -> int:
     from replay_console.rerender import rerender_preview, rerender_replay
     from replay_console.rules import ActionError
 
-    problem = _actor_problem(args)
+    problem = _actor_problem(args, writes=args.yes)
     if problem:
         return fail(args, problem, 2)
     p = _principal(args)
@@ -236,6 +241,9 @@ def _import(settings: Settings, args: argparse.Namespace) -> int:
     from replay_console.backfill import import_deliveries
     from replay_console.rules import ActionError
 
+    problem = _actor_problem(args, writes=not args.dry_run)
+    if problem:
+        return fail(args, problem, 2)
     try:
         with open(args.file, encoding="utf-8", errors="surrogateescape", newline="") as f:
             text = f.read()
@@ -280,7 +288,8 @@ def add_parser(subparsers: Any) -> None:
                        "command line (release/reject: postbacks held).")
     acts = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--actor", default="cli", help="who you are (audited)")
+    common.add_argument("--actor", help="who you are (audited; required to replay, "
+                        "re-render with --yes or import without --dry-run)")
     common.add_argument("--role", default="support", choices=["support", "reviewer", "admin"],
                         help="act with this staff role's rights (default support)")
     sp = acts.add_parser("list", parents=[common], help="list deliveries, newest first",

@@ -180,7 +180,7 @@ def add_parser(subparsers: Any) -> None:
                     "from a file or - from standard input (keeps custom header values, "
                     "credentials, out of the command line and the shell's history)")
     sp.add_argument("--name", help="a display name")
-    sp.add_argument("--actor", default="cli", help="who you are (audited; default cli)")
+    sp.add_argument("--actor", required=True, help="who you are (audited)")
     sp.add_argument("--note", help="why (audited)")
     sp.add_argument("--json", action="store_true",
                     help="print JSON: endpoint_id, app_id, secret_id, secret")

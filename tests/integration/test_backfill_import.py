@@ -144,11 +144,16 @@ def test_bad_lines_are_reported_and_good_ones_import(
                             (by_line[2]["delivery_id"],)).fetchone()
     assert snap is not None and snap[0]["source_snapshot"] == {"click": "c1"}
 
-    # the CLI refuses support (the default role) and a missing file, with clear errors
-    assert run_cli(monkeypatch, settings, "deliveries", "import", str(path)) == 1
+    # the CLI refuses an import by nobody, support (the default role) and a missing file,
+    # with clear errors
+    assert run_cli(monkeypatch, settings, "deliveries", "import", str(path), "--role",
+                   "admin") == 2
+    assert "--actor NAME is required" in capsys.readouterr().err
+    assert run_cli(monkeypatch, settings, "deliveries", "import", str(path), "--actor",
+                   "ops") == 1
     assert "a support may not import deliveries" in capsys.readouterr().err
     assert run_cli(monkeypatch, settings, "deliveries", "import", str(tmp_path / "no.csv"),
-                   "--role", "admin") == 2
+                   "--role", "admin", "--actor", "ops") == 2
     assert "cannot read" in capsys.readouterr().err
 
 

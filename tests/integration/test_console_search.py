@@ -328,11 +328,14 @@ def test_endpoint_creation_in_the_console_and_the_cli(
 
     # the CLI: same checks, the secret printed once, audited
     assert run_cli(monkeypatch, settings, "endpoints", "create", "--app", app, "--url",
-                   "http://10.1.2.3/hook") == 1
+                   "http://93.184.216.34/hook") == 2  # who: refused before anything
+    assert "--actor" in capsys.readouterr().err
+    assert run_cli(monkeypatch, settings, "endpoints", "create", "--app", app, "--url",
+                   "http://10.1.2.3/hook", "--actor", "ops") == 1
     assert "10.1.2.3" in capsys.readouterr().err
     assert run_cli(monkeypatch, settings, "endpoints", "create", "--app", app, "--url",
                    "http://93.184.216.34/hook", "--event-type", "install",
-                   "--event-type", "nope") == 1
+                   "--event-type", "nope", "--actor", "ops") == 1
     assert "unknown event type(s): 'nope'" in capsys.readouterr().err
     assert run_cli(monkeypatch, settings, "endpoints", "create", "--app", app, "--url",
                    "http://93.184.216.34/hook", "--event-type", "install", "--config",
@@ -344,11 +347,13 @@ def test_endpoint_creation_in_the_console_and_the_cli(
     conf = tmp_path / "config.json"
     conf.write_text('{"headers": {"X-Api-Key": "from-a-file"}}')
     assert run_cli(monkeypatch, settings, "endpoints", "create", "--app", app, "--url",
-                   "http://93.184.216.34/file", "--config", f"@{conf}", "--json") == 0
+                   "http://93.184.216.34/file", "--config", f"@{conf}", "--json",
+                   "--actor", "ops") == 0
     from_file = json.loads(capsys.readouterr().out)["endpoint_id"]
     monkeypatch.setattr("sys.stdin", io.StringIO('{"headers": {"X-Api-Key": "from-stdin"}}'))
     assert run_cli(monkeypatch, settings, "endpoints", "create", "--app", app, "--url",
-                   "http://93.184.216.34/stdin", "--config", "-", "--json") == 0
+                   "http://93.184.216.34/stdin", "--config", "-", "--json",
+                   "--actor", "ops") == 0
     from_stdin = json.loads(capsys.readouterr().out)["endpoint_id"]
     with connect(settings.database_url) as conn:
         stored = dict(conn.execute(
@@ -356,7 +361,8 @@ def test_endpoint_creation_in_the_console_and_the_cli(
             " WHERE endpoint_id = ANY(%s)", ([from_file, from_stdin],)).fetchall())
     assert stored == {from_file: "from-a-file", from_stdin: "from-stdin"}
     assert run_cli(monkeypatch, settings, "endpoints", "create", "--app", app, "--url",
-                   "http://93.184.216.34/none", "--config", f"@{tmp_path}/missing.json") == 2
+                   "http://93.184.216.34/none", "--config", f"@{tmp_path}/missing.json",
+                   "--actor", "ops") == 2
     assert "cannot read" in capsys.readouterr().err
     assert run_cli(monkeypatch, settings, "endpoints", "disabled") == 0  # still there
 
