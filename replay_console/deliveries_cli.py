@@ -27,7 +27,7 @@ __all__ = ["add_parser"]
 def _principal(args: argparse.Namespace) -> Any:
     from replay_console.auth import cli_principal
 
-    return cli_principal(args.actor or "cli", args.role)
+    return cli_principal("cli" if args.actor is None else args.actor, args.role)
 
 
 def _actor_problem(args: argparse.Namespace, *, writes: bool = True) -> str | None:
@@ -38,7 +38,7 @@ def _actor_problem(args: argparse.Namespace, *, writes: bool = True) -> str | No
     if writes and args.actor is None:
         return ("--actor NAME is required: who you are, written to the audit log with "
                 "what this command changes")
-    return name_problem(args.actor or "cli", "--actor")
+    return name_problem("cli" if args.actor is None else args.actor, "--actor")
 
 
 _FILTER_ARGS = ("q", "app", "endpoint", "status", "error", "error_class", "since", "until",

@@ -206,12 +206,24 @@ def rerender(c: Console) -> Handler:
         if p.actor in c.previewing:
             raise Throttled(2, "a re-render preview of yours is still running")
         c.previewing.add(p.actor)
+        acquired = False
+        work: asyncio.Future[Any] | None = None
         try:
-            async with c.previews:
-                ep, rows = await c.pool.run(lambda conn: preview_rows(conn, c.settings, p, eid))
-                pv = await asyncio.to_thread(judge_rows, c.settings, p, ep, rows)
+            await c.previews.acquire()
+            acquired = True
+            ep, rows = await c.pool.run(lambda conn: preview_rows(conn, c.settings, p, eid))
+            work = asyncio.ensure_future(asyncio.to_thread(judge_rows, c.settings, p, ep, rows))
+            pv = await asyncio.shield(work)
         finally:
-            c.previewing.discard(p.actor)
+            def free(_: object = None) -> None:
+                if acquired:
+                    c.previews.release()
+                c.previewing.discard(p.actor)
+
+            if work is not None and not work.done():  # cancelled: free when it ends
+                work.add_done_callback(free)
+            else:
+                free()
         return c.reply(request, pv, "rerender.html", pv=pv)
     return h
 

@@ -47,6 +47,7 @@ PREFIX_CHARS = 8
 MAX_KEYS = 10_000
 AUDIT_PER_MINUTE = 1_000
 AUDIT_PER_ACTOR = 60
+_RETRY_IN = re.compile(r": try again in \d+ s$")  # a 429's wait: the same refusal
 
 
 class Throttled(Exception):
@@ -198,7 +199,7 @@ class RefusalAudit:
                                 "last minute (over %d rows)", self._dropped, self.per_minute)
                 self._minute, self._seen, self._dropped = minute, set(), 0
                 self._per_actor = {}
-            key = (actor, action, status, reason[:500])
+            key = (actor, action, status, _RETRY_IN.sub("", reason[:500]))
             if key in self._seen:
                 return False
             rows = self._per_actor.get(actor, 0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -137,16 +138,22 @@ def same_target(a: str, b: str) -> bool:
     or port on an endpoint's host is not the endpoint."""
     try:
         x, y = urlsplit(a), urlsplit(b)
-        ports = (x.port or _DEFAULT_PORTS.get(x.scheme.lower()),
-                 y.port or _DEFAULT_PORTS.get(y.scheme.lower()))
+        schemes = (x.scheme.lower(), y.scheme.lower())
+        ports = (x.port or _DEFAULT_PORTS.get(schemes[0]), y.port or _DEFAULT_PORTS.get(schemes[1]))
     except ValueError:
         return False
-    return (x.scheme.lower() == y.scheme.lower() and bool(host_of(a))
-            and host_of(a) == host_of(b) and ports[0] == ports[1]
-            and (x.path or "/") == (y.path or "/"))
+    origin = (schemes[0] == schemes[1] and ports[0] == ports[1]) or (
+        schemes == ("http", "https") and ports == (80, 443))  # the same, over TLS
+    return (origin and bool(host_of(a)) and host_of(a) == host_of(b)
+            and _ESCAPE.sub(_upper, x.path or "/") == _ESCAPE.sub(_upper, y.path or "/"))
 
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_ESCAPE = re.compile(r"%[0-9a-fA-F]{2}")
+
+
+def _upper(m: re.Match[str]) -> str:
+    return m.group(0).upper()
 
 
 def headers_may_go(endpoint: Endpoint, url: str, by: str | None) -> bool:

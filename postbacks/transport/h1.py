@@ -24,12 +24,13 @@ whole pipeline, they reach 0.64 and 0.02 of this client's rate
 * a total timeout per request via ``asyncio.timeout`` (connect + write + read).
 
 Stale keep-alive connections: a server may close an idle connection just as a request is
-written on it. A request is sent again on a fresh connection only when nothing of it was
-written: the pooled connection was found closed at the moment of sending. Once written, a
-request is never sent again here, whatever the failure: the server may have acted on it,
-and every request that goes out must be the caller's to record (the agent's attempt log
-has one attempt per request). A written request on a connection the server then closes
-unanswered is a :class:`ServerDisconnected` like any other, which the agent retries.
+written on it. Before an idle connection carries a request, its socket is polled: a close
+from the server already received (or any unread byte) sends the request on a fresh
+connection instead. A written request is never sent again here, whatever the failure:
+the server may have acted on it, and every request that goes out must be the caller's to
+record (the agent's attempt log has one attempt per request). A request written just as
+the server closes, unanswered, is a :class:`ServerDisconnected` like any other, which the
+agent records and retries.
 
 Errors are ``OSError`` subclasses, so callers can map them in one place: :class:`ConnectError`
 (could not connect, including TLS verification), :class:`ServerDisconnected` (closed before
@@ -161,19 +162,9 @@ class H1Pool:
         if self._closed:
             raise ConnectionError("connection pool closed")
         async with self._limit:
-            conn = await self._acquire(key)
+            conn = await self._acquire(key)  # checked quiet: not closed by the server
             try:
-                try:
-                    sent = conn.send(data, head)  # raises only before writing anything
-                except ServerDisconnected:
-                    # Found closed as it was to carry the request: nothing of it was
-                    # written, so it goes out on a fresh connection (module doc).
-                    slot = conn.slot
-                    conn.done()
-                    conn.shut()
-                    conn = await self._open(key, slot)
-                    sent = conn.send(data, head)
-                resp = await sent
+                resp = await conn.send(data, head)
             except BaseException:
                 self._release(conn)
                 raise

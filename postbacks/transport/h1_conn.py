@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import fcntl
-import termios
+import select
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, cast
 
@@ -44,7 +43,6 @@ HEAD_LIMIT = 64 * 1024
 FRAMING_LIMIT = 4 * 1024 * 1024
 
 _NO_BODY_STATUSES = frozenset({204, 304})
-_NO_BYTES = bytes(4)  # FIONREAD's answer (a C int) when nothing waits to be read
 
 
 class PoolKey(NamedTuple):
@@ -158,15 +156,19 @@ class _Conn(asyncio.Protocol):
 
     @property
     def quiet(self) -> bool:
-        """Nothing waits unread in the socket (one ioctl). Checked before an idle connection
-        carries another request: bytes that arrived while the event loop was busy are an
-        answer to no request (a receiver answering twice, or a 408 before it closes), and
-        would otherwise be read as the next request's answer. (Bytes the loop did read
-        already marked the connection ``_extra``.)"""
+        """Nothing waits in the socket: no unread byte and no close from the server (one
+        poll). Checked before an idle connection carries another request: bytes that
+        arrived while the event loop was busy are an answer to no request (a receiver
+        answering twice, or a 408 before it closes), and would otherwise be read as the
+        next request's answer; and a server's close not yet seen by the loop would cost
+        the request written on it (a close leaves nothing for FIONREAD to count, but makes
+        the socket readable). (Bytes the loop did read already marked it ``_extra``.)"""
         if self._fd < 0:
             return True
+        poller = select.poll()  # (select.select refuses descriptors past 1023)
+        poller.register(self._fd, select.POLLIN | select.POLLPRI)
         try:
-            return fcntl.ioctl(self._fd, termios.FIONREAD, _NO_BYTES) == _NO_BYTES
+            return not poller.poll(0)
         except OSError:
             return False
 
@@ -306,6 +308,7 @@ class _Conn(asyncio.Protocol):
             self._interim = True  # 100 Continue, 103 Early Hints: the real one follows
             return
         self._status = status
+        self._head_size = 0  # trailers, if any, have a limit of their own
         self._keep_alive = self._parser.should_keep_alive()
         if self._head:
             self._finish()  # no body follows a HEAD response; not reused (see reusable)

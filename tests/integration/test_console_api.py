@@ -447,6 +447,9 @@ def test_cli_parity_list_show_replay(settings: Settings, namespace: str,
     # a replay by nobody: refused (it was audited as cli)
     assert run_cli(monkeypatch, settings, "deliveries", "replay", f"dlv_{ns}_5") == 2
     assert "--actor NAME is required" in capsys.readouterr().err
+    assert run_cli(monkeypatch, settings, "deliveries", "replay", f"dlv_{ns}_5",
+                   "--actor", "") == 2  # (an unset "$USER")
+    assert "--actor" in capsys.readouterr().err
     # an actor that would forge an audit line: refused before anything is done
     assert run_cli(monkeypatch, settings, "deliveries", "replay", f"dlv_{ns}_5",
                    "--actor", "carol\nadmin:root") == 2

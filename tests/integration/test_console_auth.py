@@ -160,6 +160,10 @@ def test_refusal_audit_writes_each_reason_and_bounds_each_actor() -> None:
                    for i in range(AUDIT_PER_ACTOR * 2))
     assert admitted == AUDIT_PER_ACTOR - 4  # its cap, the four rows above included
     assert a.admit("support:s", "refused.edit_replay", 400, "h0.internal", now=64)
+    # a 429 says how long to wait, another number each second: still the same refusal
+    assert a.admit("support:s", "refused.test_send", 429, "too many: try again in 9 s", now=65)
+    assert not a.admit("support:s", "refused.test_send", 429, "too many: try again in 8 s",
+                       now=66)
 
 
 def test_every_403_is_audited_once_a_minute(settings: Settings, namespace: str) -> None:

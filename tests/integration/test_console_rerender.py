@@ -250,10 +250,12 @@ def test_previews_take_turns_and_leave_the_console_its_connections(
             got[i] = people[i].get(path).status
 
         threads = [threading.Thread(target=preview, args=(i,)) for i in range(6)]
-        for t in threads:
+        threads[0].start()  # the first person's preview is rendering ...
+        assert entered.acquire(timeout=20), "no preview started rendering"
+        for t in threads[1:]:
             t.start()
-        for _ in range(2):  # two render at once; four wait their turn, off the pool
-            assert entered.acquire(timeout=20), "no preview started rendering"
+        # ... one more renders at once; four wait their turn, off the pool
+        assert entered.acquire(timeout=20), "a second preview did not start rendering"
         assert not entered.acquire(timeout=0.5), "a third preview rendered at once"
         # the same person again: refused until the first is done
         again = people[0].get(path)

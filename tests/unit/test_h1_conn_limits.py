@@ -119,3 +119,33 @@ def test_transfer_encoding_frames_the_body_as_llhttp_reads_it(coding: bytes,
         assert _answer([answer]) is None
         got = _answer([answer], then_close=True)
         assert isinstance(got, H1Response) and got.body == b"2\r\nok\r\n0\r\n\r\n", got
+
+
+def test_headers_and_trailers_each_have_the_limit() -> None:
+    """40 KiB of headers and 30 KiB of trailers: each under its own 64 KiB, a 200."""
+    pad = b"X-Pad: " + b"p" * 1000 + b"\r\n"
+    answer = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n" + pad * 40 + b"\r\n"
+              + b"2\r\nok\r\n0\r\n" + pad.replace(b"X-Pad", b"X-Trailer") * 30 + b"\r\n")
+    got = _answer([answer])
+    assert isinstance(got, H1Response) and got.body == b"ok", got
+
+
+def test_a_close_from_the_server_makes_an_idle_connection_not_quiet() -> None:
+    """A close received but not yet seen by the event loop leaves nothing for FIONREAD to
+    count: the request written on that connection was lost (and, re-sent, sent twice)."""
+    import socket
+
+    async def main() -> tuple[bool, bool, bool]:
+        ours, theirs = socket.socketpair()
+        conn = _Conn(H1Pool(), _Slot(PoolKey("http", "127.0.0.1", 80, None)))
+        conn._fd = ours.fileno()
+        before = conn.quiet
+        theirs.sendall(b"x")
+        with_byte = conn.quiet
+        ours.recv(1)
+        theirs.close()
+        after_close = conn.quiet
+        ours.close()
+        return before, with_byte, after_close
+
+    assert asyncio.run(main()) == (True, False, False)

@@ -23,6 +23,31 @@ EP = Endpoint("ep_1", "app_1", "https://hooks.pub.example/in", frozenset({"*"}),
     ("https://hooks.pub.example/in/", "reviewer:carol", False),
     ("https://hooks.pub.example:8443/in", "support:alice", False),
     ("https://hooks.pub.example/other", "admin:dana", True),
+    ("https://hooks.pub.example/i%6e", "support:alice", False),  # (another path to us)
+])
+def test_where_custom_headers_may_go(url: str, by: str | None, go: bool) -> None:
+    assert headers_may_go(EP, url, by) is go
+    sent = apply_override(EP, Override(url=url), by=by)
+    assert sent.url == url
+    assert dict(sent.config.headers) == ({"X-Api-Key": "k-123456"} if go else {})
+
+
+PLAIN = Endpoint("ep_2", "app_1", "http://hooks.pub.example/in%2fx", frozenset({"*"}),
+                 config=EndpointConfig(headers={"X-Api-Key": "k-123456"}))
+
+
+@pytest.mark.parametrize(("url", "go"), [
+    ("https://hooks.pub.example/in%2Fx", True),  # the same URL over TLS, escapes' case aside
+    ("https://hooks.pub.example:443/in%2fx", True),
+    ("https://hooks.pub.example:8443/in%2fx", False),
+    ("http://hooks.pub.example:8080/in%2fx", False),
+])
+def test_the_same_url_over_tls_is_the_endpoint(url: str, go: bool) -> None:
+    assert headers_may_go(PLAIN, url, "support:alice") is go
+
+
+@pytest.mark.parametrize(("url", "by", "go"), [
+    ("https://hooks.pub.example/in", "support:alice", True),
     ("https://staging.pub.example/in", "support:cli:bob", True),  # a test host
     ("https://reviewer.example/h", "reviewer:carol", False),  # another host: admins only
     ("https://reviewer.example/h", "admin:dana", True),
@@ -30,7 +55,7 @@ EP = Endpoint("ep_1", "app_1", "https://hooks.pub.example/in", frozenset({"*"}),
     ("http://hooks.pub.example/in", "admin:dana", False),  # never in clear from https
     ("ftp://hooks.pub.example/in", "admin:dana", False),
 ])
-def test_where_custom_headers_may_go(url: str, by: str | None, go: bool) -> None:
+def test_where_custom_headers_may_go_besides(url: str, by: str | None, go: bool) -> None:
     assert headers_may_go(EP, url, by) is go
     sent = apply_override(EP, Override(url=url), by=by)
     assert sent.url == url
