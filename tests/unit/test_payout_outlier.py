@@ -46,15 +46,17 @@ def _paid(p: Peaks, at: int, micros: int, times: int = MIN_PAYOUTS) -> Peaks:
 def test_no_judgement_until_the_history_is_two_weeks_long_with_ten_payouts() -> None:
     p = _paid(NO_PEAKS, W0 + WEEK_MS + 5, 40 * USD)  # first seen in week 1
     assert judge(p, W0 + 2 * WEEK_MS + 5, 5_000 * USD, 5.0, 200 * USD) is None
-    p = note(p, W0 + 5, 40 * USD)  # a late one from week 0: the history starts there
-    assert judge(p, W0 + 2 * WEEK_MS + 5, 5_000 * USD, 5.0, 200 * USD) == 40 * USD
+    late = note(p, W0 + 5, 40 * USD)  # dated in week 0: counted in week 1, as sent
+    assert late.since == p.since and late.weeks == p.weeks
+    assert judge(late, W0 + 2 * WEEK_MS + 5, 5_000 * USD, 5.0, 200 * USD) is None
+    assert judge(p, W0 + 3 * WEEK_MS + 5, 5_000 * USD, 5.0, 200 * USD) == 40 * USD
     thin = _paid(NO_PEAKS, W0, 40 * USD, MIN_PAYOUTS - 1)
     assert judge(thin, W0 + 3 * WEEK_MS, 5_000 * USD, 5.0, 200 * USD) is None
     assert note(thin, W0, 0) == thin  # a payout of 0 counts nothing
 
 
 def test_both_the_multiple_and_the_floor_must_be_exceeded() -> None:
-    p = note(_paid(NO_PEAKS, W0, 10 * USD), W0 + 2 * WEEK_MS, 40 * USD)
+    p = note(_paid(NO_PEAKS, W0, 10 * USD), W0 + WEEK_MS, 40 * USD)
     at = W0 + 2 * WEEK_MS + HOUR
     assert judge(p, at, 240 * USD, 5.0, 200 * USD) is None  # over the floor, not 5 x
     assert judge(p, at, 240_000_001, 5.0, 200 * USD) == 40 * USD  # both: over $240
@@ -68,8 +70,39 @@ def test_the_peak_is_the_largest_of_the_last_four_weeks() -> None:
         p = note(p, W0 + week * WEEK_MS, 20 * USD)
     at = W0 + 5 * WEEK_MS + HOUR
     assert judge(p, at, 500 * USD, 5.0, 200 * USD) == 20 * USD  # the $900 aged out
-    assert [w for w, _m in p.weeks] == [2802, 2803, 2804, 2805]
+    assert [w for w, _m in p.weeks] == [2801, 2802, 2803, 2804, 2805]  # 4 completed + now
     assert note(p, W0, 1).weeks == p.weeks  # late, before every kept week
+
+
+def test_this_weeks_payouts_raise_the_peak_only_once_the_week_is_over() -> None:
+    """A ladder of payouts each just under 5 x the last one sent walked the peak from
+    $40 to $999,999 in seven payouts: within a week, each is judged against the weeks
+    before."""
+    p = _paid(NO_PEAKS, W0, 40 * USD)
+    p = _paid(p, W0 + WEEK_MS, 40 * USD)
+    at = W0 + 2 * WEEK_MS + HOUR
+    held = []
+    for step in (240, 1_200, 6_000, 30_000, 150_000, 750_000, 999_999):
+        peak = judge(p, at, step * USD, 5.0, 200 * USD)
+        held.append(step if peak is not None else None)
+        if peak is None:
+            p = note(p, at, step * USD)  # only a payout sent raises the peak
+        at += 2 * HOUR
+    assert held == [None, 1_200, 6_000, 30_000, 150_000, 750_000, 999_999]
+    # next week the $240 sent is the peak: $1,200 is 5 x it, not over it
+    assert judge(p, W0 + 3 * WEEK_MS, 1_200 * USD, 5.0, 200 * USD) is None
+
+
+@pytest.mark.parametrize("dated", [W0 - 800 * WEEK_MS, W0 + WEEK_MS, 1])
+def test_a_payout_dated_back_is_judged_and_counted_as_of_the_newest_week(dated: int) -> None:
+    """Dated years back (or by a record timestamp of 1 ms), a $999,999 payout was judged
+    against no history and sent; dated last week, it raised a peak already in use."""
+    p = _paid(_paid(_paid(NO_PEAKS, W0, 40 * USD), W0 + WEEK_MS, 40 * USD),
+              W0 + 2 * WEEK_MS, 40 * USD)
+    assert judge(p, dated, 999_999 * USD, 5.0, 200 * USD) == 40 * USD
+    sent = note(p, dated, 150 * USD)  # not an outlier: counted in the newest week
+    assert sent.since == p.since and dict(sent.weeks)[2802] == 150 * USD
+    assert judge(sent, W0 + 2 * WEEK_MS + HOUR, 700 * USD, 5.0, 200 * USD) == 40 * USD
 
 
 def test_an_endpoint_back_after_a_silence_is_judged_as_a_new_one() -> None:

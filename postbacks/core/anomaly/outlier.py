@@ -3,13 +3,20 @@
 The value rate (:mod:`.rolling`) weighs a minute's money against what the minute usually
 brings, with one payout's weight bounded, so one large payout on a sparse endpoint moves
 its score only so much. This check judges each payout alone, against the endpoint's
-**peak**: the largest payout sent to it in each of the last :data:`WEEKS` event-time
-weeks (calendar weeks of the epoch, from Thursday 00:00 UTC; the newest one included). A
-payout is an outlier when it is over ``multiple`` x the peak **and** over the peak by more
-than ``floor_micros`` (the value-rate row's floor: $200 by default). It is judged once the
+**peak**: the largest payout sent to it in the :data:`WEEKS` completed event-time weeks
+before the payout's week (calendar weeks of the epoch, from Thursday 00:00 UTC). A payout
+is an outlier when it is over ``multiple`` x the peak **and** over the peak by more than
+``floor_micros`` (the value-rate row's floor: $200 by default). It is judged once the
 endpoint's history starts at least :data:`MIN_WEEKS` weeks back with :data:`MIN_PAYOUTS`
 payouts counted, and only while it was paid in the weeks before; a history without a
 payout for :data:`WEEKS` weeks starts again.
+
+The current week's payouts raise the peak only once their week is over: a payout just
+under the bound, then one just under the raised bound, and so on, walked the peak up five
+times a payout (seven payouts from $240 to $999,999 in an afternoon). And a payout dated
+before the endpoint's newest week is judged, and counted, as of that week: dated years
+back, one was judged against no history at all, and dated last week, it raised a peak
+already in use.
 
 Only payouts the gate sends raise the peak (the caller's rule): an outlier never does, so
 a stream of mispriced payouts keeps being judged, and nor does a payout held for another
@@ -50,7 +57,8 @@ NO_PEAKS = Peaks()
 
 
 def note(p: Peaks, at_ms: int, micros: int) -> Peaks:
-    """``p`` with a payout sent at event time ``at_ms`` counted. A payout of 0 counts
+    """``p`` with a payout sent at event time ``at_ms`` counted: in its week, or in the
+    endpoint's newest week if it is dated before that (module doc). A payout of 0 counts
     nothing. With no payout in the :data:`WEEKS` weeks before it, the history starts
     again at its week (an endpoint back after a silence is judged as a new one)."""
     if micros <= 0:
@@ -61,31 +69,27 @@ def note(p: Peaks, at_ms: int, micros: int) -> Peaks:
     if not weeks or p.since is None:
         return Peaks(week, ((week, micros),), 1, p.verdicts)
     last_week, last_max = weeks[-1]
-    if week == last_week and micros <= last_max and n == p.n and week >= p.since:
-        return p  # the usual case: nothing moves (no allocation per delivery)
-    if week >= last_week + WEEKS:  # (re)start after a silence
+    if week <= last_week:
+        if micros <= last_max and n == p.n:
+            return p  # the usual case: nothing moves (no allocation per delivery)
+        return Peaks(p.since, (*weeks[:-1], (last_week, max(last_max, micros))), n,
+                     p.verdicts)
+    if week > last_week + WEEKS:  # (re)start after a silence
         return Peaks(week, ((week, micros),), 1, p.verdicts)
-    since = min(p.since, week)
-    if week <= last_week - WEEKS:  # late: older than any week kept
-        return Peaks(since, weeks, n, p.verdicts)
-    kept = dict(weeks)
-    if kept.get(week, 0) >= micros and since == p.since and n == p.n:
-        return p
-    kept[week] = max(kept.get(week, 0), micros)
-    top = max(kept)
-    return Peaks(since, tuple(sorted((w, m) for w, m in kept.items() if w > top - WEEKS)),
-                 n, p.verdicts)
+    return Peaks(p.since, tuple((w, m) for w, m in (*weeks, (week, micros))
+                                if w >= week - WEEKS), n, p.verdicts)
 
 
 def judge(p: Peaks, at_ms: int, micros: int, multiple: float, floor_micros: int) -> int | None:
     """The peak ``micros`` is an outlier against, or None (not an outlier, a history too
-    short, no payout in the last weeks, or ``multiple`` 0: the check is off)."""
+    short, no payout in the completed weeks before, or ``multiple`` 0: the check is off).
+    Judged in the payout's week, or the endpoint's newest week if that is later."""
     if micros <= floor_micros or multiple <= 0 or p.since is None or p.n < MIN_PAYOUTS:
         return None  # (most payouts: under the floor, never an outlier)
-    week = at_ms // WEEK_MS
+    week = max(at_ms // WEEK_MS, p.weeks[-1][0]) if p.weeks else at_ms // WEEK_MS
     if p.since > week - MIN_WEEKS:
         return None
-    recent = [m for w, m in p.weeks if w > week - WEEKS]
+    recent = [m for w, m in p.weeks if week - WEEKS <= w < week]  # completed weeks only
     if not recent:
         return None
     peak = max(recent)
