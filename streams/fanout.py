@@ -46,7 +46,7 @@ from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
 from postbacks.errors import DeadLetterError
 from postbacks.kafka.clients import check_broker, make_consumer
-from postbacks.kafka.stage import Output, message_max, run_stage
+from postbacks.kafka.stage import OUTPUT_BUDGET, Output, message_max, run_stage
 from postbacks.kafka.txn import TxnProducer
 from postbacks.records import ConversionEvent
 from postbacks.settings import Settings
@@ -90,6 +90,12 @@ def run_fanout(settings: Settings, stop: threading.Event) -> None:
                     f" may take (the record is {len(msg.value() or b''):,} bytes)",
                     reason=TOO_LARGE)
             planned.append((key, value))
+        size = sum(len(k) + len(v) for k, v in planned)
+        if size > OUTPUT_BUDGET:  # one transaction holds all of a record's deliveries
+            raise DeadLetterError(
+                f"conversion {shown(event['conversion_id'])}: its {len(planned)} deliveries "
+                f"take {size:,} bytes, over the {OUTPUT_BUDGET:,} one conversion's may take",
+                reason=TOO_LARGE)
         for key, value in planned:  # all or none of the record's deliveries
             out.add(TOPICS.deliveries.base, key, value)
 

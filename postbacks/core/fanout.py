@@ -8,6 +8,7 @@ error). Re-fanning the same event yields the same delivery ids (identity is dete
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable
 
 from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS
@@ -73,6 +74,18 @@ _IDS = ("event_id", "conversion_id", "app_id", "goal_id")
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 _TEXTS = ("event_id", "conversion_id", "app_id", "event_type", "goal_id", "original_amount",
           "original_currency", "producer")
+# An id that differs from the one an endpoint was saved with only by what no one sees (a
+# zero-width or direction mark, a trailing or non-breaking space) matched no endpoint, and
+# the conversion reached no one without a trace.
+_INVISIBLE = frozenset({"Cf", "Zl", "Zp"})
+_CURRENCY = re.compile(r"[A-Z]{3}")  # ISO 4217
+_AMOUNT = re.compile(r"[0-9]{1,18}(\.[0-9]{1,18})?")
+
+
+def _unseen(v: str) -> bool:
+    """Whether ``v`` has a character no one sees, or whitespace at either end."""
+    return v != v.strip() or any(unicodedata.category(c) in _INVISIBLE for c in v
+                                 if not c.isascii())
 
 
 def shown(value: str) -> str:
@@ -100,6 +113,16 @@ def check_conversion(event: ConversionEvent, now_ms: int) -> None:
             problems.append(f"{f} is {len(v):,} characters long (at most {MAX_ID_CHARS})")
         elif isinstance(v, str) and _CONTROL.search(v.replace("\x00", "")):
             problems.append(f"{f} {shown(v)} holds a control character")
+        elif isinstance(v, str) and _unseen(v):
+            problems.append(f"{f} {ascii(v)[:80]} has whitespace at an end or an invisible "
+                            "character (a zero-width, direction or line mark)")
+    currency, amount = event.get("original_currency"), event.get("original_amount")
+    if currency and not _CURRENCY.fullmatch(currency):
+        problems.append(f"original_currency {shown(currency)} is not a three-letter ISO 4217 "
+                        "code (e.g. EUR)")
+    if amount and not _AMOUNT.fullmatch(amount):
+        problems.append(f"original_amount {shown(amount)} is not a decimal number "
+                        "(e.g. 12.50)")
     event_type = event.get("event_type")
     if event_type not in EVENT_TYPES:
         problems.append(f"event_type {shown(str(event_type))} is not a known event type "

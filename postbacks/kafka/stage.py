@@ -45,6 +45,11 @@ __all__ = ["MESSAGE_MAX", "Emit", "Output", "commit_batch", "dead_letter_for",
 log = logging.getLogger(__name__)
 
 MESSAGE_MAX = 1_000_000  # librdkafka's message.max.bytes when the config does not set it
+# The output bytes one transaction gathers before it commits, mid-batch if need be: a batch
+# of records just under the size limit, fanned out to several endpoints each, held
+# hundreds of MiB until its commit, and a stage killed for its memory read the same batch
+# again after every restart.
+OUTPUT_BUDGET = 32 * 1024 * 1024
 _DLQ_SLACK = 512  # per-message and length-prefix overhead around a dead letter's bytes
 _KEY_KEPT = 1024  # the first bytes of the original key a cut dead letter keeps
 
@@ -57,12 +62,15 @@ class Output:
 
     items: list[tuple[str, bytes | None, bytes]] = field(default_factory=list)
     dead: Counter[str] = field(default_factory=Counter)
+    size: int = 0  # the bytes of every key and value
 
     def add(self, topic_base: str, key: bytes | None, value: bytes) -> None:
         self.items.append((topic_base, key, value))
+        self.size += len(value) + (len(key) if key else 0)
 
     def add_dead_letter(self, key: bytes | None, value: bytes, reason: str) -> None:
         self.items.append((TOPICS.dlq.base, key, value))
+        self.size += len(value) + (len(key) if key else 0)
         self.dead[reason] += 1
 
 
@@ -143,13 +151,21 @@ def run_stage(
 ) -> None:
     """Run until ``stop`` is set. ``handle`` may raise DeadLetterError for one record.
     ``group``: the base name ``consumer`` was made with (``make_consumer``), for the group
-    watch. ``after_commit(committed)`` after each batch's transaction: False when it was
-    aborted and its records will be read again (a handler keeping memory of what it saw
-    undoes the batch's part of it)."""
+    watch. ``after_commit(committed)`` after each transaction (a batch's, or a part of one
+    that made :data:`OUTPUT_BUDGET` bytes of output): False when it was aborted and its
+    records will be read again (a handler keeping memory of what it saw undoes that
+    transaction's part of it)."""
     dlq_codec = codec_for("DeadLetter")
     limit = message_max(settings, stage)
     subscribe_watched(consumer, [settings.topic(b) for b in input_bases], settings, group, stop)
     processed = STAGE_RECORDS.labels(stage=stage)
+    def commit(out: Output, offsets: dict[tuple[str, int], int], n: int) -> bool:
+        committed = commit_batch(stage, settings, consumer, producer, out, offsets)
+        if after_commit is not None:
+            after_commit(committed)
+        processed.inc(n)
+        return committed
+
     try:
         while not stop.is_set():
             msgs = consume_ready(consumer, settings.batch_size, 0.5)
@@ -158,7 +174,13 @@ def run_stage(
             now_ms = int(clock() * 1000)
             out = Output()
             offsets: dict[tuple[str, int], int] = {}
+            taken = 0
             for m in records(msgs, stage):
+                if out.size >= OUTPUT_BUDGET:  # commit what the batch has made so far
+                    if not commit(out, offsets, taken):
+                        break  # aborted and rewound: the rest is read again
+                    out, offsets, taken = Output(), {}, 0
+                taken += 1
                 offsets[(m.topic() or "", m.partition() or 0)] = (m.offset() or 0) + 1
                 try:
                     handle(m, out, now_ms)
@@ -172,12 +194,9 @@ def run_stage(
                     dl = dead_letter_for(m, stage, exc, "internal_error", now_ms, limit=limit)
                     out.add_dead_letter(dl["original_key"], dlq_codec.encode(dl),
                                         "internal_error")
-            if not offsets:
-                continue
-            committed = commit_batch(stage, settings, consumer, producer, out, offsets)
-            if after_commit is not None:
-                after_commit(committed)
-            processed.inc(len(msgs))
+            else:
+                if offsets:
+                    commit(out, offsets, taken)
     finally:
         consumer.close()
 

@@ -71,6 +71,17 @@ NOW = 1_700_000_300_000
     ({"conversion_id": "x\x1f\x01conversion"}, "conversion_id 'x\\x1f\\x01conversion' holds a co"),
     ({"goal_id": "g\n1"}, "goal_id 'g\\n1' holds a control character"),
     ({"app_id": "a\x7f"}, "app_id 'a\\x7f' holds a control character"),
+    # what no one sees matched no endpoint: the conversion reached no one, without a trace
+    ({"app_id": "app_1 "}, "app_id 'app_1 ' has whitespace at an end"),
+    ({"app_id": "app_1\u200b"}, "app_id 'app_1\\u200b' has whitespace at an end or an inv"),
+    ({"app_id": "\xa0app_1"}, "app_id '\\xa0app_1' has whitespace"),
+    ({"conversion_id": "cv\u202e1"}, "an invisible character"),
+    # a USD payout labelled with a currency no one could read
+    ({"original_currency": "usd "}, "original_currency 'usd ' is not a three-letter ISO"),
+    ({"original_currency": "US$\u202e"}, "is not a three-letter ISO 4217 code"),
+    ({"original_currency": "EUR" * 1000}, "is not a three-letter ISO 4217 code"),
+    ({"original_amount": "1e5"}, "original_amount '1e5' is not a decimal number"),
+    ({"original_amount": "12,50"}, "is not a decimal number"),
 ])
 def test_a_value_a_later_stage_cannot_hold_is_invalid_and_named(over: dict[str, object],
                                                                  words: str) -> None:
@@ -86,6 +97,9 @@ def test_values_at_the_limits_pass() -> None:
     check_conversion(make_conversion(payout_usd_micros=0, source_completed_at=946_684_800_000,
                                      source_created_at=253_402_300_799_999,
                                      conversion_id="cv é ü 漢 - _ . : / @"), NOW)
+    check_conversion(make_conversion(app_id="App_1", original_currency="JPY",
+                                     original_amount="1500.25"), NOW)
+    check_conversion(make_conversion(original_currency="", original_amount=""), NOW)
 
 
 def test_ids_with_a_separator_in_them_cannot_share_a_delivery() -> None:
