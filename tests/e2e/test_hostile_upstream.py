@@ -204,6 +204,12 @@ def test_every_hostile_record_is_dead_lettered_or_fanned_out_and_the_partition_f
         Case("duplicate, first", up.enc("cv_dup"), key=b"cv_dup"),
         Case("duplicate, again", up.enc("cv_dup"), key=b"cv_dup"),
         # fields a later stage cannot handle
+        # an app id an endpoint's differs from only by what no one sees: it reached no
+        # endpoint, and no one learnt of it
+        Case("app_id with a zero-width space", up.enc("cv_zw_app", app_id=up.app + "\u200b"),
+             reason=inv, words=("an invisible character",)),
+        Case("currency not ISO 4217", up.enc("cv_cur", original_currency="usd "), reason=inv,
+             words=("is not a three-letter ISO 4217 code",)),
         Case("payout negative", up.enc("cv_pay_neg", payout_usd_micros=-1), reason=inv,
              words=("payout_usd_micros -1 is negative",)),
         Case("source time before 1970", up.enc("cv_src_pre", source_completed_at=-DAY_MS),

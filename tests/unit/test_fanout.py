@@ -75,7 +75,7 @@ NOW = 1_700_000_300_000
     ({"app_id": "app_1 "}, "app_id 'app_1 ' has whitespace at an end"),
     ({"app_id": "app_1\u200b"}, "app_id 'app_1\\u200b' has whitespace at an end or an inv"),
     ({"app_id": "\xa0app_1"}, "app_id '\\xa0app_1' has whitespace"),
-    ({"conversion_id": "cv\u202e1"}, "an invisible character"),
+    ({"app_id": "app\u202e1"}, "an invisible character"),
     # a USD payout labelled with a currency no one could read
     ({"original_currency": "usd "}, "original_currency 'usd ' is not a three-letter ISO"),
     ({"original_currency": "US$\u202e"}, "is not a three-letter ISO 4217 code"),
@@ -100,6 +100,8 @@ def test_values_at_the_limits_pass() -> None:
     check_conversion(make_conversion(app_id="App_1", original_currency="JPY",
                                      original_amount="1500.25"), NOW)
     check_conversion(make_conversion(original_currency="", original_amount=""), NOW)
+    # only the id that routes is held to it: other ids are carried as they are
+    check_conversion(make_conversion(conversion_id="cv\u2028 ", goal_id="\u2028\ufeff"), NOW)
 
 
 def test_ids_with_a_separator_in_them_cannot_share_a_delivery() -> None:
