@@ -59,9 +59,12 @@ class ValidationFailed:
 
 @dataclass(frozen=True, slots=True)
 class Attempted:
-    """What one attempt meant for the endpoint's health (for the breaker)."""
+    """What one attempt meant for the endpoint's health (for the breaker), and how long
+    of it the agent waited on itself (the intent's acknowledgement): not the endpoint's
+    time, so not in the pace its lane measures."""
 
     unhealthy: bool
+    waited_s: float = 0.0
 
 
 @dataclass
@@ -171,8 +174,11 @@ class Deliverer:
         redact = Redaction.of(ep.config.redact_fields, ep.config.headers)
         ids: dict[str, object] = dict(attempt_id=new_id("att", now_ms),
                                       agent_instance=self.instance)
+        waited = 0.0
         if self.intents is not None:
+            waited = time.monotonic()
             await self._intend(d, req, redact, queue_ms, ids)
+            waited = time.monotonic() - waited
         sent_at = self.clock()
         result = await self.transport.send(req, follow_redirects=ep.config.follow_redirects)
         done = self.clock()
@@ -201,7 +207,7 @@ class Deliverer:
             case Delivered():
                 self.attempt(out, d, now_ms, "delivered", req, redact, **common)
                 self.outcome(out, d, "delivered", now_ms)
-                return Attempted(unhealthy=False)
+                return Attempted(unhealthy=False, waited_s=waited)
             case Permanent(error_class=ec):
                 name = ec if ec in ("blocked_address", "invalid_url") else "permanent"
                 self.attempt(out, d, now_ms, name, req, redact, error_class=ec,
@@ -209,7 +215,7 @@ class Deliverer:
                 self.dead_letter(out, raw, DeadLetterError(f"permanent failure: {ec}"),
                                  name, now_ms, d)
                 self.outcome(out, d, "dead_lettered", now_ms, ec)
-                return Attempted(unhealthy=False)
+                return Attempted(unhealthy=False, waited_s=waited)
             case ValidationFailed(reason=why):
                 VALIDATION_FAILED.inc()
                 self.attempt(out, d, now_ms, "validation_failed", req, redact,
@@ -224,12 +230,12 @@ class Deliverer:
                                              "last_error": why})
                     self.forward(out, TOPICS.held.base, held)
                     self.outcome(out, d, "held", now_ms, f"validation_failed: {why}")
-                return Attempted(unhealthy=False)
+                return Attempted(unhealthy=False, waited_s=waited)
             case Retryable(error_class=ec, retry_after_s=after):
                 self.attempt(out, d, now_ms, "retryable", req, redact, error_class=ec,
                              **common)
                 self._retry_or_exhaust(out, raw, d, ep, ec, after, first, now_ms)
-                return Attempted(unhealthy=True)
+                return Attempted(unhealthy=True, waited_s=waited)
         raise AssertionError(f"unhandled verdict {verdict!r}")
 
     async def _intend(self, d: DeliveryRecord, req: RenderedRequest, redact: Redaction,

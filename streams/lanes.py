@@ -310,6 +310,7 @@ class Lanes:
     async def _run(self, lane: Lane, work: Work, probe: bool) -> None:
         out: list[Item] = []
         unhealthy = sent = False
+        waited = 0.0
         started = time.monotonic()
         try:
             ep = self.endpoint(lane.endpoint_id)
@@ -331,7 +332,7 @@ class Lanes:
                 self._first_miss.pop(work.delivery["delivery_id"], None)
                 sent = True
                 result = await self.deliverer.deliver(work.msg, work.delivery, ep, out)
-                unhealthy = result.unhealthy
+                unhealthy, waited = result.unhealthy, result.waited_s
         except Exception as exc:  # a bug must not stall the partition: dead-letter it
             log.exception("agent: unexpected error delivering %s", work.delivery["delivery_id"])
             out = []
@@ -345,7 +346,10 @@ class Lanes:
                 log.exception("agent: no outcome for %s", work.delivery["delivery_id"])
         finally:
             lane.in_flight -= 1
-            lane.observe(time.monotonic() - started)
+            # the endpoint's pace, which its budget and quarantine pacing read: not the
+            # agent's own wait on Kafka (in a broker's failover it made every endpoint look
+            # seconds slow, quarantined them and spaced their return over minutes)
+            lane.observe(time.monotonic() - started - waited)
         before = lane.breaker
         lane.breaker = (on_result(self.policy, before, self._now_ms(), failed=unhealthy,
                                   probe=probe) if sent else unused(before, probe=probe))
