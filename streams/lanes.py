@@ -171,15 +171,17 @@ class Lanes:
             return
         log.info("breaker %s: %s -> %s%s", lane.endpoint_id, before.state, after.state,
                  "" if own else " (another agent)")
-        if after.state == "open" and not self._disabled(lane.endpoint_id):
+        if after.state == "open" and self._enabled(lane.endpoint_id):
             BREAKER_OPEN.labels(endpoint=lane.endpoint_id).set(1)
         elif after.state in ("ramping", "closed") and before.state in ("open", "half_open"):
             with contextlib.suppress(KeyError):  # never open here (adopted half-open)
                 BREAKER_OPEN.remove(lane.endpoint_id)
 
-    def _disabled(self, endpoint_id: str) -> bool:
+    def _enabled(self, endpoint_id: str) -> bool:
+        """In the view and enabled: a breaker is only shown open for an endpoint that can
+        get traffic (one disabled or deleted is never probed, so never closes)."""
         ep = self.endpoint(endpoint_id)
-        return ep is not None and ep.disabled_at_ms is not None
+        return ep is not None and ep.disabled_at_ms is None
 
     def _over_budget(self, lane: Lane, endpoint_id: str) -> bool:
         """Budget of buffered work, in time: divert when the backlog would take longer than

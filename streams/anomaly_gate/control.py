@@ -24,11 +24,12 @@ from postbacks.codec import codec_for
 from postbacks.core.anomaly import Detector, HaltState, Trip
 from postbacks.core.anomaly.halts import CONTROL_AHEAD_MS, read_change, refusal, refused
 from postbacks.errors import DeadLetterError
-from postbacks.metrics import ANOMALY_TRIPS, CONTROL_REFUSED, HALTED_SCOPES, child
+from postbacks.metrics import ANOMALY_TRIPS, CONTROL_REFUSED, child
 from postbacks.records import BreakerStateRecord
 from postbacks.settings import Settings
 from streams.anomaly_gate.admin import breaker_record, control_key
 from streams.anomaly_gate.config import HaltBook, core_scope
+from streams.anomaly_gate.refresh import gauge_halts
 from topics import TOPICS
 
 __all__ = ["MAX_AHEAD_MS", "ControlReader", "TripWriter", "breaker_state", "refused"]
@@ -51,12 +52,6 @@ def breaker_state(trip: Trip, global_key: str, now_ms: int) -> tuple[bytes, Brea
                   + ("" if trip.detail is None else f" ({trip.detail})"),
     }, observed=float(trip.observed), baseline=float(trip.baseline))
     return control_key(trip.scope, key, trip.detector.value), rec
-
-
-def _gauge(halts: HaltBook) -> None:
-    kinds = [s[0] for s in halts.tripped()]
-    for kind in ("endpoint", "global"):
-        HALTED_SCOPES.labels(kind).set(kinds.count(kind))
 
 
 MAX_AHEAD_MS = CONTROL_AHEAD_MS  # a change dated further ahead of a gate's clock: refused
@@ -93,7 +88,7 @@ class ControlReader:
         log.info("control topic read: %d state(s); %d scope(s) tripped%s", self.seen,
                  len(tripped), f" (global: {self.settings.anomaly_global_key})"
                  if ("global", "*") in tripped else "")
-        _gauge(self.halts)
+        gauge_halts(self.halts)
 
     async def _poll(self, timeout_ms: int) -> None:
         assert self._consumer is not None
@@ -122,7 +117,7 @@ class ControlReader:
         if self.halts.apply(change):
             log.warning("halt %s/%s %s is now %s (%s)", rec["scope"], rec["scope_key"],
                         rec["detector"], change.state.value, rec["actor"] or rec["reason"] or "")
-            _gauge(self.halts)
+        gauge_halts(self.halts)  # also when this gate tripped it: its own record changes nothing
         if change.state is HaltState.TRIPPED:
             self.writer.ensure(rec)
 
@@ -156,6 +151,7 @@ class TripWriter:
         log.warning("TRIP %s/%s %s: %s", rec["scope"], rec["scope_key"], rec["detector"],
                     rec["reason"])
         self.ensure(rec)
+        gauge_halts(self.halts)  # the scope was tripped here (trip_now) just before
         return key, rec
 
     def ensure(self, rec: BreakerStateRecord) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import psycopg
 
 from postbacks.db.connect import KeptConnection, connect
-from postbacks.metrics import HELD_DEPTH, HELD_OLDEST_AGE
+from postbacks.metrics import HALTED_SCOPES, HELD_DEPTH, HELD_OLDEST_AGE
 from postbacks.settings import Settings
 from streams.anomaly_gate.config import GateConfig, HaltBook, StateChange, build_config
 
@@ -35,6 +35,15 @@ log = logging.getLogger(__name__)
 
 Snapshot = tuple[GateConfig, list[StateChange], int, float | None]
 
+
+
+def gauge_halts(halts: HaltBook) -> None:
+    """``postbacks_anomaly_halted_scopes``: the scopes tripped in this gate's book, by kind.
+    Set whenever the book may have changed: a trip of this gate's own, a control record
+    (this gate's own trip read back changes nothing in the book), a PostgreSQL refresh."""
+    kinds = [s[0] for s in halts.tripped()]
+    for kind in ("endpoint", "global"):
+        HALTED_SCOPES.labels(kind).set(kinds.count(kind))
 
 class _Target(Protocol):
     config: GateConfig
@@ -90,6 +99,7 @@ class Refresher:
         for s in states:
             halts.apply(s)
         self._gauges(depth, oldest)
+        gauge_halts(halts)
         return cfg
 
     def _gauges(self, depth: int, oldest: float | None) -> None:
@@ -105,6 +115,7 @@ class Refresher:
                 log.warning("halt %s %s is now %s (from PostgreSQL)", s.scope, s.detector,
                             s.state.value)
         self._gauges(depth, oldest)
+        gauge_halts(halts)
 
     def read_changed(self) -> Snapshot | tuple[int, float | None]:
         """One pass: the whole snapshot when a settings row changed since the last one

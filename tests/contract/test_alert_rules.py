@@ -130,6 +130,21 @@ def test_every_dashboard_query_is_valid_promql_on_exported_metrics(path: Path,
     assert {e: u for e, u in unknown.items() if u} == {}
 
 
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_every_panel_has_its_own_id(path: Path) -> None:
+    """A shared id makes a panel link (``viewPanel=<id>``) open the wrong panel."""
+    ids: list[Any] = []
+
+    def walk(panels: list[dict[str, Any]]) -> None:
+        for panel in panels:
+            ids.append(panel.get("id"))
+            walk(panel.get("panels", []))
+
+    walk(json.loads(path.read_text())["panels"])
+    assert None not in ids
+    assert sorted(i for i in set(ids) if ids.count(i) > 1) == []
+
+
 def test_the_dashboards_exist() -> None:
     assert DASHBOARDS, "deploy/grafana/dashboards/*.json is missing"
 

@@ -132,7 +132,8 @@ def test_every_stage_is_scraped_where_it_runs() -> None:
         "postbacks-agent"
     services = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())["services"]
     stages = {n for n, s in services.items()
-              if re.search(r"postbacks (fanout|gate|agent|relay|sink|monitor|notifier)\W*$",
+              if re.search(r"postbacks (fanout|gate|agent|relay|sink|monitor|notifier"
+                           r"|console serve)\W*$",
                            str(s.get("command", "")))}
     compose_prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus-compose.yml").read_text())
     targets = {t.split(":")[0] for j in compose_prom["scrape_configs"]

@@ -51,3 +51,9 @@ def test_a_disabled_endpoints_breaker_is_not_shown_open() -> None:
     view[other.endpoint_id] = other
     lanes.adopt(other.endpoint_id, BreakerState("open", 20, now_ms, changed_ms=now_ms))
     assert not shown(other.endpoint_id)
+
+    # ... nor for an endpoint not in the view at all: the view holds enabled endpoints
+    # only, so one disabled (or deleted) since is simply missing; breakers.v1 kept its
+    # last state, open, and every agent start showed it open again, for ever
+    lanes.adopt("ep_gauge_gone", BreakerState("open", 20, now_ms, changed_ms=now_ms))
+    assert not shown("ep_gauge_gone")
