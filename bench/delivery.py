@@ -228,7 +228,7 @@ def _run_parts(args: argparse.Namespace, parts: set[str], base: Settings, log_di
     if "relay" in parts:
         results |= run_relay_lateness(base, 2000, log_dir / "relay")
     if "isolation" in parts:
-        results |= run_isolation_pairs(base, args.isolation_pairs, log_dir)
+        results |= run_isolation_pairs(base, args.isolation_pairs, log_dir, args.isolation_s)
 
 
 def main() -> None:
@@ -263,6 +263,8 @@ def main() -> None:
                          "migrated, dropped afterwards (PostgreSQL's share of the engine "
                          "depends on how much the database holds, and every run adds 3 rows "
                          "per delivery)")
+    ap.add_argument("--isolation-s", type=float, default=20.0,
+                    help="seconds of timed healthy traffic in each isolation run (400/s)")
     ap.add_argument("--isolation-pairs", type=int, default=6,
                     help="alternating without/with runs of the isolation part (median)")
     args = ap.parse_args()

@@ -39,7 +39,7 @@ import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
 from postbacks.avro_c import Node, plan
-from postbacks.errors import ConfigError, UndecodableRecord
+from postbacks.errors import ConfigError, InvalidRecord, UndecodableRecord
 from schemas import avro_folder
 
 __all__ = [
@@ -176,6 +176,12 @@ class Codec:
             raise ValueError(f"{self.record}: cannot encode: {exc}") from exc
 
     def decode(self, data: bytes | None) -> dict[str, Any]:
+        value = self._decode(data)
+        if self.record == "Delivery":
+            _check_delivery(value)
+        return value
+
+    def _decode(self, data: bytes | None) -> dict[str, Any]:
         if data is None:
             raise UndecodableRecord(f"{self.record}: empty message (tombstone)")
         if len(data) < _HEADER.size:
@@ -224,6 +230,18 @@ class Codec:
                 f"{self.record}: {len(data) - buf.tell()} trailing bytes after the record"
             )
         return cast(dict[str, Any], value)
+
+
+MAX_ATTEMPT = 1_000_000  # attempts already made: far above any retry schedule or replays
+
+
+def _check_delivery(d: dict[str, Any]) -> None:
+    """A delivery's ``attempt`` becomes ``attempt + 1`` in its outcome and attempt records
+    (Avro ints): one near 2**31 from a foreign producer failed that encode in every stage
+    that read it, a crash loop on its partition. Refused here, as every stage decodes."""
+    attempt = d.get("attempt", 0)
+    if not 0 <= attempt <= MAX_ATTEMPT:
+        raise InvalidRecord(f"Delivery: attempt {attempt} is outside 0..{MAX_ATTEMPT}")
 
 
 def _swapped(fp: int) -> int:

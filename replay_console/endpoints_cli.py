@@ -51,6 +51,9 @@ def _disabled_cmd(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+ENABLE_ROUND = 10_000  # parked deliveries released or rejected per Kafka transaction
+
+
 def _enable_cmd(settings: Settings, args: argparse.Namespace) -> int:
     from postbacks.db.connect import connect
     from postbacks.db.endpoint_health import enable
@@ -89,18 +92,27 @@ def _enable_cmd(settings: Settings, args: argparse.Namespace) -> int:
         print(f"waiting {wait:g} s for the agents to see it enabled ...", flush=True)
         time.sleep(wait)
     kind = "released" if args.backlog == "deliver" else "rejected"
-    try:
-        r = resolve_held(settings, kind=kind, actor=actor, note=args.note or f"endpoint "
-                         f"re-enabled, backlog: {args.backlog}", endpoint=args.endpoint_id,
-                         reason=PARKED, yes=True)
-    except NeedsConfirmation as exc:  # not raised with yes=True; kept for the type
-        return fail(args, str(exc), 1)
-    except HeldError as exc:
-        print(f"parked backlog: {exc}")
-        return 0
-    print(f"{kind} {len(r.delivery_ids)} parked deliveries"
-          + (f" to {r.target}" if kind == "released" else " (never sent)"))
-    return 1 if r.skipped else 0
+    done, skipped, target = 0, 0, ""
+    while True:  # in rounds of resolve_held's limit: a backlog has no upper bound
+        try:
+            r = resolve_held(settings, kind=kind, actor=actor, note=args.note or f"endpoint "
+                             f"re-enabled, backlog: {args.backlog}",
+                             endpoint=args.endpoint_id, reason=PARKED, yes=True,
+                             limit=ENABLE_ROUND)
+        except NeedsConfirmation as exc:  # not raised with yes=True; kept for the type
+            return fail(args, str(exc), 1)
+        except HeldError as exc:
+            if not done:
+                print(f"parked backlog: {exc}")
+            break
+        done, skipped, target = done + len(r.delivery_ids), skipped + len(r.skipped), r.target
+        if not (r.limit_reached and r.delivery_ids):
+            break
+        print(f"... {done} {kind} so far", flush=True)
+    if done:
+        print(f"{kind} {done} parked deliveries"
+              + (f" to {target}" if kind == "released" else " (never sent)"))
+    return 1 if skipped else 0
 
 
 def _config_text(arg: str) -> str:

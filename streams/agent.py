@@ -49,7 +49,7 @@ from streams.delivery import Deliverer
 from streams.halts import AgentHalts, follow_halts
 from streams.intents import DirectLog
 from streams.lanes import Lanes
-from streams.offsets import Tracker, decode_done
+from streams.offsets import Tracker, carry_done, decode_done
 from streams.strict import load_states
 from topics import TOPICS
 from topics.admin import create_topics
@@ -239,6 +239,7 @@ async def _commit(loop: asyncio.AbstractEventLoop, kafka: ThreadPoolExecutor,
     items, commits = tracker.drain()
     if not commits:
         return
+    carry_done(commits, skip)
     assert lanes.strict is not None
     items.extend(lanes.strict.take_writes())  # after the records they describe
     out = Output(items)

@@ -19,7 +19,7 @@ import zlib
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["Commit", "Slot", "Tracker", "decode_done", "encode_done"]
+__all__ = ["Commit", "Slot", "Tracker", "carry_done", "decode_done", "encode_done"]
 
 Item = tuple[str, bytes | None, bytes]  # (topic base, key, value)
 Commit = tuple[int, str]  # (next offset to read, metadata)
@@ -49,6 +49,20 @@ def decode_done(base: int, metadata: str | None) -> set[int]:
         return set()
     return {base + (i << 3) + b for i, byte in enumerate(bits) for b in range(8)
             if byte >> b & 1}
+
+
+def carry_done(commits: dict[tuple[str, int], Commit],
+               unread: dict[tuple[str, int], set[int]]) -> None:
+    """Keep in each commit's metadata the offsets a previous owner finished that this one
+    has not read again yet (``unread``: what :func:`decode_done` gave at the assignment,
+    less what was read since). The tracker knows only the offsets it has read: without
+    this, the first commit after an assignment dropped the rest, and an owner after the
+    next rebalance sent them again."""
+    for key, (base, metadata) in commits.items():
+        rest = unread.get(key)
+        if rest:
+            done = decode_done(base, metadata) | {o for o in rest if o >= base}
+            commits[key] = (base, encode_done(base, sorted(done)))
 
 
 @dataclass(slots=True)

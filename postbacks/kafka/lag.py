@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from postbacks.codec import codec_for
 from postbacks.core.backlog import PartitionProgress, lag_of, position_of
 from postbacks.core.delay import ripe_at
-from postbacks.errors import ServiceUnavailable, UndecodableRecord
+from postbacks.errors import DeadLetterError, ServiceUnavailable
 from postbacks.settings import Settings
 from topics.registry import RETRY_TIERS, TOPICS, GroupSpec
 
@@ -48,7 +48,7 @@ def _due_at(value: bytes | None, period_ms: int | None) -> int | None:
     read: then its age counts from when it was written."""
     try:
         d = codec_for("Delivery").decode(value)
-    except UndecodableRecord:
+    except DeadLetterError:
         return None
     return ripe_at(d.get("due_at"), d.get("enqueued_at"), period_ms)
 
