@@ -176,12 +176,14 @@ class Codec:
             raise ValueError(f"{self.record}: cannot encode: {exc}") from exc
 
     def decode(self, data: bytes | None) -> dict[str, Any]:
-        value = self._decode(data)
+        value = self.decode_frame(data)
         if self.record == "Delivery":
             _check_delivery(value)
         return value
 
-    def _decode(self, data: bytes | None) -> dict[str, Any]:
+    def decode_frame(self, data: bytes | None) -> dict[str, Any]:
+        """The wire format alone: the record as written, without :meth:`decode`'s checks
+        of its fields."""
         if data is None:
             raise UndecodableRecord(f"{self.record}: empty message (tombstone)")
         if len(data) < _HEADER.size:
