@@ -217,11 +217,14 @@ def resolve_held(
             items.append((outcomes, key, codec_for("Outcome").encode(outcome)))
             ok.append(h)
         if ok:
-            publish_transaction(settings, _STAGE, items)
             after = ({"status": "released", "triggered_by": actor} if release
                      else {"status": "rejected", "reason": f"rejected by {actor}"
                            + (f": {note}" if note else "")})
+            # the audit rows (which keep these out of a second release) are written before
+            # the publish: PostgreSQL failing on them publishes nothing; only its commit
+            # failing after the publish leaves a retry able to release them again
             audit_held(conn, ok, action=f"held.{verb}", actor=actor, after=after, note=note)
+            publish_transaction(settings, _STAGE, items)
     return Resolved(kind, tuple(h.delivery_id for h in ok), tuple(skipped),
                     len(held) >= limit, retry if release else "never sent")
 

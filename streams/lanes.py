@@ -358,7 +358,10 @@ class Lanes:
         self._changed(lane, before, own=True)
         work.slot.finish(out)  # before anything parked behind it (finishing order)
         if self.strict is not None and self._strict(self.endpoint(lane.endpoint_id)):
-            self.strict.after(lane, work, out)
+            if work.slot.detached:  # revoked or aborted meanwhile: the owner redoes it
+                self.strict.dropped(lane, work)
+            else:
+                self.strict.after(lane, work, out)
         self.pump(lane)
 
     def drop_partitions(self, revoked: set[tuple[str, int]]) -> None:

@@ -78,6 +78,7 @@ class Slot:
     outputs: list[Item] | None = None  # None while unfinished
     drained: bool = False
     seq: int = 0  # its place in finishing order
+    detached: bool = False  # its partition was revoked (or the batch aborted) meanwhile
 
     def finish(self, outputs: list[Item]) -> None:
         if self.outputs is None and not self.drained:
@@ -156,6 +157,7 @@ class Tracker:
                 self._count.open -= 1
                 orphan.open += 1
                 s._count = orphan  # a late finish no longer counts here
+                s.detached = True
 
     def unfinished(self) -> int:
         return self._count.open

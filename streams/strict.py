@@ -242,6 +242,14 @@ class StrictOrder:
         self._release(lane, st)
 
     # -- state ---------------------------------------------------------------------------
+    def dropped(self, lane: Lane, work: Work) -> None:
+        """A strict delivery sent while its partition was revoked (or its batch aborted):
+        its outputs are dropped and the partition's owner redoes it, so the order state is
+        not changed (publishing it would overwrite the owner's); it is only not here."""
+        st = self.states.get(lane.endpoint_id)
+        if st is not None and st.head == work.delivery["delivery_id"]:
+            st.here = False
+
     def take_writes(self) -> list[Item]:
         """The ``ordering.v1`` records of the states changed since the last call."""
         out: list[Item] = [(TOPICS.ordering.base, eid.encode(), self.states[eid].dump())

@@ -171,6 +171,31 @@ def test_unknown_delivery_id_publishes_nothing(
     assert audit_rows(settings, [d["delivery_id"]]) == []
 
 
+def test_the_audit_failing_publishes_nothing(
+    settings: Settings, namespace: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The audit rows are what keep a delivery from being released twice; they are written
+    before the publish. PostgreSQL failing on them (here: made to) publishes nothing, so a
+    retry does not release the same deliveries a second time."""
+    import psycopg
+
+    import postbacks.db.anomaly as anomaly
+    from replay_console.held import resolve_held
+
+    d = held_delivery(namespace, 1, endpoint=f"ep_{namespace}_f")
+    insert_deliveries(settings, [d])
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(anomaly, "audit_held", broken)
+    with pytest.raises(psycopg.OperationalError):
+        resolve_held(settings, kind="released", actor="cli:erin",
+                     delivery_ids=[d["delivery_id"]])
+    assert topic_size(settings, RETRY_5S) == 0 and topic_size(settings, TOPICS.outcomes.base) == 0
+    assert audit_rows(settings, [d["delivery_id"]]) == []
+
+
 def test_invalid_snapshot_is_a_per_delivery_error(
     settings: Settings, namespace: str, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
