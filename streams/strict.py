@@ -61,6 +61,9 @@ class OrderState:
     tail: str | None = None  # the last follower parked behind it, not seen back yet
     drain: str | None = None  # the last follower parked in an earlier delay topic, not back
     drain_due: int = 0
+    # when the head entered its delay topic: its followers carry it, so in a retry tier
+    # they ripen (and hop) with the head, not after a follower parked later (0: unknown)
+    enqueued: int = 0
     here: bool = False  # (memory) the head is in this agent's lane now
     waiting: deque[Work] = field(default_factory=deque)  # (memory) new ones held back
 
@@ -70,7 +73,8 @@ class OrderState:
     def dump(self) -> bytes:
         return json.dumps({"head": self.head, "topic": self.topic, "due_at": self.due_at,
                            "tail": self.tail, "drain": self.drain,
-                           "drain_due": self.drain_due}, sort_keys=True).encode()
+                           "drain_due": self.drain_due, "enqueued": self.enqueued},
+                          sort_keys=True).encode()
 
     @classmethod
     def load(cls, raw: bytes) -> OrderState:
@@ -78,7 +82,7 @@ class OrderState:
         if not isinstance(d, dict):
             raise ValueError("not an object")
         return cls(d.get("head"), d.get("topic"), int(d.get("due_at") or 0), d.get("tail"),
-                   d.get("drain"), int(d.get("drain_due") or 0))
+                   d.get("drain"), int(d.get("drain_due") or 0), int(d.get("enqueued") or 0))
 
 
 def load_states(settings: Settings, timeout_s: float = 30.0) -> dict[str, OrderState]:
@@ -169,7 +173,7 @@ class StrictOrder:
         out: list[Item] = []
         now = self.now_ms()
         already = (d["last_error"] or "").startswith(MARK)
-        parked = DeliveryRecord(**{**d, "due_at": st.due_at, "enqueued_at": now,
+        parked = DeliveryRecord(**{**d, "due_at": st.due_at, "enqueued_at": st.enqueued or now,
                                    "last_error": f"{MARK} behind {st.head}"})
         out.append((st.topic, eid.encode(), self._dlv.encode(parked)))
         if not already:
@@ -199,8 +203,9 @@ class StrictOrder:
             st.here = False
         for topic, _key, value in out:
             if topic in DELAY_TOPICS:
-                due = self._dlv.decode(value)["due_at"] or self.now_ms()
-                self.block(lane, did, topic, int(due))
+                rec = self._dlv.decode(value)
+                self.block(lane, did, topic, int(rec["due_at"] or self.now_ms()),
+                           int(rec["enqueued_at"] or 0))
                 return
         if did == st.head:
             st.head, st.topic = None, None
@@ -209,13 +214,14 @@ class StrictOrder:
             self.dirty.add(eid)
         self._release(lane, st)
 
-    def block(self, lane: Lane, did: str, topic: str, due_at: int) -> None:
-        """``did`` now waits in ``topic`` until ``due_at``: everything queued behind it is
-        parked there, after it."""
+    def block(self, lane: Lane, did: str, topic: str, due_at: int, enqueued: int = 0) -> None:
+        """``did`` now waits in ``topic`` until ``due_at`` (entered it at ``enqueued``):
+        everything queued behind it is parked there, after it."""
         st = self._state(lane.endpoint_id)
         if st.tail is not None:  # followers of an earlier wait, still coming back
             st.drain, st.drain_due = st.tail, st.due_at
         st.head, st.topic, st.due_at, st.tail, st.here = did, topic, due_at, None, False
+        st.enqueued = enqueued
         self.dirty.add(lane.endpoint_id)
         while lane.queue:
             self._park(lane.endpoint_id, st, lane.queue.popleft())
