@@ -41,11 +41,13 @@ from postbacks.metrics import (
 from postbacks.records import DeliveryRecord
 from postbacks.transport.http import EXCERPT_BYTES, HttpTransport
 from streams.intents import DirectLog
+from streams.lane import REDRIVES
 from streams.offsets import Item
 from topics import TOPICS
 
 __all__ = ["Attempted", "Deliverer", "ValidationFailed"]
 
+_SKEW_MAX_MS = 3_600_000  # a clock further ahead than this is not taken for skew
 PARKED = "endpoint_disabled"  # the hold reason of a disabled endpoint's deliveries
 
 # The outcomes that end a delivery in the agent: its payout is counted once, at one of them.
@@ -104,6 +106,12 @@ class Deliverer:
             micros = d["conversion"]["payout_usd_micros"]
             if micros and micros > 0:  # a negative one (another producer's) counts nothing
                 child(PAYOUT_USD, kind).inc(micros / 1_000_000)
+        due = d["due_at"]
+        if d["trigger"] in REDRIVES and due is not None and due < now_ms + _SKEW_MAX_MS:
+            # dated after the console's own outcome for the re-drive (replayed, released),
+            # dated ``due_at`` by the console's clock: one running ahead of ours left the
+            # delivery's status at released or replayed after it was delivered
+            now_ms = max(now_ms, due + 1)
         rec = make_outcome(d, kind, now_ms=now_ms, reason=reason)
         out.append((TOPICS.outcomes.base, d["endpoint_id"].encode(), self._out.encode(rec)))
 
