@@ -55,7 +55,7 @@ def redrive_record(
     against the Delivery schema (a ValueError names the delivery when its stored snapshot
     is not a valid record)."""
     from postbacks.codec import codec_for
-    from postbacks.errors import UndecodableRecord
+    from postbacks.errors import DeadLetterError
 
     d: dict[str, Any] = {
         "delivery_id": delivery_id, "endpoint_id": endpoint_id,
@@ -68,7 +68,7 @@ def redrive_record(
     codec = codec_for("Delivery")
     try:
         return cast(DeliveryRecord, codec.decode(codec.encode(d)))
-    except (ValueError, UndecodableRecord) as exc:
+    except (ValueError, DeadLetterError) as exc:  # (an attempt count out of range too)
         raise ValueError(f"{delivery_id}: stored snapshot is not a valid delivery: {exc}"
                          ) from exc
 

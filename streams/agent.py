@@ -49,7 +49,7 @@ from streams.delivery import Deliverer
 from streams.halts import AgentHalts, follow_halts
 from streams.intents import DirectLog
 from streams.lanes import Lanes
-from streams.offsets import Tracker, carry_done, decode_done
+from streams.offsets import Tracker, decode_done
 from streams.strict import load_states
 from topics import TOPICS
 from topics.admin import create_topics
@@ -236,10 +236,9 @@ def _load_skips(c: Consumer, partitions: list[TopicPartition],
 async def _commit(loop: asyncio.AbstractEventLoop, kafka: ThreadPoolExecutor,
                   settings: Settings, consumer: Consumer, producer: TxnProducer, tracker: Tracker,
                   lanes: Lanes, skip: dict[tuple[str, int], set[int]]) -> None:
-    items, commits = tracker.drain()
+    items, commits = tracker.drain(skip)  # (skip: finished before, not read again yet)
     if not commits:
         return
-    carry_done(commits, skip)
     assert lanes.strict is not None
     items.extend(lanes.strict.take_writes())  # after the records they describe
     out = Output(items)

@@ -375,7 +375,7 @@ class Lanes:
             )
         if self.strict is not None:
             self.strict.forget(lambda w: (w.msg.topic(), w.msg.partition()) not in revoked,
-                               self.lanes)
+                               self.lanes, revoked)
 
     def clear(self) -> None:
         self._unseen.clear()  # every record consumed comes again, in its order

@@ -17,9 +17,10 @@ from __future__ import annotations
 import base64
 import zlib
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["Commit", "Slot", "Tracker", "carry_done", "decode_done", "encode_done"]
+__all__ = ["Commit", "Slot", "Tracker", "decode_done", "encode_done"]
 
 Item = tuple[str, bytes | None, bytes]  # (topic base, key, value)
 Commit = tuple[int, str]  # (next offset to read, metadata)
@@ -49,20 +50,6 @@ def decode_done(base: int, metadata: str | None) -> set[int]:
         return set()
     return {base + (i << 3) + b for i, byte in enumerate(bits) for b in range(8)
             if byte >> b & 1}
-
-
-def carry_done(commits: dict[tuple[str, int], Commit],
-               unread: dict[tuple[str, int], set[int]]) -> None:
-    """Keep in each commit's metadata the offsets a previous owner finished that this one
-    has not read again yet (``unread``: what :func:`decode_done` gave at the assignment,
-    less what was read since). The tracker knows only the offsets it has read: without
-    this, the first commit after an assignment dropped the rest, and an owner after the
-    next rebalance sent them again."""
-    for key, (base, metadata) in commits.items():
-        rest = unread.get(key)
-        if rest:
-            done = decode_done(base, metadata) | {o for o in rest if o >= base}
-            commits[key] = (base, encode_done(base, sorted(done)))
 
 
 @dataclass(slots=True)
@@ -106,8 +93,15 @@ class Tracker:
         self._parts.setdefault((topic, partition), _Partition()).slots.append(slot)
         return slot
 
-    def drain(self) -> tuple[list[Item], dict[tuple[str, int], Commit]]:
-        """Outputs of every newly finished record, and the commit that covers them."""
+    def drain(self, unread: Mapping[tuple[str, int], set[int]] | None = None,
+              ) -> tuple[list[Item], dict[tuple[str, int], Commit]]:
+        """Outputs of every newly finished record, and the commit that covers them.
+
+        ``unread``: per partition, the offsets a previous owner finished that this one has
+        not read again yet (what :func:`decode_done` gave at the assignment, less what was
+        read since). They stay in the commit's metadata: the tracker knows only what it
+        has read, and without them the first commit after an assignment dropped the
+        rest, so the owner after the next rebalance sent them again."""
         done: list[tuple[int, list[Item]]] = []
         commits: dict[tuple[str, int], Commit] = {}
         for key, part in self._parts.items():
@@ -132,6 +126,9 @@ class Tracker:
             part.dirty = False
             base = slots[0].offset if slots else last + 1
             finished = [s.offset for s in slots if s.drained]
+            rest = unread.get(key) if unread else None
+            if rest:
+                finished.extend(o for o in rest if o >= base)
             commits[key] = (base, encode_done(base, finished))
         # in the order they finished: a strict endpoint's parked followers come after the
         # head they wait behind even when they were consumed before it (streams/strict.py)

@@ -163,12 +163,13 @@ class _Batch:
     def _ended(self, m: Message, exc: DeadLetterError) -> None:
         """A decodable delivery dead-lettered here (a ``due_at`` too far ahead) ends on
         outcomes.v1 too: its status stayed quarantined or failing for good."""
-        try:
-            d: DeliveryRecord = self._codec.decode(m.value())  # type: ignore[assignment]
-        except DeadLetterError:
-            return  # no delivery to speak of: its dead letter keeps the bytes
-        o = make_outcome(d, "dead_lettered", now_ms=self.now_ms, reason=exc.reason)
-        self.out.add(TOPICS.outcomes.base, d["endpoint_id"].encode(), _OUTCOME.encode(o))
+        try:  # the frame only: one refused for a field (its attempt) still ends here
+            d: DeliveryRecord = self._codec.decode_frame(m.value())  # type: ignore[assignment]
+            o = _OUTCOME.encode(make_outcome(d, "dead_lettered", now_ms=self.now_ms,
+                                             reason=exc.reason))
+        except (DeadLetterError, ValueError):
+            return  # no delivery to speak of, or none an outcome can hold: its dead letter
+        self.out.add(TOPICS.outcomes.base, d["endpoint_id"].encode(), o)
 
 
 def _ripe(d: DeliveryRecord | DeadLetterError, period_ms: int | None) -> int | None:

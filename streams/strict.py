@@ -66,6 +66,8 @@ class OrderState:
     enqueued: int = 0
     here: bool = False  # (memory) the head is in this agent's lane now
     waiting: deque[Work] = field(default_factory=deque)  # (memory) new ones held back
+    partition: tuple[str, int] | None = None  # (memory) where its deliveries are read
+    revoked: bool = False  # (memory) that partition was revoked with its head in flight
 
     def idle(self) -> bool:
         return not self.here and not self.waiting
@@ -143,6 +145,7 @@ class StrictOrder:
         """A consumed delivery of a strict endpoint: to the lane, parked, or held back."""
         eid, d = lane.endpoint_id, work.delivery
         st = self._state(eid)
+        st.partition = (work.msg.topic() or "", work.msg.partition() or 0)
         did = d["delivery_id"]
         marked = (d["last_error"] or "").startswith(MARK)
         if marked and did in (st.tail, st.drain):
@@ -251,9 +254,17 @@ class StrictOrder:
     def dropped(self, lane: Lane, work: Work) -> None:
         """A strict delivery sent while its partition was revoked (or its batch aborted):
         its outputs are dropped and the partition's owner redoes it, so the order state is
-        not changed (publishing it would overwrite the owner's); it is only not here."""
-        st = self.states.get(lane.endpoint_id)
-        if st is not None and st.head == work.delivery["delivery_id"]:
+        not changed (publishing it would overwrite the owner's). A state of a revoked
+        partition goes; otherwise the head is no longer here, unless a copy read again is
+        queued (the partition came back, or the batch is read again)."""
+        eid, did = lane.endpoint_id, work.delivery["delivery_id"]
+        st = self.states.get(eid)
+        if st is None or st.head != did:
+            return
+        if st.revoked:
+            del self.states[eid]
+            self.dirty.discard(eid)
+        elif not any(w.delivery["delivery_id"] == did for w in (*lane.queue, *lane.redrives)):
             st.here = False
 
     def take_writes(self) -> list[Item]:
@@ -268,18 +279,28 @@ class StrictOrder:
         work in this agent keeps its own, newer one."""
         for eid, st in loaded.items():
             mine = self.states.get(eid)
-            if mine is None or mine.idle():
+            if mine is None or mine.idle() or mine.revoked:
                 self.states[eid] = st
 
-    def forget(self, keep: Callable[[Any], bool], lanes: Mapping[str, Lane]) -> None:
+    def forget(self, keep: Callable[[Any], bool], lanes: Mapping[str, Lane],
+               revoked: set[tuple[str, int]] | None = None) -> None:
         """Drop held-back work of revoked partitions (``keep(work)`` false); a head whose
-        work was dropped from its lane is no longer here."""
-        for eid, st in self.states.items():
+        work was dropped from its lane is no longer here. The states of ``revoked``
+        partitions go, unpublished (the records they describe were dropped with their
+        slots): the next owner's are the true ones; one whose head is in flight goes when
+        its answer comes (:meth:`dropped`)."""
+        for eid, st in list(self.states.items()):
             st.waiting = deque(w for w in st.waiting if keep(w))
             lane = lanes.get(eid)
             if st.here and (lane is None or (not lane.in_flight and not any(
                     w.delivery["delivery_id"] == st.head for w in lane.queue))):
                 st.here = False
+            if revoked is not None and st.partition in revoked:
+                self.dirty.discard(eid)
+                if st.here:
+                    st.revoked = True
+                else:
+                    del self.states[eid]
 
     def reset(self, loaded: dict[str, OrderState]) -> None:
         """After an aborted transaction: only the committed states are true."""

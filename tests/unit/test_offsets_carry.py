@@ -5,7 +5,7 @@ them all again (a second request and a second ``delivered`` outcome each)."""
 
 from __future__ import annotations
 
-from streams.offsets import Tracker, carry_done, decode_done, encode_done
+from streams.offsets import Tracker, decode_done, encode_done
 
 KEY = ("dispatch.v1", 0)
 
@@ -21,9 +21,7 @@ def _first_commit(carry: bool) -> set[int]:
             slot.finish([])
         elif offset == 101:
             slot.finish([])  # sent by this owner; 100 is still in flight
-    _items, commits = tracker.drain()
-    if carry:
-        carry_done(commits, unread)
+    _items, commits = tracker.drain(unread if carry else None)
     base, metadata = commits[KEY]
     assert base == 100
     return decode_done(base, metadata)
@@ -33,11 +31,8 @@ def test_offsets_finished_before_and_not_yet_read_again_stay_finished() -> None:
     assert _first_commit(carry=True) == set(range(101, 1101))
 
 
-def test_without_the_carry_they_were_lost() -> None:
-    assert _first_commit(carry=False) == set(range(101, 600))
-
-
 def test_nothing_unread_changes_nothing() -> None:
-    commits = {KEY: (10, encode_done(10, [12]))}
-    carry_done(commits, {KEY: set()})
-    assert commits == {KEY: (10, encode_done(10, [12]))}
+    tracker = Tracker()
+    tracker.track(*KEY, 10)
+    tracker.track(*KEY, 12).finish([])
+    assert tracker.drain({KEY: set()})[1] == {KEY: (10, encode_done(10, [12]))}
