@@ -231,9 +231,12 @@ class StrictOrder:
         self._release(lane, st)
 
     def tick(self, lane: Lane) -> None:
-        """Once a second: give up on a head or follower that is long overdue."""
+        """Once a second: give up on a head or follower that is long overdue. Only for
+        an endpoint whose deliveries this agent reads (a state loaded from ordering.v1 for
+        another agent's partition, or one of a revoked partition, is not this agent's to
+        change and publish: it overwrote the owner's)."""
         st = self.states.get(lane.endpoint_id)
-        if st is None:
+        if st is None or st.partition is None or st.revoked:
             return
         now = self.now_ms()
         if st.head is not None and not st.here and now > st.due_at + self.grace_ms:

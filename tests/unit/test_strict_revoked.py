@@ -121,3 +121,37 @@ def test_kept_it_blocks_the_endpoint_and_is_published() -> None:
 
     writes = asyncio.run(main())
     assert [k for _t, k, _v in writes] == [b"ep_s"]  # the retried head blocks its endpoint
+
+
+def test_an_endpoint_this_agent_does_not_read_is_not_ticked_or_published() -> None:
+    """Every agent loads every endpoint's order state; one whose breaker it follows gets a
+    lane and is woken every second. Its state, long overdue by this agent's copy, was
+    cleared and published over its owner's."""
+    lanes, _tracker, _gate = _rig()
+    lanes.strict.adopt({"ep_b": OrderState("dlv_h1", "retry.5s.v1", 1)})
+    lanes._lane("ep_b")  # as a breaker transition followed from breakers.v1 makes it
+    lanes.wake()  # far past its due time and grace
+    assert lanes.strict.take_writes() == []
+    assert lanes.strict.states["ep_b"].head == "dlv_h1"
+
+
+def test_a_revoked_head_in_flight_is_not_ticked_and_goes_when_answered() -> None:
+    lanes, tracker, gate = _rig()
+
+    async def main() -> tuple[list[Any], list[Any], bool]:
+        lanes.strict.adopt({"ep_s": OrderState("dlv_0", "retry.5s.v1", 1, tail="dlv_9",
+                                               drain="dlv_8", drain_due=1)})
+        _submit(lanes, tracker, 0, endpoint_id="ep_s")  # the head, back: here, sent
+        await _turns(10)
+        assert gate.sent == 1 and lanes.strict.states["ep_s"].here
+        lanes.strict.take_writes()
+        _revoke(lanes, tracker)
+        assert lanes.strict.states["ep_s"].revoked
+        lanes.wake()  # its follower long overdue: not this agent's to give up on now
+        ticked = lanes.strict.take_writes()
+        gate.go.set()
+        await _turns()
+        return ticked, lanes.strict.take_writes(), "ep_s" in lanes.strict.states
+
+    ticked, answered, kept = asyncio.run(main())
+    assert ticked == [] and answered == [] and not kept
