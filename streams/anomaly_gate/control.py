@@ -66,6 +66,10 @@ class ControlReader:
         self._codec = codec_for("BreakerState")
         self._consumer: AIOKafkaConsumer | None = None
         self.seen = 0
+        # While start() reads the topic from its beginning: the refusals still current per
+        # key. One a later change of its key replaced (fixed, awaiting compaction) is not
+        # counted again at every gate start: it was counted when it was first read.
+        self._refused_at_start: dict[bytes | None, str] | None = None
 
     async def start(self) -> None:
         """Assign every partition, read from the beginning up to the current end."""
@@ -79,11 +83,15 @@ class ControlReader:
         c.assign(tps)
         await c.seek_to_beginning(*tps)
         end = await c.end_offsets(tps)
+        self._refused_at_start = {}
         while True:
             behind = [tp for tp in tps if await c.position(tp) < end[tp]]
             if not behind:
                 break
             await self._poll(500)
+        for reason in self._refused_at_start.values():
+            child(CONTROL_REFUSED, reason).inc()
+        self._refused_at_start = None
         tripped = self.halts.tripped()
         log.info("control topic read: %d state(s); %d scope(s) tripped%s", self.seen,
                  len(tripped), f" (global: {self.settings.anomaly_global_key})"
@@ -95,9 +103,11 @@ class ControlReader:
         got = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=1000)
         for msgs in got.values():
             for m in msgs:
-                self._apply(m.value)
+                self._apply(m.value, m.key)
 
-    def _apply(self, raw: bytes | None) -> None:
+    def _apply(self, raw: bytes | None, key: bytes | None = None) -> None:
+        if self._refused_at_start is not None:
+            self._refused_at_start.pop(key, None)
         if raw is None:
             return  # a compaction tombstone: nothing to honour
         try:
@@ -111,7 +121,10 @@ class ControlReader:
             return  # another deployment's global scope
         if isinstance(change, str):  # "latest change wins": one dated ahead would win for ever
             log.error("%s", refusal(rec, change))
-            child(CONTROL_REFUSED, change).inc()
+            if self._refused_at_start is None:
+                child(CONTROL_REFUSED, change).inc()
+            else:
+                self._refused_at_start[key] = change
             return
         self.seen += 1
         if self.halts.apply(change):

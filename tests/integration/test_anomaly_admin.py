@@ -239,7 +239,9 @@ def test_publish_state_for_the_gate(settings: Settings, namespace: str) -> None:
 def test_the_gate_refuses_a_control_state_dated_ahead(settings: Settings, namespace: str) -> None:
     """A "closed" dated 2**62 on the control topic (anyone with produce rights) used to beat
     every later trip, switching the scope's halts off for good; a gate reading the topic
-    refuses it, and the real trip after it holds."""
+    refuses it, and the real trip after it holds. Read again at a gate's start, a refusal a
+    later change of its key replaced is not counted again (PostbacksControlRefused used to
+    fire after every gate restart until compaction removed it); one still current is."""
     import asyncio
     import time
 
@@ -260,8 +262,6 @@ def test_the_gate_refuses_a_control_state_dated_ahead(settings: Settings, namesp
         return REGISTRY.get_sample_value("postbacks_gate_control_refused_total",
                                          {"reason": "dated_ahead"}) or 0.0
 
-    before = refused()
-
     async def read() -> HaltBook:
         halts = HaltBook()
         reader = ControlReader(settings, halts, TripWriter(settings, halts))
@@ -269,9 +269,18 @@ def test_the_gate_refuses_a_control_state_dated_ahead(settings: Settings, namesp
         await reader.stop()
         return halts
 
+    before = refused()
     halts = asyncio.run(read())
     assert halts.halts.get(("endpoint", key)) is not None  # tripped
-    assert refused() >= before + 1
+    assert refused() == before  # replaced by the trip after it
+
+    # a forged change nothing has replaced yet: counted at every start while it stays
+    anomaly_admin.publish_state(settings, {**base, "scope_key": f"{key}_b", "state": "closed",
+                                           "changed_at": 2**62, "reason": "forged"})
+    asyncio.run(read())
+    assert refused() == before + 1
+    asyncio.run(read())
+    assert refused() == before + 2
 
 
 def test_cli_set_mode_and_status(

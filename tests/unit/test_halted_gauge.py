@@ -42,3 +42,19 @@ def test_a_gates_own_trip_is_counted_and_stays_counted_when_read_back() -> None:
     closed = dict(rec, state="closed", changed_at=rec["changed_at"] + 1, actor="alice")
     reader._apply(codec_for("BreakerState").encode(closed))  # type: ignore[arg-type]
     assert halted("endpoint") == 0
+
+
+def test_a_refused_change_read_live_is_counted_at_once() -> None:
+    """Past the start's catch-up, every refused change counts as it is read."""
+    from postbacks.metrics import CONTROL_REFUSED
+
+    settings = load_settings()
+    book = HaltBook()
+    reader = ControlReader(settings, book, TripWriter(settings, book))
+    rec = {"scope": "endpoint", "scope_key": "ep_ahead", "detector": "value_rate",
+           "state": "closed", "changed_at": NOW + 3_600_000, "actor": "mallory",
+           "reason": None, "observed": None, "baseline": None}
+    count = CONTROL_REFUSED.labels("dated_ahead")._value  # type: ignore[attr-defined]
+    before = count.get()
+    reader._apply(codec_for("BreakerState").encode(rec), b"endpoint/ep_ahead/value_rate")  # type: ignore[arg-type]
+    assert count.get() == before + 1
