@@ -9,8 +9,11 @@ detector's count (:mod:`postbacks.db.gaps`), and sets:
   finished (on the delay topics, since it fell due), which grows while a stage is stalled
   or down -- measured from outside the stage, so a stage that cannot run cannot hide it;
 - ``webhook_gap_deliveries`` and ``webhook_gap_oldest_age_seconds``;
+- ``postbacks_retention_overdue_days{table}``: how many days the oldest daily partition of
+  ``delivery_attempts`` and ``deliveries`` is past the retention window, which stays at 0
+  or 1 while ``postbacks retention`` runs daily and grows when it stops or keeps failing;
 - ``postbacks_monitor_last_success_timestamp_seconds{check}`` per check (``kafka``,
-  ``gaps``; the monitor's start until the first success), and
+  ``gaps``, ``disable``, ``retention``; the monitor's start until the first success), and
   ``postbacks_monitor_errors_total{check}`` when one fails: a check that fails leaves its
   last values and the alert on the timestamp's age fires.
 
@@ -30,6 +33,7 @@ from postbacks.core.endpoint_health import disable_reason
 from postbacks.db.connect import connect
 from postbacks.db.endpoint_health import candidates, disable
 from postbacks.db.gaps import gap_summary, stored_offsets
+from postbacks.db.retention import day_partitions, overdue_days
 from postbacks.errors import ServiceUnavailable
 from postbacks.kafka.lag import ProgressReader
 from postbacks.kafka.operations import OperationalEvents
@@ -42,6 +46,7 @@ from postbacks.metrics import (
     GAP_OLDEST_AGE,
     MONITOR_ERRORS,
     MONITOR_LAST_SUCCESS,
+    RETENTION_OVERDUE,
 )
 from postbacks.settings import Settings
 from topics.registry import GROUPS
@@ -50,7 +55,8 @@ __all__ = ["Monitor", "run_monitor"]
 
 log = logging.getLogger(__name__)
 
-_CHECKS = ("kafka", "gaps", "disable")
+_CHECKS = ("kafka", "gaps", "disable", "retention")
+_RETAINED = ("delivery_attempts", "deliveries")  # the daily-partitioned tables
 
 
 class Monitor:
@@ -75,6 +81,7 @@ class Monitor:
         self._check("kafka", self._kafka)
         self._check("gaps", self._gaps)
         self._check("disable", self._disable)
+        self._check("retention", self._retention)
 
     def _check(self, name: str, run: Callable[[], None]) -> None:
         """Run one check; whatever it raises is counted and logged, never fatal: a monitor
@@ -148,6 +155,13 @@ class Monitor:
             count, oldest = gap_summary(conn, now=now, older_than_s=self.settings.gap_after_s)
         GAP_DELIVERIES.set(count)
         GAP_OLDEST_AGE.set(oldest)
+
+    def _retention(self) -> None:
+        today = dt.datetime.fromtimestamp(self.clock(), dt.UTC).date()
+        with connect(self.settings.database_url) as conn:
+            for table in _RETAINED:
+                RETENTION_OVERDUE.labels(table).set(overdue_days(
+                    day_partitions(conn, table), today, self.settings.attempt_retention_days))
 
 
 def run_monitor(settings: Settings, stop: threading.Event) -> None:

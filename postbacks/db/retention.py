@@ -84,6 +84,14 @@ def expired(partitions: list[tuple[str, dt.date]], today: dt.date,
     return [(n, d) for n, d in partitions if d < cutoff]
 
 
+def overdue_days(partitions: list[tuple[str, dt.date]], today: dt.date, keep_days: int) -> int:
+    """How many days the oldest partition has been past the window (0: none is expired).
+    A daily ``postbacks retention`` keeps it at 0 or 1; more means the job is not running,
+    or its drops keep failing."""
+    late = expired(partitions, today, keep_days)
+    return (today - dt.timedelta(days=keep_days) - late[0][1]).days if late else 0
+
+
 def drop_expired(database_url: str, *, keep_days: int, today: dt.date, dry_run: bool = False,
                  actor: str = "retention", lock_timeout_s: float = 5.0) -> list[Expired]:
     """Drop the expired partitions of both tables, each table's oldest first (attempts,

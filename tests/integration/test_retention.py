@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from postbacks.db.connect import connect
-from postbacks.db.retention import attempt_partitions, drop_expired, expired
+from postbacks.db.retention import attempt_partitions, drop_expired, expired, overdue_days
 
 # Days long past (no test writes attempts then), so the partitions made here hold only
 # the rows put in them.
@@ -126,3 +126,43 @@ def test_the_command_lists_drops_and_refuses_a_window_too_short(
     assert "--keep-days: '1' is not a whole number of at least 2" in short.stderr
     bad = _cli(**env, POSTBACKS_ATTEMPT_RETENTION_DAYS="1")
     assert bad.returncode == 2 and "POSTBACKS_ATTEMPT_RETENTION_DAYS" in bad.stderr
+
+
+def test_overdue_days_count_from_the_window_edge() -> None:
+    today = dt.date(2026, 11, 30)
+    window = [("in", today - dt.timedelta(days=90)), ("today", today)]
+    assert overdue_days(window, today, 90) == 0
+    assert overdue_days([*window, ("late", today - dt.timedelta(days=91))], today, 90) == 1
+    assert overdue_days([("older", today - dt.timedelta(days=100)),
+                         ("late", today - dt.timedelta(days=91))], today, 90) == 10
+    assert overdue_days([], today, 90) == 0
+
+
+def test_the_monitor_shows_a_retention_job_that_has_not_run(
+        migrated: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retention job that stopped (or whose drops keep failing) leaves partitions past the
+    window: ``postbacks_retention_overdue_days`` (alert PostbacksRetentionBehind) counts
+    how long the oldest has waited, and goes back to 0 once the job has run."""
+    from postbacks.metrics import MONITOR_ERRORS, RETENTION_OVERDUE
+    from postbacks.monitor import Monitor
+    from postbacks.settings import load_settings
+
+    for k, v in migrated.items():
+        monkeypatch.setenv(k, v)
+    settings = load_settings()
+    url = migrated["POSTBACKS_DATABASE_URL"]
+    _old_partitions(url)
+    monitor = Monitor(settings, reader=None)  # type: ignore[arg-type]
+    errors = MONITOR_ERRORS.labels("retention")._value  # type: ignore[attr-defined]
+    failed = errors.get()
+    monitor._check("retention", monitor._retention)
+    assert errors.get() == failed
+    today = dt.datetime.now(dt.UTC).date()
+    cutoff = today - dt.timedelta(days=settings.attempt_retention_days)
+    gauge = RETENTION_OVERDUE.labels("delivery_attempts")._value  # type: ignore[attr-defined]
+    assert gauge.get() == (cutoff - OLD[0]).days
+
+    drop_expired(url, keep_days=settings.attempt_retention_days, today=today)
+    monitor._check("retention", monitor._retention)
+    assert gauge.get() == 0
+    assert RETENTION_OVERDUE.labels("deliveries")._value.get() == 0  # type: ignore[attr-defined]
