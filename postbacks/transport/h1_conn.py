@@ -19,6 +19,7 @@ __all__ = [
     "DISCARD_LIMIT",
     "FRAMING_LIMIT",
     "HEAD_LIMIT",
+    "PIECE_LIMIT",
     "USER_AGENT",
     "ConnectError",
     "H1Response",
@@ -41,6 +42,12 @@ HEAD_LIMIT = 64 * 1024
 # a body is cut by its own count (DISCARD_LIMIT), but trailers are gathered like headers and
 # chunk framing is not body. A response with this much of them is cut as malformed.
 FRAMING_LIMIT = 4 * 1024 * 1024
+# The body pieces (chunks) a response may bring beyond one per read: each is a Python call on
+# the agent's one event loop, and 4 MiB of framing is ~600,000 one-byte chunks, ~0.1 s of
+# that loop per response. (A read is a call of its own: a body dripped a byte per read is
+# held by the deadline.) Real chunked bodies bring a few per read; this many more ends the
+# exchange as malformed.
+PIECE_LIMIT = 4096
 
 _NO_BODY_STATUSES = frozenset({204, 304})
 
@@ -52,6 +59,11 @@ class PoolKey(NamedTuple):
     ip: str  # a vetted address, never a hostname
     port: int
     server_hostname: str | None  # TLS SNI and certificate name; None for http
+    # The URL's host, also over plain http: connections are shared per origin, as a
+    # browser shares them. Keyed by address alone, two endpoints (two tenants) whose names
+    # resolve to one address shared connections, and a front end that routes a connection
+    # by its first request handed the second's signed requests to the first's backend.
+    host: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +121,35 @@ class PoolSide(Protocol):
 
 class _Conn(asyncio.Protocol):
     __slots__ = (
-        "_bare", "_body", "_bytes", "_complete", "_extra", "_fd", "_framed", "_fut", "_head",
-        "_head_bytes", "_head_size", "_headers", "_interim",
-        "_keep_alive", "_kept", "_parser", "_pool", "_received", "_size", "_status",
-        "_truncated", "_until_eof", "closed", "idle_since", "slot", "transport", "uses",
+        "_bare",
+        "_body",
+        "_bytes",
+        "_complete",
+        "_extra",
+        "_fd",
+        "_framed",
+        "_fut",
+        "_head",
+        "_head_bytes",
+        "_head_size",
+        "_headers",
+        "_interim",
+        "_keep_alive",
+        "_kept",
+        "_parser",
+        "_pieces",
+        "_pool",
+        "_read_piece",
+        "_received",
+        "_size",
+        "_status",
+        "_truncated",
+        "_until_eof",
+        "closed",
+        "idle_since",
+        "slot",
+        "transport",
+        "uses",
     )
 
     def __init__(self, pool: PoolSide, slot: _Slot) -> None:
@@ -121,6 +158,10 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._fd = -1
         self._parser = httptools.HttpResponseParser(self)
+        # A line ended by LF alone (RFC 9112 2.2: a recipient MAY take it as a line end),
+        # as aiohttp, httpx and http.client read a response: hand-written and embedded
+        # servers send them, and refusing their 200 re-sent every delivery until exhausted.
+        self._parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
         self._fut: asyncio.Future[H1Response] | None = None
         self.closed = False
         self.uses = 0
@@ -138,6 +179,8 @@ class _Conn(asyncio.Protocol):
         self._body: bytes | bytearray = b""  # one piece as read; grown in place past it
         self._kept = 0
         self._size = 0
+        self._pieces = 0
+        self._read_piece = False
         self._received = False
         self._framed = False
         self._until_eof = False
@@ -245,6 +288,7 @@ class _Conn(asyncio.Protocol):
         if in_head:
             self._head_bytes += len(data)
         size = self._size
+        self._read_piece = False
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -322,6 +366,12 @@ class _Conn(asyncio.Protocol):
             raise ProtocolError("malformed HTTP response: a 1xx interim response with a body")
         size = self._size + len(body)
         self._size = size
+        if self._read_piece:
+            self._pieces += 1
+            if self._pieces > PIECE_LIMIT:
+                raise ProtocolError("malformed HTTP response: a body cut in over "
+                                    f"{PIECE_LIMIT} chunks")
+        self._read_piece = True
         room = self._pool.body_limit - self._kept
         if room > 0:
             piece = body if len(body) <= room else body[:room]

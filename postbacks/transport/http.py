@@ -33,8 +33,10 @@ guards and by :func:`redirect_refused_reason` (no https -> http). Errors become:
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import email.utils
 import functools
-import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -107,15 +109,25 @@ class _Reply:
     body: bytes
 
 
-def _retry_after(value: str | None) -> float | None:
+_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
+def _retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Retry-After (RFC 9110 10.2.3) in seconds from ``now``: delay-seconds (digits only),
+    or an HTTP-date (one already past is 0). Anything else is absent (the schedule
+    applies); the caller clamps the range."""
     if not value:
         return None
+    value = value.strip()
+    if _SECONDS.fullmatch(value):  # (a fraction is not in the RFC; taken all the same)
+        return float(value) if len(value) < 16 else 1e15  # past any clamp
     try:
-        seconds = float(value)
-    except ValueError:
-        return None  # HTTP-date form: treated as absent (the schedule applies)
-    # "nan" and "inf" parse too; a NaN would pass every clamp (max/min keep it) downstream
-    return seconds if math.isfinite(seconds) else None
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # (an HTTP-date is GMT; "-0000" parses naive)
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 # Vetting parses the URL (yarl, IDNA) and judges its host: cached for the URLs an endpoint
@@ -282,7 +294,8 @@ class HttpTransport:
             for i, address in enumerate(addresses):
                 try:
                     resp = await pool.request(
-                        PoolKey(target.scheme, address, port, tls_name), method,
+                        PoolKey(target.scheme, address, port, tls_name, host.rstrip(".")),
+                        method,
                         target.raw_path_qs or "/", target.host_port_subcomponent or host,
                         headers, body,
                     )

@@ -46,6 +46,7 @@ HUGE = 3 * 1024 * 1024
 class Web:
     port: int
     peers: set[tuple[str, int]] = field(default_factory=set)
+    peer_log: list[tuple[str, int]] = field(default_factory=list)  # each request's peer
     requests: list[tuple[str, str, dict[str, str], bytes]] = field(default_factory=list)
     active: int = 0
     max_active: int = 0
@@ -64,6 +65,7 @@ async def web_server(keepalive_timeout: float = 75.0) -> AsyncIterator[Web]:
     ) -> web.StreamResponse:
         assert request.transport is not None
         srv.peers.add(request.transport.get_extra_info("peername"))
+        srv.peer_log.append(request.transport.get_extra_info("peername"))
         headers = {str(k).lower(): v for k, v in request.headers.items()}
         srv.requests.append((request.method, request.path_qs, headers, await request.read()))
         srv.active += 1
@@ -753,5 +755,29 @@ def test_transport_resolves_names_and_reuses_connections() -> None:
                 assert (r.http.status, r.body) == (200, b"ok")
             assert len(srv.peers) == 1
             assert srv.requests[0][2]["host"] == f"localhost:{srv.port}"
+
+    run(main)
+
+
+def test_connections_are_shared_per_origin_not_per_address() -> None:
+    """Two endpoints whose names resolve to one address (two tenants behind one front end)
+    used to share plain-http connections: a front end routing a connection by its first
+    request handed the second tenant's signed requests to the first one's backend."""
+    async def same_address(host: str) -> list[str]:
+        return ["127.0.0.1"]
+
+    async def main() -> None:
+        async with web_server() as srv, HttpTransport(timeout_s=5, allow_loopback=True,
+                                                      lookup=same_address) as t:
+            for _ in range(3):
+                for name in ("tenant-a.example", "tenant-b.example"):
+                    r = await t.send(_req(f"http://{name}:{srv.port}/ok"))
+                    assert r.http.status == 200
+            assert len(srv.peers) == 2  # one connection per origin, each reused
+            hosts_by_peer: dict[tuple[str, int], set[str]] = {}
+            assert len(srv.requests) == 6
+            for peer, (_m, _p, headers, _b) in zip(srv.peer_log, srv.requests, strict=True):
+                hosts_by_peer.setdefault(peer, set()).add(headers["host"])
+            assert all(len(h) == 1 for h in hosts_by_peer.values()), hosts_by_peer
 
     run(main)

@@ -84,3 +84,23 @@ def test_an_attempt_below_one_keeps_the_backoff(attempt_no: int) -> None:
                      first_attempt_ms=now, now_ms=now, retry_after_s=None, rand=0.0)
     assert isinstance(step, ScheduleRetry) and step.due_at_ms - now == 5000
 
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    ("7", 7.0), (" 12 ", 12.0), ("7.5", 7.5),
+    ("Sun, 06 Dec 2026 21:00:00 GMT", 1800.0),  # an HTTP-date: from now
+    ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # one already past: at once
+    ("99999999999999999999", 1e15),  # (clamped by classify)
+    ("3_000", None), ("1e3", None), ("-5", None), ("nan", None), ("inf", None),
+    ("soon", None), ("", None), (None, None),
+])
+def test_retry_after_takes_seconds_or_an_http_date(value: str | None,
+                                                   seconds: float | None) -> None:
+    """RFC 9110 10.2.3: delay-seconds or an HTTP-date. The date form used to be ignored
+    (a 429's wait lost), and Python's float() took '3_000' and 'nan'."""
+    import datetime as dt
+
+    from postbacks.transport.http import _retry_after
+
+    now = dt.datetime(2026, 12, 6, 20, 30, tzinfo=dt.UTC).timestamp()
+    assert _retry_after(value, now) == seconds

@@ -149,3 +149,28 @@ def test_a_close_from_the_server_makes_an_idle_connection_not_quiet() -> None:
         return before, with_byte, after_close
 
     assert asyncio.run(main()) == (True, False, False)
+
+
+def test_a_body_of_tiny_chunks_is_cut_once_it_costs_the_loop_more_than_a_real_one() -> None:
+    """600,000 one-byte chunks fit in the framing limit and cost the agent's event loop a
+    Python call each (~0.1 s per response); past PIECE_LIMIT chunks beyond one per read,
+    the answer is malformed. Chunks of a real body, a few per read, are read whole."""
+    from postbacks.transport.h1_conn import PIECE_LIMIT
+
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    tiny = b"1\r\nX\r\n" * (PIECE_LIMIT + 10)
+    got = _answer([head + tiny[:len(tiny) // 2], tiny[len(tiny) // 2:] + b"0\r\n\r\n"])
+    assert isinstance(got, ProtocolError) and "chunks" in str(got)
+
+    chunk = b"400\r\n" + b"y" * 1024 + b"\r\n"  # 1 KiB chunks, 16 in each read of 16 KiB
+    reads = [head] + [chunk * 16] * 60 + [b"0\r\n\r\n"]
+    ok = _answer(reads)
+    assert isinstance(ok, H1Response) and ok.status == 200 and ok.body_size == 60 * 16 * 1024
+
+
+def test_a_response_with_bare_lf_line_ends_is_read_as_other_clients_read_it() -> None:
+    """RFC 9112 2.2 lets a recipient take a lone LF as a line end; aiohttp, httpx and
+    http.client do. A 200 from a server that sends them was a connection_error, re-sent
+    until exhausted."""
+    got = _answer([b"HTTP/1.1 200 OK\nContent-Length: 2\nRetry-After: 5\n\nok"])
+    assert isinstance(got, H1Response) and (got.status, got.body) == (200, b"ok")
