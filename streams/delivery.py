@@ -62,8 +62,9 @@ class ValidationFailed:
 @dataclass(frozen=True, slots=True)
 class Attempted:
     """What one attempt meant for the endpoint's health (for the breaker), and how long
-    of it the agent waited on itself (the intent's acknowledgement): not the endpoint's
-    time, so not in the pace its lane measures."""
+    of it the agent waited on itself (the intent's acknowledgement, a free slot among the
+    HTTP client's requests in flight): not the endpoint's time, so not in the pace its
+    lane measures."""
 
     unhealthy: bool
     waited_s: float = 0.0
@@ -189,6 +190,7 @@ class Deliverer:
             waited = time.monotonic() - waited
         sent_at = self.clock()
         result = await self.transport.send(req, follow_redirects=ep.config.follow_redirects)
+        waited += result.queued_s  # (the client's limit: other endpoints' requests in flight)
         done = self.clock()
         now_ms = int(done * 1000)
         platform_ms = max(0.0, (done - picked) * 1000 - result.wire_ms)

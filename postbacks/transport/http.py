@@ -33,6 +33,7 @@ guards and by :func:`redirect_refused_reason` (no https -> http). Errors become:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import email.utils
 import functools
@@ -93,6 +94,9 @@ class SendResult:
     excerpt: bytes | None
     blocked: str | None = None
     body: bytes | None = None
+    # how long the send waited for one of the client's ``limit`` requests in flight: the
+    # other endpoints' time, not this receiver's (left out of its lane's pace)
+    queued_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,19 +230,23 @@ class HttpTransport:
         # the deadline starts once this send holds one. Otherwise endpoints that hang, with
         # enough lanes to fill the limit, would time out every other endpoint's sends and
         # open their breakers.
+        asked = time.perf_counter()
         async with self._inflight:
             start = time.perf_counter()
             task = asyncio.current_task()
             assert task is not None
             deadline = self._deadlines.arm(task)
             try:
-                return await self._send(req, follow_redirects, max_redirects, start)
+                result = await self._send(req, follow_redirects, max_redirects, start)
             except asyncio.CancelledError:
-                if self._deadlines.timed_out(deadline):
-                    return SendResult(HttpResult(None, "timeout"), _ms(start), None)
-                raise  # the caller cancelled (too)
+                if not self._deadlines.timed_out(deadline):
+                    raise  # the caller cancelled (too)
+                result = SendResult(HttpResult(None, "timeout"), _ms(start), None)
             finally:
                 self._deadlines.disarm(deadline)
+        if start - asked > 0.001:  # (the common case: a slot at once, the result as it is)
+            result = dataclasses.replace(result, queued_s=start - asked)
+        return result
 
     async def _send(self, req: RenderedRequest, follow_redirects: bool, max_redirects: int,
                     start: float) -> SendResult:

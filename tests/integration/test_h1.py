@@ -781,3 +781,21 @@ def test_connections_are_shared_per_origin_not_per_address() -> None:
             assert all(len(h) == 1 for h in hosts_by_peer.values()), hosts_by_peer
 
     run(main)
+
+
+def test_a_send_waiting_for_the_clients_limit_says_how_long() -> None:
+    """The wait for one of the client's requests in flight is other endpoints' time: the
+    agent leaves it out of the endpoint's pace (a fast endpoint behind slow ones' requests
+    looked slow, went over its budget and into quarantine)."""
+    async def main() -> None:
+        async with web_server() as srv, HttpTransport(timeout_s=5, allow_loopback=True,
+                                                      limit=1) as t:
+            slow, fast = await asyncio.gather(
+                t.send(_req(f"http://127.0.0.1:{srv.port}/slow?s=0.5")),
+                t.send(_req(f"http://127.0.0.1:{srv.port}/ok")))
+            assert slow.http.status == fast.http.status == 200
+            assert slow.queued_s == 0.0
+            assert 0.4 < fast.queued_s < 2.0, fast.queued_s
+            assert fast.wire_ms < 400  # its own exchange, not the wait
+
+    run(main)

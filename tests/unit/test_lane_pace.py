@@ -6,6 +6,7 @@ came back spaced by that pace over minutes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from postbacks.codec import codec_for
@@ -60,3 +61,42 @@ def test_the_wait_on_the_intent_is_not_the_endpoints_pace() -> None:
     pace, intents_sent, sent = asyncio.run(main())
     assert (intents_sent, sent) == (3, 3)
     assert pace < 0.1, pace  # the receiver answers at once; the 0.3 s were the agent's
+
+
+class QueuedTransport(Transport):
+    """Sends that each waited ``wait_s`` for a slot among the client's requests in flight
+    (other endpoints' slow requests holding them) and then got their answer at once."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__()
+        self.wait_s = wait_s
+
+    async def send(self, req: Any, follow_redirects: bool = False) -> Any:
+        await asyncio.sleep(self.wait_s)
+        result = await super().send(req, follow_redirects)
+        return dataclasses.replace(result, queued_s=self.wait_s)
+
+
+def test_the_wait_for_the_clients_limit_is_not_the_endpoints_pace() -> None:
+    async def main() -> tuple[float, int]:
+        transport = QueuedTransport(0.3)
+        deliverer = Deliverer(transport, RetryPolicy(5, 3600, 86400, 0.2, 10, {}),  # type: ignore[arg-type]
+                              clock=lambda: NOW / 1000)
+        lanes = Lanes(deliverer, {"ep_1": _endpoint("ep_1")}.get, BreakerPolicy(), 30, 1000,
+                      30, clock=lambda: NOW / 1000, view_checked_ms=lambda: NOW)
+        tracker = Tracker()
+        for offset in range(3):
+            d = make_delivery(delivery_id=f"dlv_{offset}", endpoint_id="ep_1",
+                              created_at=NOW - 1000)
+            lanes.submit(FakeMessage(_DLV.encode(d), offset=offset),  # type: ignore[arg-type]
+                         tracker.track("dispatch.v1", 0, offset))
+        for _ in range(200):
+            if len(transport.sent) == 3:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)
+        return lanes.lanes["ep_1"].latency_s, len(transport.sent)
+
+    pace, sent = asyncio.run(main())
+    assert sent == 3
+    assert pace < 0.1, pace  # the receiver answers at once; the 0.3 s were others' requests
