@@ -3,6 +3,7 @@ the bulk filter it carries (bad input raises :class:`~replay_console.problem.Pro
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -28,6 +29,10 @@ __all__ = [
 
 BODY = web.RequestKey("body", dict)
 MAX_BODY = 64 * 1024  # forms and JSON bodies; an edit is far smaller
+# A body not all received in this long is refused (408): a client trickling a byte at a time
+# would otherwise hold its connection (and, by the thousand, the descriptors the pool and
+# the drainer need) for as long as it likes; keep-alive timeouts do not run during a read.
+BODY_READ_S = 10.0
 
 
 def is_api(request: web.Request) -> bool:
@@ -42,9 +47,14 @@ async def body_of(request: web.Request) -> dict[str, Any]:
     if request.content_length is not None and request.content_length > MAX_BODY:
         raise Problem(413, f"request body larger than {MAX_BODY} bytes")
     try:
-        raw = await request.read()
+        raw = await asyncio.wait_for(request.read(), BODY_READ_S)
     except web.HTTPRequestEntityTooLarge as exc:
         raise Problem(413, f"request body larger than {MAX_BODY} bytes") from exc
+    except TimeoutError:
+        raise Problem(408, f"the request body did not arrive within {BODY_READ_S:.0f} s"
+                      ) from None
+    except ConnectionError:  # the client went away mid-body: nobody reads an answer
+        raise Problem(400, "the request body ended early (connection lost)") from None
     out = _parse_body(request, raw)
 
     check_body(out)  # the one check of every value a handler reads from a body

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import socket
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from urllib.parse import urlsplit
 
 from postbacks.core.endpoint import Endpoint
@@ -36,6 +38,27 @@ def _system_lookup(host: str) -> list[str]:
     return [str(i[4][0]) for i in infos]
 
 
+# A check's lookup runs on threads of its own and is waited for at most LOOKUP_S: it runs
+# while the caller holds a database connection (and, for an edit & replay, the replay
+# lock), and a name whose servers never answer -- a publisher controls its own domain's --
+# held them for as long as the resolver tried (10-30 s), stalling every other replay and,
+# four at once, every request's sign-in check. A lookup still running when its wait ends
+# keeps its thread (getaddrinfo cannot be cancelled); past LOOKUP_THREADS of them, new
+# lookups wait their turn within the same LOOKUP_S, and are refused when it ends.
+LOOKUP_S = 5.0
+LOOKUP_THREADS = 4
+_lookups = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="console-dns")
+
+
+def _bounded(lookup: Lookup, host: str) -> list[str]:
+    fut = _lookups.submit(lookup, host)
+    try:
+        return fut.result(timeout=LOOKUP_S)
+    except FutureTimeout:
+        fut.cancel()  # (one still waiting for a thread never runs)
+        raise OSError(f"no answer within {LOOKUP_S:.0f} s") from None
+
+
 def check_target(url: str, *, allow_loopback: bool, lookup: Lookup | None = None
                        ) -> str | None:
     """Why ``url`` may not be a postback target, or None. Stricter than the transport
@@ -52,7 +75,7 @@ def check_target(url: str, *, allow_loopback: bool, lookup: Lookup | None = None
     # log has the detail.
     refused = f"{url}: host {host!r} does not resolve to an address postbacks may send to"
     try:
-        addresses = (lookup or _system_lookup)(host)
+        addresses = _bounded(lookup or _system_lookup, host)
     except (OSError, UnicodeError) as exc:
         log.info("reach: %s does not resolve (%s)", host, exc)
         return refused

@@ -181,16 +181,17 @@ class RefusalAudit:
     def __init__(self, per_minute: int = AUDIT_PER_MINUTE) -> None:
         self.per_minute = per_minute
         self._minute = -1
-        self._seen: set[tuple[str, str, int, str]] = set()
+        self._seen: set[tuple[str, str, int, str, str]] = set()
         self._per_actor: dict[str, int] = {}
         self._dropped = 0
         self._lock = threading.Lock()
 
     def admit(self, actor: str, action: str, status: int = 403, reason: str = "", *,
-              now: float | None = None) -> bool:
-        """Whether to write this row: the first of its (actor, action, status, reason) this
-        minute, and within the minute's budgets (one harmless refusal used to hide every
-        other refusal of its action that minute: probes of internal hosts included)."""
+              path: str = "", now: float | None = None) -> bool:
+        """Whether to write this row: the first of its (actor, action, status, reason,
+        path) this minute, and within the minute's budgets (one harmless refusal used to
+        hide every other refusal of its action that minute: probes of internal hosts, or of
+        other deliveries' paths, included)."""
         minute = int((time.time() if now is None else now) // 60)
         with self._lock:
             if minute != self._minute:
@@ -199,7 +200,7 @@ class RefusalAudit:
                                 "last minute (over %d rows)", self._dropped, self.per_minute)
                 self._minute, self._seen, self._dropped = minute, set(), 0
                 self._per_actor = {}
-            key = (actor, action, status, _RETRY_IN.sub("", reason[:500]))
+            key = (actor, action, status, _RETRY_IN.sub("", reason[:500]), path[:200])
             if key in self._seen:
                 return False
             rows = self._per_actor.get(actor, 0)

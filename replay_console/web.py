@@ -149,7 +149,7 @@ async def _audit_refusal(c: Console, refusals: RefusalAudit, request: web.Reques
     actor = p.actor if p is not None else \
         f"anonymous:{client_address(request, c.trusted_proxies)}"
     action = route_action(request, request.get(ACTION))
-    if not refusals.admit(actor, action, status, reason):
+    if not refusals.admit(actor, action, status, reason, path=request.path):
         return
     try:
         await c.pool.run(lambda conn: refusals.write(conn, actor, action, request.path,

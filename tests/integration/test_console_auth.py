@@ -164,6 +164,11 @@ def test_refusal_audit_writes_each_reason_and_bounds_each_actor() -> None:
     assert a.admit("support:s", "refused.test_send", 429, "too many: try again in 9 s", now=65)
     assert not a.admit("support:s", "refused.test_send", 429, "too many: try again in 8 s",
                        now=66)
+    # the same refusal on another path (another delivery probed) is a row of its own
+    pub = "publisher:p"
+    assert a.admit(pub, "refused.replay", 404, "no such delivery", path="/d/dlv_1", now=67)
+    assert not a.admit(pub, "refused.replay", 404, "no such delivery", path="/d/dlv_1", now=68)
+    assert a.admit(pub, "refused.replay", 404, "no such delivery", path="/d/dlv_2", now=68)
 
 
 def test_every_403_is_audited_once_a_minute(settings: Settings, namespace: str) -> None:
