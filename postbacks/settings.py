@@ -232,6 +232,11 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
                 if f.name == "idempotency_key" and len(raw) < 16:
                     raise ConfigError(f"{name} must be at least 16 characters (a random "
                                       "secret: every idempotency key is derived from it)")
+                if f.name == "console_session_key" and raw and len(raw) < 32:
+                    # a signed-in user holds its cookie and CSRF token, two HMACs under it:
+                    # a short key is guessed offline, and then any session is forged
+                    raise ConfigError(f"{name} must be at least 32 characters (a random "
+                                      "secret, e.g. openssl rand -base64 32), or unset")
                 values[f.name] = Secret(raw)
             else:
                 values[f.name] = raw

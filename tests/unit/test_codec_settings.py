@@ -121,6 +121,15 @@ def test_empty_console_session_key_means_a_random_one_as_documented() -> None:
     assert load_settings({"POSTBACKS_CONSOLE_SESSION_KEY": ""}).console_session_key.reveal() == ""
 
 
+def test_a_short_console_session_key_is_refused() -> None:
+    """A signed-in user holds two HMACs under it (cookie, CSRF token): a short key is
+    guessed offline and every session forged."""
+    with pytest.raises(ConfigError, match="POSTBACKS_CONSOLE_SESSION_KEY must be at least 32"):
+        load_settings({"POSTBACKS_CONSOLE_SESSION_KEY": "hunter2"})
+    key = "k" * 32
+    assert load_settings({"POSTBACKS_CONSOLE_SESSION_KEY": key}).console_session_key.reveal() == key
+
+
 def test_dev_keys_are_named_when_in_use() -> None:
     assert dev_keys_in_use(load_settings({})) == ["POSTBACKS_IDEMPOTENCY_KEY",
                                                   "POSTBACKS_SECRETS_KEY"]
