@@ -68,6 +68,7 @@ class Attempted:
 
     unhealthy: bool
     waited_s: float = 0.0
+    retry_after_s: float | None = None  # the endpoint's Retry-After (429, 503), clamped
 
 
 @dataclass
@@ -245,7 +246,7 @@ class Deliverer:
                 self.attempt(out, d, now_ms, "retryable", req, redact, error_class=ec,
                              **common)
                 self._retry_or_exhaust(out, raw, d, ep, ec, after, first, now_ms)
-                return Attempted(unhealthy=True, waited_s=waited)
+                return Attempted(unhealthy=True, waited_s=waited, retry_after_s=after)
         raise AssertionError(f"unhandled verdict {verdict!r}")
 
     async def _intend(self, d: DeliveryRecord, req: RenderedRequest, redact: Redaction,

@@ -41,6 +41,13 @@ class Lane:
     breaker: BreakerState = field(default_factory=BreakerState)
     latency_s: float = 0.0  # EWMA of attempt durations (0 = none finished yet)
     paced_until_ms: int = 0  # where the next paced divert may come back (core/quarantine.py)
+    # The endpoint's Retry-After on a 429 or 503 (seed 003: "the most useful signal it will
+    # ever get"): nothing more is sent to it before then; new work waits in quarantine.
+    back_at_ms: int = 0
+
+    def asked_back(self, now_ms: int, after_s: float | None) -> None:
+        if after_s:
+            self.back_at_ms = max(self.back_at_ms, now_ms + int(after_s * 1000))
 
     def observe(self, seconds: float, alpha: float = 0.2) -> None:
         self.latency_s = seconds if self.latency_s == 0 else (

@@ -52,7 +52,7 @@ UNSEEN_S = 2.0  # how long a delivery whose endpoint is not seen yet waits (the 
 # refreshed meanwhile)
 UNSEEN_GRACE_MS = 60_000  # one not back this long after its due time is given up on
 _FIRST_MISS_MAX = 10_000
-_PACED = frozenset({"over_budget", "breaker_open"})  # diverts paced at the endpoint's pace
+_PACED = frozenset({"over_budget", "breaker_open", "retry_after"})  # at the endpoint's pace
 
 
 @dataclass
@@ -204,6 +204,9 @@ class Lanes:
             now_ms = self._now_ms()
             before = lane.breaker
             decision, state = admit(self.policy, before, now_ms, cap)
+            if lane.back_at_ms > now_ms and not strict and not isinstance(decision, Divert):
+                decision, state = Divert("retry_after", lane.back_at_ms), before  # (strict:
+                # its head waits in a retry tier at least that long, the rest behind it)
             if strict and not isinstance(decision, Divert) and self._over_budget(
                     lane, lane.endpoint_id):
                 decision = Divert("over_budget", now_ms + int(self.quarantine_delay_s * 1000))
@@ -335,6 +338,7 @@ class Lanes:
                 sent = True
                 result = await self.deliverer.deliver(work.msg, work.delivery, ep, out)
                 unhealthy, waited = result.unhealthy, result.waited_s
+                lane.asked_back(self._now_ms(), result.retry_after_s)
         except Exception as exc:  # a bug must not stall the partition: dead-letter it
             log.exception("agent: unexpected error delivering %s", work.delivery["delivery_id"])
             out = []
