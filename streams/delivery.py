@@ -68,7 +68,9 @@ class Attempted:
 
     unhealthy: bool
     waited_s: float = 0.0
-    retry_after_s: float | None = None  # the endpoint's Retry-After (429, 503), clamped
+    # the endpoint's Retry-After (429, 503; clamped) as a time, on the clock its retry is
+    # dated by: nothing more is sent to it before then (0: none)
+    back_at_ms: int = 0
 
 
 @dataclass
@@ -246,7 +248,8 @@ class Deliverer:
                 self.attempt(out, d, now_ms, "retryable", req, redact, error_class=ec,
                              **common)
                 self._retry_or_exhaust(out, raw, d, ep, ec, after, first, now_ms)
-                return Attempted(unhealthy=True, waited_s=waited, retry_after_s=after)
+                return Attempted(unhealthy=True, waited_s=waited,
+                                 back_at_ms=now_ms + int(after * 1000) if after else 0)
         raise AssertionError(f"unhandled verdict {verdict!r}")
 
     async def _intend(self, d: DeliveryRecord, req: RenderedRequest, redact: Redaction,

@@ -42,6 +42,10 @@ class AgentHalts:
         self.clock = clock
         self.book = HaltBook()
         self._later: dict[tuple[str, str, str], BreakerStateRecord] = {}  # refused: dated ahead
+        # While the topic is read from its beginning (:meth:`catching_up` to :meth:`caught_up`):
+        # the refusals still current per key. One a later change of its key replaced is not
+        # counted again at every agent start: it was counted when it was first read.
+        self._refused_at_start: dict[tuple[str, str, str], str] | None = None
 
     def reason(self, endpoint_id: str) -> str | None:
         """The hold reason for a delivery to ``endpoint_id`` now, or None: send it."""
@@ -55,7 +59,19 @@ class AgentHalts:
     def apply(self, recs: list[BreakerStateRecord]) -> None:
         now_ms = int(self.clock() * 1000)
         for rec in recs:
+            if self._refused_at_start is not None:
+                self._refused_at_start.pop((rec["scope"], rec["scope_key"], rec["detector"]),
+                                           None)
             self._one(rec, now_ms)
+
+    def catching_up(self) -> None:
+        self._refused_at_start = {}
+
+    def caught_up(self) -> None:
+        """Count the refusals read at start that are still their key's latest change."""
+        for reason in (self._refused_at_start or {}).values():
+            child(CONTROL_REFUSED, reason).inc()
+        self._refused_at_start = None
 
     def recheck(self) -> None:
         """Honour the changes refused as dated ahead whose date has come (a close from a
@@ -79,11 +95,14 @@ class AgentHalts:
             return  # another deployment's global scope
         if isinstance(change, str):
             log.error("%s", refusal(rec, change))
-            child(CONTROL_REFUSED, change).inc()
-            if change == "dated_ahead":  # honoured when its date comes (:meth:`recheck`)
-                key = (rec["scope"], rec["scope_key"], rec["detector"])
-                if key not in self._later or self._later[key]["changed_at"] < rec["changed_at"]:
-                    self._later[key] = rec
+            key = (rec["scope"], rec["scope_key"], rec["detector"])
+            if self._refused_at_start is None:
+                child(CONTROL_REFUSED, change).inc()
+            else:
+                self._refused_at_start[key] = change
+            if change == "dated_ahead" and (  # honoured when its date comes (:meth:`recheck`)
+                    key not in self._later or self._later[key]["changed_at"] < rec["changed_at"]):
+                self._later[key] = rec
             return
         if self.book.apply(change):
             scope = change.scope
@@ -97,5 +116,18 @@ def follow_halts(settings: Settings, loop: asyncio.AbstractEventLoop,
                  halts: AgentHalts) -> Follower:
     """Start following ``anomaly.control.v1`` into ``halts``."""
     create_topics(settings, [TOPICS.anomaly_control])  # idempotent; verifies its configs
-    return Follower(settings, loop, TOPICS.anomaly_control, "postbacks-agent-halts",
-                    halts.apply)
+    halts.catching_up()
+    follower = Follower(settings, loop, TOPICS.anomaly_control, "postbacks-agent-halts",
+                        halts.apply)
+
+    async def settle() -> None:
+        await follower.caught_up.wait()
+        halts.caught_up()
+
+    task = loop.create_task(settle())
+    _SETTLING.add(task)
+    task.add_done_callback(_SETTLING.discard)
+    return follower
+
+
+_SETTLING: set[asyncio.Task[None]] = set()  # (a task is kept only while referenced)

@@ -45,10 +45,6 @@ class Lane:
     # ever get"): nothing more is sent to it before then; new work waits in quarantine.
     back_at_ms: int = 0
 
-    def asked_back(self, now_ms: int, after_s: float | None) -> None:
-        if after_s:
-            self.back_at_ms = max(self.back_at_ms, now_ms + int(after_s * 1000))
-
     def observe(self, seconds: float, alpha: float = 0.2) -> None:
         self.latency_s = seconds if self.latency_s == 0 else (
             alpha * seconds + (1 - alpha) * self.latency_s)

@@ -204,9 +204,10 @@ class Lanes:
             now_ms = self._now_ms()
             before = lane.breaker
             decision, state = admit(self.policy, before, now_ms, cap)
-            if lane.back_at_ms > now_ms and not strict and not isinstance(decision, Divert):
-                decision, state = Divert("retry_after", lane.back_at_ms), before  # (strict:
-                # its head waits in a retry tier at least that long, the rest behind it)
+            if lane.back_at_ms > now_ms and not strict:  # (strict: its head waits that long)
+                held = decision.reason if isinstance(decision, Divert) else "retry_after"
+                decision, state = Divert(held, max(lane.back_at_ms, getattr(
+                    decision, "due_at_ms", 0))), before
             if strict and not isinstance(decision, Divert) and self._over_budget(
                     lane, lane.endpoint_id):
                 decision = Divert("over_budget", now_ms + int(self.quarantine_delay_s * 1000))
@@ -338,7 +339,7 @@ class Lanes:
                 sent = True
                 result = await self.deliverer.deliver(work.msg, work.delivery, ep, out)
                 unhealthy, waited = result.unhealthy, result.waited_s
-                lane.asked_back(self._now_ms(), result.retry_after_s)
+                lane.back_at_ms = max(lane.back_at_ms, result.back_at_ms)  # Retry-After
         except Exception as exc:  # a bug must not stall the partition: dead-letter it
             log.exception("agent: unexpected error delivering %s", work.delivery["delivery_id"])
             out = []

@@ -33,7 +33,7 @@ import psycopg
 from postbacks.db.delivery_keys import delete_partition_keys
 
 __all__ = ["DAY_PARTITION", "DELIVERY_PARTITION", "Expired", "attempt_partitions",
-           "day_partitions", "delivery_partitions", "drop_expired", "expired"]
+           "day_partitions", "delivery_partitions", "drop_expired", "expired", "overdue_days"]
 
 DAY_PARTITION = re.compile(r"^delivery_attempts_(\d{8})$")
 DELIVERY_PARTITION = re.compile(r"^deliveries_(\d{8})$")

@@ -4,7 +4,8 @@
 One session, its connector holding at most ``limit`` connections (``limit`` per address as
 well), keep-alive connections closed after ``idle_timeout_s``; no cookie jar, no
 decompression, no redirects, no timeout of its own. aiohttp pools by (address, port, TLS,
-server name), as :class:`~postbacks.transport.h1.PoolKey` does.
+server name): over plain http, unlike :class:`~postbacks.transport.h1.PoolKey`, two host
+names on one address share connections.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ whole pipeline, they reach 0.64 and 0.02 of this client's rate
   chunked or end-of-connection, 1xx interim responses skipped, 204/304 without a body;
 * the first ``body_limit`` (64 KiB) body bytes kept; the rest read and discarded, or, past
   ``discard_limit`` (1 MiB), the connection closed (the response still counts);
-* a keep-alive pool per :class:`PoolKey` ``(scheme, ip, port, server_hostname)``: the caller
+* a keep-alive pool per :class:`PoolKey` ``(scheme, ip, port, server_hostname, host)``
+  (per origin, also over plain http, and per address): the caller
   connects to an address it has already vetted, never to a name (no DNS here at all);
   at most ``max_per_key`` connections per key (further requests wait for one), at most
   ``max_total`` requests in flight, idle connections closed after ``idle_timeout_s``.

@@ -45,8 +45,9 @@ FRAMING_LIMIT = 4 * 1024 * 1024
 # The body pieces (chunks) a response may bring beyond one per read: each is a Python call on
 # the agent's one event loop, and 4 MiB of framing is ~600,000 one-byte chunks, ~0.1 s of
 # that loop per response. (A read is a call of its own: a body dripped a byte per read is
-# held by the deadline.) Real chunked bodies bring a few per read; this many more ends the
-# exchange as malformed.
+# held by the deadline.) Past this many the body is read no further, as past DISCARD_LIMIT:
+# the status stands (a receiver cannot choose how its chunks are gathered into reads, and
+# an accepted delivery must not be sent again) and the connection is closed.
 PIECE_LIMIT = 4096
 
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -369,8 +370,9 @@ class _Conn(asyncio.Protocol):
         if self._read_piece:
             self._pieces += 1
             if self._pieces > PIECE_LIMIT:
-                raise ProtocolError("malformed HTTP response: a body cut in over "
-                                    f"{PIECE_LIMIT} chunks")
+                self._truncated = True
+                self._finish()  # the answer as far as read; then stop the parser here
+                raise ProtocolError(f"response body in over {PIECE_LIMIT} chunks: cut")
         self._read_piece = True
         room = self._pool.body_limit - self._kept
         if room > 0:

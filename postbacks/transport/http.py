@@ -124,7 +124,8 @@ def _retry_after(value: str | None, now: float | None = None) -> float | None:
         return None
     value = value.strip()
     if _SECONDS.fullmatch(value):  # (a fraction is not in the RFC; taken all the same)
-        return float(value) if len(value) < 16 else 1e15  # past any clamp
+        digits = value.lstrip("0") or "0"
+        return float(digits) if len(digits) < 16 else 1e15  # past any clamp
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError, OverflowError):

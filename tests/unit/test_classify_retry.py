@@ -91,6 +91,7 @@ def test_an_attempt_below_one_keeps_the_backoff(attempt_no: int) -> None:
     ("Sun, 06 Dec 2026 21:00:00 GMT", 1800.0),  # an HTTP-date: from now
     ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # one already past: at once
     ("99999999999999999999", 1e15),  # (clamped by classify)
+    ("0000000000000005", 5.0), ("0", 0.0), ("0.5", 0.5),
     ("3_000", None), ("1e3", None), ("-5", None), ("nan", None), ("inf", None),
     ("soon", None), ("", None), (None, None),
 ])

@@ -58,3 +58,29 @@ def test_a_refused_change_read_live_is_counted_at_once() -> None:
     before = count.get()
     reader._apply(codec_for("BreakerState").encode(rec), b"endpoint/ep_ahead/value_rate")  # type: ignore[arg-type]
     assert count.get() == before + 1
+
+
+def test_an_agent_counts_at_start_only_the_refusals_still_current() -> None:
+    """Agents read the control topic from its beginning too: a refused change a later one
+    of its key replaced is not counted again at every agent start (PostbacksControlRefused
+    fired after each); one still current is counted once; live ones at once."""
+    from postbacks.metrics import CONTROL_REFUSED
+    from streams.halts import AgentHalts
+
+    count = CONTROL_REFUSED.labels("dated_ahead")._value  # type: ignore[attr-defined]
+    base = {"scope": "endpoint", "detector": "value_rate", "actor": "mallory", "reason": None,
+            "observed": None, "baseline": None}
+    forged = dict(base, scope_key="ep_a", state="closed", changed_at=NOW + 3_600_000)
+    fixed = dict(base, scope_key="ep_a", state="tripped", changed_at=NOW, actor=None)
+    current = dict(base, scope_key="ep_b", state="closed", changed_at=NOW + 3_600_000)
+
+    before = count.get()
+    halts = AgentHalts("*", clock=lambda: NOW / 1000)
+    halts.catching_up()
+    halts.apply([forged, fixed, current])  # type: ignore[list-item]
+    assert count.get() == before
+    halts.caught_up()
+    assert count.get() == before + 1  # ep_b's, still current
+    assert ("endpoint", "ep_a") in halts.book.halts  # the trip after the forged close holds
+    halts.apply([current])  # type: ignore[list-item]  # read live
+    assert count.get() == before + 2
