@@ -10,6 +10,12 @@ thread and stall every other endpoint's lookups. Lookups under one zone (a name'
 registrable domain, :func:`zone_of`) therefore run at most :data:`ZONE_LOOKUPS` at once,
 and past :data:`ZONE_WAITING` waiting for one, a lookup under that zone fails at once
 (:class:`ZoneBusy`, not remembered as a failed name).
+
+A zone's share alone still let a few zones take every thread: eight hostile zones at four
+lookups each hold 32. So a zone is **slow** while a lookup under it has run past
+:data:`SLOW_S`, and for :data:`SLOW_TTL_S` after one took that long; lookups under slow
+zones, all together, run at most :data:`SLOW_LOOKUPS` at once, and past that fail at once.
+A hostile zone holds at most its first share for one of the resolver's timeouts.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from publicsuffixlist import PublicSuffixList
 
 from postbacks.core.ssrf import blocked_reason, parse_host_literal
 
-__all__ = ["DNS_FAILED_TTL_S", "DNS_TTL_S", "ZONE_LOOKUPS", "ZONE_WAITING", "BlockedAddress",
-           "Lookup", "VettingResolver", "ZoneBusy", "zone_of"]
+__all__ = ["DNS_FAILED_TTL_S", "DNS_TTL_S", "SLOW_LOOKUPS", "SLOW_S", "SLOW_TTL_S",
+           "ZONE_LOOKUPS", "ZONE_WAITING", "BlockedAddress", "Lookup", "VettingResolver",
+           "ZoneBusy", "zone_of"]
 
 DNS_TTL_S = 30.0
 # A name that did not resolve is not asked again for this long: a broken delegation makes
@@ -36,6 +43,9 @@ DNS_FAILED_TTL_S = 5.0
 _DNS_CACHE_MAX = 4096
 ZONE_LOOKUPS = 4  # lookups in flight at once under one zone
 ZONE_WAITING = 64  # lookups waiting for one of those, past which one fails at once
+SLOW_S = 1.0  # a lookup running longer makes its zone slow
+SLOW_TTL_S = 600.0  # ... and it stays slow this long after one took that long
+SLOW_LOOKUPS = 8  # lookups in flight at once under all slow zones together
 
 
 class BlockedAddress(OSError):
@@ -71,6 +81,8 @@ class VettingResolver:
         self._failed: dict[str, tuple[float, OSError]] = {}
         self._pending: dict[str, asyncio.Task[tuple[str, ...] | str]] = {}
         self._zones: dict[str, _Zone] = {}
+        self._slow: dict[str, tuple[float, None]] = {}  # zone -> slow until (loop time)
+        self._slow_running = 0  # lookups started under slow zones, not ended yet
 
     async def resolve(self, host: str) -> tuple[str, ...]:
         loop = asyncio.get_running_loop()
@@ -133,11 +145,37 @@ class VettingResolver:
         zone.users += 1
         try:
             async with zone.slots:
-                return await self._dns(host)
+                loop = asyncio.get_running_loop()
+                now = loop.time()
+                slow = self._is_slow(name, zone, now)
+                if slow and self._slow_running >= SLOW_LOOKUPS:
+                    raise ZoneBusy(socket.EAI_AGAIN, f"{name} is slow to answer and "
+                                   f"{SLOW_LOOKUPS} lookups under slow zones are in flight")
+                self._slow_running += slow
+                zone.started.append(now)
+                try:
+                    return await self._dns(host)
+                finally:
+                    zone.started.remove(now)
+                    self._slow_running -= slow
+                    if loop.time() - now > SLOW_S:
+                        self._slow = _room(self._slow, loop.time())
+                        self._slow[name] = (loop.time() + SLOW_TTL_S, None)
         finally:
             zone.users -= 1
             if not zone.users:
                 del self._zones[name]
+
+    def _is_slow(self, name: str, zone: _Zone, now: float) -> bool:
+        if zone.started and zone.started[0] < now - SLOW_S:
+            return True
+        until = self._slow.get(name)
+        if until is None:
+            return False
+        if until[0] <= now:
+            del self._slow[name]
+            return False
+        return True
 
 
 class ZoneBusy(socket.gaierror):
@@ -157,11 +195,12 @@ def zone_of(host: str) -> str:
 
 
 class _Zone:
-    __slots__ = ("slots", "users")
+    __slots__ = ("slots", "started", "users")
 
     def __init__(self) -> None:
         self.slots = asyncio.Semaphore(ZONE_LOOKUPS)
         self.users = 0
+        self.started: list[float] = []  # the loop times its lookups in flight began, oldest first
 
 
 _E = TypeVar("_E")

@@ -4,6 +4,7 @@ most ZONE_LOOKUPS of the lookup threads, so other endpoints' names still resolve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 
@@ -107,3 +108,59 @@ def test_many_new_names_keep_the_cache_at_its_cap_and_each_lookup_cheap() -> Non
     start = time.process_time()
     asyncio.run(main())
     assert time.process_time() - start < 10  # (was quadratic: minutes at this count)
+
+
+def test_many_hostile_zones_together_hold_no_more_than_their_first_shares(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight zones whose servers never answer (each lookup ends at the resolver's timeout),
+    four lookups each, held all 32 of the agent's lookup threads round after round, and
+    every other endpoint's lookup timed out. A lookup that took past SLOW_S makes its zone
+    slow: lookups under slow zones together run at most SLOW_LOOKUPS at once, and the rest
+    fail at once."""
+    from postbacks.transport import resolver
+
+    monkeypatch.setattr(resolver, "SLOW_S", 0.1)
+    running: list[str] = []
+    most = [0]
+
+    async def lookup(host: str) -> list[str]:
+        if ".hostile" in host:
+            running.append(host)
+            most[0] = max(most[0], len(running))
+            try:
+                await asyncio.sleep(0.3)  # the resolver's timeout
+            finally:
+                running.remove(host)
+            raise socket.gaierror(socket.EAI_AGAIN, "timed out")
+        return ["93.184.216.34"]
+
+    async def main() -> None:
+        r = VettingResolver(False, lookup=lookup)
+
+        async def attack(n: int) -> None:
+            """A send per zone asking a new name, each giving up (its lookup goes on)."""
+            sends = [asyncio.ensure_future(r.resolve(f"n{n}.z{z}.hostile{z}.test"))
+                     for z in range(8)]
+            for _ in range(5):
+                await asyncio.sleep(0)
+            for t in sends:
+                t.cancel()
+            for t in sends:
+                with contextlib.suppress(asyncio.CancelledError, socket.gaierror):
+                    await t
+
+        for n in range(ZONE_LOOKUPS):  # the first shares, before any zone is known slow
+            await attack(n)
+        assert len(running) == 8 * ZONE_LOOKUPS
+        await asyncio.sleep(0.4)  # they time out, past SLOW_S: every hostile zone is slow
+        assert not running
+        most[0] = 0
+        for n in range(ZONE_LOOKUPS, 4 * ZONE_LOOKUPS):  # it keeps asking new names
+            await attack(n)
+            await asyncio.sleep(0.02)
+        assert 0 < most[0] <= resolver.SLOW_LOOKUPS, most[0]
+        assert await asyncio.wait_for(r.resolve("good.test"), 1) == ("93.184.216.34",)
+        await asyncio.sleep(0.4)
+        assert r._slow_running == 0 and not r._zones
+
+    asyncio.run(main())
