@@ -11,11 +11,14 @@ registrable domain, :func:`zone_of`) therefore run at most :data:`ZONE_LOOKUPS` 
 and past :data:`ZONE_WAITING` waiting for one, a lookup under that zone fails at once
 (:class:`ZoneBusy`, not remembered as a failed name).
 
-A zone's share alone still let a few zones take every thread: eight hostile zones at four
-lookups each hold 32. So a zone is **slow** while a lookup under it has run past
-:data:`SLOW_S`, and for :data:`SLOW_TTL_S` after one took that long; lookups under slow
-zones, all together, run at most :data:`SLOW_LOOKUPS` at once, and past that fail at once.
-A hostile zone holds at most its first share for one of the resolver's timeouts.
+A zone's share alone still let a few zones take every thread round after round: eight
+never-answering zones at four lookups each hold 32. So a zone is **slow** for
+:data:`SLOW_TTL_S` after a lookup under it failed having taken past :data:`SLOW_S` (the
+resolver gave up on its servers: a name that answers, however slowly, does not make its
+zone slow), until one under it succeeds. Lookups under slow zones run at most
+:data:`SLOW_ZONE_LOOKUPS` at once per zone and :data:`SLOW_LOOKUPS` all together; past
+those they fail at once. A hostile zone still holds its first share for one of the
+resolver's timeouts once every :data:`SLOW_TTL_S`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from publicsuffixlist import PublicSuffixList
 from postbacks.core.ssrf import blocked_reason, parse_host_literal
 
 __all__ = ["DNS_FAILED_TTL_S", "DNS_TTL_S", "SLOW_LOOKUPS", "SLOW_S", "SLOW_TTL_S",
+           "SLOW_ZONE_LOOKUPS",
            "ZONE_LOOKUPS", "ZONE_WAITING", "BlockedAddress", "Lookup", "VettingResolver",
            "ZoneBusy", "zone_of"]
 
@@ -43,9 +47,10 @@ DNS_FAILED_TTL_S = 5.0
 _DNS_CACHE_MAX = 4096
 ZONE_LOOKUPS = 4  # lookups in flight at once under one zone
 ZONE_WAITING = 64  # lookups waiting for one of those, past which one fails at once
-SLOW_S = 1.0  # a lookup running longer makes its zone slow
-SLOW_TTL_S = 600.0  # ... and it stays slow this long after one took that long
+SLOW_S = 1.0  # a lookup that fails having run longer makes its zone slow
+SLOW_TTL_S = 600.0  # ... for this long, or until a lookup under it succeeds
 SLOW_LOOKUPS = 8  # lookups in flight at once under all slow zones together
+SLOW_ZONE_LOOKUPS = 2  # ... and under one slow zone
 
 
 class BlockedAddress(OSError):
@@ -144,37 +149,44 @@ class VettingResolver:
                            f"{name} already in flight or waiting")
         zone.users += 1
         try:
+            loop = asyncio.get_running_loop()
+            self._refuse_if_slow(name, zone, loop.time())  # (not after waiting its turn)
             async with zone.slots:
-                loop = asyncio.get_running_loop()
-                now = loop.time()
-                slow = self._is_slow(name, zone, now)
-                if slow and self._slow_running >= SLOW_LOOKUPS:
-                    raise ZoneBusy(socket.EAI_AGAIN, f"{name} is slow to answer and "
-                                   f"{SLOW_LOOKUPS} lookups under slow zones are in flight")
+                slow = self._refuse_if_slow(name, zone, loop.time())
                 self._slow_running += slow
-                zone.started.append(now)
+                zone.slow_running += slow
+                started = loop.time()
                 try:
-                    return await self._dns(host)
+                    addresses = await self._dns(host)
+                except OSError:
+                    ended = loop.time()
+                    if ended - started > SLOW_S:
+                        self._slow.pop(name, None)  # (re-inserted last: evicted last)
+                        self._slow = _room(self._slow, ended)
+                        self._slow[name] = (ended + SLOW_TTL_S, None)
+                    raise
                 finally:
-                    zone.started.remove(now)
                     self._slow_running -= slow
-                    if loop.time() - now > SLOW_S:
-                        self._slow = _room(self._slow, loop.time())
-                        self._slow[name] = (loop.time() + SLOW_TTL_S, None)
+                    zone.slow_running -= slow
+                self._slow.pop(name, None)  # it answers
+                return addresses
         finally:
             zone.users -= 1
             if not zone.users:
                 del self._zones[name]
 
-    def _is_slow(self, name: str, zone: _Zone, now: float) -> bool:
-        if zone.started and zone.started[0] < now - SLOW_S:
-            return True
+    def _refuse_if_slow(self, name: str, zone: _Zone, now: float) -> bool:
+        """Whether ``name`` is a slow zone (see the module); raises :class:`ZoneBusy` when
+        slow zones' lookups, or this one's, are all taken."""
         until = self._slow.get(name)
         if until is None:
             return False
         if until[0] <= now:
             del self._slow[name]
             return False
+        if self._slow_running >= SLOW_LOOKUPS or zone.slow_running >= SLOW_ZONE_LOOKUPS:
+            raise ZoneBusy(socket.EAI_AGAIN, f"{name} failed to answer and its share of the "
+                           "lookups under such zones is in flight")
         return True
 
 
@@ -195,12 +207,12 @@ def zone_of(host: str) -> str:
 
 
 class _Zone:
-    __slots__ = ("slots", "started", "users")
+    __slots__ = ("slots", "slow_running", "users")
 
     def __init__(self) -> None:
         self.slots = asyncio.Semaphore(ZONE_LOOKUPS)
         self.users = 0
-        self.started: list[float] = []  # the loop times its lookups in flight began, oldest first
+        self.slow_running = 0  # its lookups started while it was slow, not ended yet
 
 
 _E = TypeVar("_E")

@@ -114,9 +114,9 @@ def test_many_hostile_zones_together_hold_no_more_than_their_first_shares(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Eight zones whose servers never answer (each lookup ends at the resolver's timeout),
     four lookups each, held all 32 of the agent's lookup threads round after round, and
-    every other endpoint's lookup timed out. A lookup that took past SLOW_S makes its zone
-    slow: lookups under slow zones together run at most SLOW_LOOKUPS at once, and the rest
-    fail at once."""
+    every other endpoint's lookup timed out. A lookup that failed having taken past SLOW_S
+    makes its zone slow: lookups under slow zones together run at most SLOW_LOOKUPS at
+    once, and the rest fail at once. A zone that answers slowly is not slow."""
     from postbacks.transport import resolver
 
     monkeypatch.setattr(resolver, "SLOW_S", 0.1)
@@ -132,10 +132,13 @@ def test_many_hostile_zones_together_hold_no_more_than_their_first_shares(
             finally:
                 running.remove(host)
             raise socket.gaierror(socket.EAI_AGAIN, "timed out")
+        if host.startswith("slowly."):
+            await asyncio.sleep(0.2)  # a slow name server that answers
         return ["93.184.216.34"]
 
     async def main() -> None:
         r = VettingResolver(False, lookup=lookup)
+        assert await r.resolve("slowly.legit.test") == ("93.184.216.34",)
 
         async def attack(n: int) -> None:
             """A send per zone asking a new name, each giving up (its lookup goes on)."""
@@ -160,7 +163,39 @@ def test_many_hostile_zones_together_hold_no_more_than_their_first_shares(
             await asyncio.sleep(0.02)
         assert 0 < most[0] <= resolver.SLOW_LOOKUPS, most[0]
         assert await asyncio.wait_for(r.resolve("good.test"), 1) == ("93.184.216.34",)
+        assert "legit.test" not in r._slow  # answered slowly: not held with the others
+        assert await asyncio.wait_for(r.resolve("b.legit.test"), 1) == ("93.184.216.34",)
         await asyncio.sleep(0.4)
         assert r._slow_running == 0 and not r._zones
+
+    asyncio.run(main())
+
+
+def test_a_slow_zone_is_held_to_its_share_until_a_lookup_under_it_succeeds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from postbacks.transport import resolver
+
+    monkeypatch.setattr(resolver, "SLOW_S", 0.05)
+    answers = asyncio.Event()
+
+    async def lookup(host: str) -> list[str]:
+        if not answers.is_set():
+            await asyncio.sleep(0.1)
+            raise socket.gaierror(socket.EAI_AGAIN, "timed out")
+        return ["93.184.216.34"]
+
+    async def main() -> None:
+        r = VettingResolver(False, lookup=lookup)
+        with pytest.raises(socket.gaierror):
+            await r.resolve("a.flaky.test")
+        assert "flaky.test" in r._slow
+        sends = [asyncio.ensure_future(r.resolve(f"n{i}.flaky.test")) for i in range(4)]
+        got = await asyncio.gather(*sends, return_exceptions=True)
+        busy = [g for g in got if isinstance(g, ZoneBusy)]
+        assert len(busy) == 4 - resolver.SLOW_ZONE_LOOKUPS  # its share: the rest at once
+        assert r._slow_running == 0
+        answers.set()  # its servers answer again
+        assert await r.resolve("b.flaky.test") == ("93.184.216.34",)
+        assert "flaky.test" not in r._slow
 
     asyncio.run(main())
