@@ -57,6 +57,7 @@ __all__ = [
     "name_problem",
     "revoke_token",
     "session_cookie",
+    "session_token_id",
     "spend_step_up",
 ]
 
@@ -247,6 +248,13 @@ def _session_parts(key: bytes, cookie: str, now_s: float | None) -> list[str] | 
     if int(parts[1]) < (now_s if now_s is not None else time.time()):
         return None
     return parts
+
+
+def session_token_id(key: bytes, cookie: str) -> str | None:
+    """The token id of a session cookie this console signed and that has not expired (its
+    session may have ended since: signed out, its token revoked or expired), else None."""
+    parts = _session_parts(key, cookie, None)
+    return parts[0] if parts is not None else None
 
 
 def lookup_session(conn: psycopg.Connection[Any], key: bytes, cookie: str,

@@ -46,7 +46,14 @@ from postbacks.settings import Settings
 from replay_console import queries as q
 from replay_console import reads as rd
 from replay_console import writes as w
-from replay_console.auth import Principal, check_csrf, end_session, lookup_token, session_cookie
+from replay_console.auth import (
+    Principal,
+    check_csrf,
+    end_session,
+    lookup_token,
+    session_cookie,
+    session_token_id,
+)
 from replay_console.forms import MAX_BODY, body_of, text
 from replay_console.guard import check_request
 from replay_console.health import add_health_routes
@@ -175,7 +182,14 @@ def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) ->
                 p, cookie = await c.principal(request)
                 if p is None:
                     throttle.failed(keys)
-                    raise Problem(401, "sign in first (a console token)")
+                    # a cookie this console signed whose session has ended: a copy of a
+                    # signed-out or revoked user's cookie in use is worth an audit row
+                    ended = None if bearer else session_token_id(
+                        c.key, request.cookies.get(COOKIE, ""))
+                    raise Problem(401, "sign in first (a console token)" if ended is None
+                                  else f"the session of token {ended} has ended (signed "
+                                  "out, or the token revoked or expired): sign in again",
+                                  audit=ended is not None)
                 request[PRINCIPAL] = p
                 if cookie is not None:
                     request[COOKIE_VALUE] = cookie

@@ -250,9 +250,15 @@ def test_tokens_expire_and_are_listed_and_revoked_from_the_cli(
                 "SELECT actor FROM audit_log WHERE action = 'console.token_revoke'"
                 " AND target_id = %s", (made["token_id"],)).fetchall() == [(f"cli:ops-{ns}",)]
         assert api.get("/api/v1/deliveries").status == 401
-        assert page.get("/api/v1/deliveries").status == 401
+        r = page.get("/api/v1/deliveries")
+        assert r.status == 401 and "has ended" in r.json()["error"]
         r = page.get("/deliveries")
         assert r.status == 303 and r.headers["location"].startswith("/login")
+        with connect(settings.database_url) as conn:  # a revoked user's cookie in use
+            ended = conn.execute(
+                "SELECT action, after->>'status' FROM audit_log WHERE action LIKE 'refused.%%'"
+                " AND after->>'reason' LIKE %s", (f"%{made['token_id']}%",)).fetchall()
+        assert ("refused.deliveries", "401") in ended, ended
         assert run_cli(monkeypatch, settings, "console", "token", "revoke",
                        made["token_id"]) == 1  # already revoked
         listed = _cli_json(monkeypatch, capsys, settings, "console", "token", "list", "--json")
