@@ -103,10 +103,10 @@ GAP_OLDEST_AGE = Gauge("webhook_gap_oldest_age_seconds",
 ENDPOINTS_DISABLED = Gauge("webhook_endpoints_disabled",
                            "Endpoints disabled by the platform (auto-disable): their "
                            "deliveries are parked until re-enabled")
-RETENTION_OVERDUE = Gauge("postbacks_retention_overdue_days",
-                          "Days the oldest daily partition of a table has been past the "
-                          "retention window (0: none; a daily retention job keeps it <= 1)",
-                          ["table"])
+RETENTION_OVERDUE = Gauge("postbacks_retention_overdue_seconds",
+                          "How long the oldest daily partition of a table has been past the "
+                          "retention window, in whole days (0: none; a daily retention job "
+                          "keeps it at most a day)", ["table"])
 MONITOR_LAST_SUCCESS = Gauge("postbacks_monitor_last_success_timestamp_seconds",
                              "When the monitor last completed a round, by check", ["check"])
 DATABASE_UP = Gauge("postbacks_database_up",

@@ -9,9 +9,10 @@ detector's count (:mod:`postbacks.db.gaps`), and sets:
   finished (on the delay topics, since it fell due), which grows while a stage is stalled
   or down -- measured from outside the stage, so a stage that cannot run cannot hide it;
 - ``webhook_gap_deliveries`` and ``webhook_gap_oldest_age_seconds``;
-- ``postbacks_retention_overdue_days{table}``: how many days the oldest daily partition of
-  ``delivery_attempts`` and ``deliveries`` is past the retention window, which stays at 0
-  or 1 while ``postbacks retention`` runs daily and grows when it stops or keeps failing;
+- ``postbacks_retention_overdue_seconds{table}``: how long (in whole days) the oldest daily
+  partition of ``delivery_attempts`` and ``deliveries`` is past the retention window, which
+  stays at most a day while ``postbacks retention`` runs daily and grows when it stops or
+  keeps failing;
 - ``postbacks_monitor_last_success_timestamp_seconds{check}`` per check (``kafka``,
   ``gaps``, ``disable``, ``retention``; the monitor's start until the first success), and
   ``postbacks_monitor_errors_total{check}`` when one fails: a check that fails leaves its
@@ -160,7 +161,7 @@ class Monitor:
         today = dt.datetime.fromtimestamp(self.clock(), dt.UTC).date()
         with connect(self.settings.database_url) as conn:
             for table in _RETAINED:
-                RETENTION_OVERDUE.labels(table).set(overdue_days(
+                RETENTION_OVERDUE.labels(table).set(86_400 * overdue_days(
                     day_partitions(conn, table), today, self.settings.attempt_retention_days))
 
 

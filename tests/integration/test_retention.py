@@ -141,7 +141,7 @@ def test_overdue_days_count_from_the_window_edge() -> None:
 def test_the_monitor_shows_a_retention_job_that_has_not_run(
         migrated: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A retention job that stopped (or whose drops keep failing) leaves partitions past the
-    window: ``postbacks_retention_overdue_days`` (alert PostbacksRetentionBehind) counts
+    window: ``postbacks_retention_overdue_seconds`` (alert PostbacksRetentionBehind) counts
     how long the oldest has waited, and goes back to 0 once the job has run."""
     from postbacks.metrics import MONITOR_ERRORS, RETENTION_OVERDUE
     from postbacks.monitor import Monitor
@@ -160,7 +160,7 @@ def test_the_monitor_shows_a_retention_job_that_has_not_run(
     today = dt.datetime.now(dt.UTC).date()
     cutoff = today - dt.timedelta(days=settings.attempt_retention_days)
     gauge = RETENTION_OVERDUE.labels("delivery_attempts")._value  # type: ignore[attr-defined]
-    assert gauge.get() == (cutoff - OLD[0]).days
+    assert gauge.get() == 86_400 * (cutoff - OLD[0]).days
 
     drop_expired(url, keep_days=settings.attempt_retention_days, today=today)
     monitor._check("retention", monitor._retention)
