@@ -42,12 +42,9 @@ HEAD_LIMIT = 64 * 1024
 # a body is cut by its own count (DISCARD_LIMIT), but trailers are gathered like headers and
 # chunk framing is not body. A response with this much of them is cut as malformed.
 FRAMING_LIMIT = 4 * 1024 * 1024
-# The body pieces (chunks) a response may bring beyond one per read: each is a Python call on
-# the agent's one event loop, and 4 MiB of framing is ~600,000 one-byte chunks, ~0.1 s of
-# that loop per response. (A read is a call of its own: a body dripped a byte per read is
-# held by the deadline.) Past this many the body is read no further, as past DISCARD_LIMIT:
-# the status stands (a receiver cannot choose how its chunks are gathered into reads, and
-# an accepted delivery must not be sent again) and the connection is closed.
+# Body chunks beyond one per read, each a Python call on the agent's loop (4 MiB of framing is
+# ~600,000 one-byte chunks, ~0.1 s): past this many the body is cut as past DISCARD_LIMIT and
+# the status stands (a receiver cannot choose how its chunks are gathered into reads).
 PIECE_LIMIT = 4096
 
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -60,10 +57,8 @@ class PoolKey(NamedTuple):
     ip: str  # a vetted address, never a hostname
     port: int
     server_hostname: str | None  # TLS SNI and certificate name; None for http
-    # The URL's host, also over plain http: connections are shared per origin, as a
-    # browser shares them. Keyed by address alone, two endpoints (two tenants) whose names
-    # resolve to one address shared connections, and a front end that routes a connection
-    # by its first request handed the second's signed requests to the first's backend.
+    # The URL's host, also over plain http: per origin, so two tenants' names on one address
+    # never share a connection (a front end routing by a connection's first request).
     host: str | None = None
 
 
@@ -122,34 +117,10 @@ class PoolSide(Protocol):
 
 class _Conn(asyncio.Protocol):
     __slots__ = (
-        "_bare",
-        "_body",
-        "_bytes",
-        "_complete",
-        "_extra",
-        "_fd",
-        "_framed",
-        "_fut",
-        "_head",
-        "_head_bytes",
-        "_head_size",
-        "_headers",
-        "_interim",
-        "_keep_alive",
-        "_kept",
-        "_parser",
-        "_pieces",
-        "_pool",
-        "_read_piece",
-        "_received",
-        "_size",
-        "_status",
-        "_truncated",
-        "_until_eof",
-        "closed",
-        "idle_since",
-        "slot",
-        "transport",
+        "_bare", "_body", "_bytes", "_complete", "_extra", "_fd", "_framed", "_fut",
+        "_head", "_head_bytes", "_head_size", "_headers", "_interim", "_keep_alive",
+        "_kept", "_parser", "_pieces", "_pool", "_read_piece", "_received", "_size",
+        "_status", "_truncated", "_until_eof", "closed", "idle_since", "slot", "transport",
         "uses",
     )
 

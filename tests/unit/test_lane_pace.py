@@ -32,8 +32,8 @@ class SlowIntents:
         self.sent += 1
 
 
-def _lanes(intents: Any) -> tuple[Lanes, Transport]:
-    transport = Transport()
+def _lanes(intents: Any, transport: Transport | None = None) -> tuple[Lanes, Transport]:
+    transport = transport or Transport()
     ep = _endpoint("ep_1")
     deliverer = Deliverer(transport, RetryPolicy(5, 3600, 86400, 0.2, 10, {}),  # type: ignore[arg-type]
                           clock=lambda: NOW / 1000, intents=intents)
@@ -42,21 +42,29 @@ def _lanes(intents: Any) -> tuple[Lanes, Transport]:
     return lanes, transport
 
 
+async def _send_three(lanes: Lanes, transport: Transport) -> float:
+    """Three deliveries to ep_1, one after another (its concurrency is 1): its pace once
+    all three were sent and answered."""
+    tracker = Tracker()
+    for offset in range(3):
+        d = make_delivery(delivery_id=f"dlv_{offset}", endpoint_id="ep_1",
+                          created_at=NOW - 1000)
+        lanes.submit(FakeMessage(_DLV.encode(d), offset=offset),  # type: ignore[arg-type]
+                     tracker.track("dispatch.v1", 0, offset))
+    for _ in range(200):
+        if len(transport.sent) == 3:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # (the last one's answer observed)
+    return lanes.lanes["ep_1"].latency_s
+
+
 def test_the_wait_on_the_intent_is_not_the_endpoints_pace() -> None:
     async def main() -> tuple[float, int, int]:
         intents = SlowIntents(0.3)
         lanes, transport = _lanes(intents)
-        tracker = Tracker()
-        for offset in range(3):
-            d = make_delivery(delivery_id=f"dlv_{offset}", endpoint_id="ep_1",
-                              created_at=NOW - 1000)
-            lanes.submit(FakeMessage(_DLV.encode(d), offset=offset),  # type: ignore[arg-type]
-                         tracker.track("dispatch.v1", 0, offset))
-        for _ in range(200):
-            if len(transport.sent) == 3:
-                break
-            await asyncio.sleep(0.05)
-        return lanes.lanes["ep_1"].latency_s, intents.sent, len(transport.sent)
+        pace = await _send_three(lanes, transport)
+        return pace, intents.sent, len(transport.sent)
 
     pace, intents_sent, sent = asyncio.run(main())
     assert (intents_sent, sent) == (3, 3)
@@ -79,23 +87,8 @@ class QueuedTransport(Transport):
 
 def test_the_wait_for_the_clients_limit_is_not_the_endpoints_pace() -> None:
     async def main() -> tuple[float, int]:
-        transport = QueuedTransport(0.3)
-        deliverer = Deliverer(transport, RetryPolicy(5, 3600, 86400, 0.2, 10, {}),  # type: ignore[arg-type]
-                              clock=lambda: NOW / 1000)
-        lanes = Lanes(deliverer, {"ep_1": _endpoint("ep_1")}.get, BreakerPolicy(), 30, 1000,
-                      30, clock=lambda: NOW / 1000, view_checked_ms=lambda: NOW)
-        tracker = Tracker()
-        for offset in range(3):
-            d = make_delivery(delivery_id=f"dlv_{offset}", endpoint_id="ep_1",
-                              created_at=NOW - 1000)
-            lanes.submit(FakeMessage(_DLV.encode(d), offset=offset),  # type: ignore[arg-type]
-                         tracker.track("dispatch.v1", 0, offset))
-        for _ in range(200):
-            if len(transport.sent) == 3:
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.05)
-        return lanes.lanes["ep_1"].latency_s, len(transport.sent)
+        lanes, transport = _lanes(None, QueuedTransport(0.3))
+        return await _send_three(lanes, transport), len(transport.sent)
 
     pace, sent = asyncio.run(main())
     assert sent == 3
