@@ -33,7 +33,7 @@ class AiohttpWire:
 
     async def request(
         self, key: PoolKey, method: str, target: str, host: str, headers: dict[str, str],
-        body: bytes | None = None,
+        body: bytes | None = None, *, connect_timeout_s: float | None = None,
     ) -> H1Response:
         sent = checked_headers(method, target, host, headers)
         url = URL(origin(key) + target, encoded=True)
@@ -41,6 +41,7 @@ class AiohttpWire:
             async with self._session.request(
                 method, url, headers=sent, data=body, allow_redirects=False,
                 server_hostname=key.server_hostname,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
             ) as resp:
                 kept, size, truncated = await _read(resp)
                 got = resp.headers
@@ -50,6 +51,9 @@ class AiohttpWire:
             err = ConnectError(f"cannot connect to {key.ip}:{key.port}: {exc}")
             err.errno = exc.errno
             raise err from exc
+        except aiohttp.ConnectionTimeoutError as exc:  # past connect_timeout_s
+            raise ConnectError(f"cannot connect to {key.ip}:{key.port}: no answer within "
+                               f"{connect_timeout_s:g} s") from exc
         except aiohttp.ClientError as exc:
             if isinstance(exc, TimeoutError):
                 raise

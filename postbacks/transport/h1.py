@@ -125,19 +125,21 @@ class H1Pool:
     async def request(
         self, key: PoolKey, method: str, target: str, host: str, headers: dict[str, str],
         body: bytes | None = None, *, timeout_s: float | None = None,
+        connect_timeout_s: float | None = None,
     ) -> H1Response:
         """Send one request on a pooled connection to ``key`` and read the response.
 
         ``target`` is the request target (path and query, already encoded), ``host`` the
-        Host header value. Raises :class:`InvalidRequest`, ``TimeoutError`` or an
+        Host header value; a new connection not made within ``connect_timeout_s`` is a
+        :class:`ConnectError`. Raises :class:`InvalidRequest`, ``TimeoutError`` or an
         ``OSError`` (:class:`ConnectError`, :class:`ServerDisconnected`, ...).
         """
         data = encode_request(method, target, host, headers, body, self.user_agent)
         head = method == "HEAD"
         if timeout_s is None:
-            return await self._send(key, data, head)
+            return await self._send(key, data, head, connect_timeout_s)
         async with asyncio.timeout(timeout_s):
-            return await self._send(key, data, head)
+            return await self._send(key, data, head, connect_timeout_s)
 
     async def close(self) -> None:
         self._closed = True
@@ -159,11 +161,12 @@ class H1Pool:
 
     # -- one exchange ----------------------------------------------------------------------
 
-    async def _send(self, key: PoolKey, data: bytes, head: bool) -> H1Response:
+    async def _send(self, key: PoolKey, data: bytes, head: bool,
+                    connect_s: float | None) -> H1Response:
         if self._closed:
             raise ConnectionError("connection pool closed")
         async with self._limit:
-            conn = await self._acquire(key)  # checked quiet: not closed by the server
+            conn = await self._acquire(key, connect_s)  # checked quiet: not closed by the server
             try:
                 resp = await conn.send(data, head)
             except BaseException:
@@ -174,7 +177,7 @@ class H1Pool:
 
     # -- the pool --------------------------------------------------------------------------
 
-    async def _acquire(self, key: PoolKey) -> _Conn:
+    async def _acquire(self, key: PoolKey, connect_s: float | None) -> _Conn:
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = _Slot(key)
@@ -188,7 +191,7 @@ class H1Pool:
             self._give_back(slot, forget=False)
         if slot.open < self.max_per_key:
             slot.open += 1
-            return await self._open(key, slot)
+            return await self._open(key, slot, connect_s)
         waiter: asyncio.Future[_Conn | None] = self.loop.create_future()
         slot.waiters.append(waiter)
         try:
@@ -208,9 +211,9 @@ class H1Pool:
             return handed
         if handed is not None:
             handed.shut()
-        return await self._open(key, slot)
+        return await self._open(key, slot, connect_s)
 
-    async def _open(self, key: PoolKey, slot: _Slot) -> _Conn:
+    async def _open(self, key: PoolKey, slot: _Slot, connect_s: float | None) -> _Conn:
         """A new connection for ``slot``, whose count already includes it."""
         ctx: ssl.SSLContext | None = None
         if key.scheme == "https":
@@ -224,20 +227,25 @@ class H1Pool:
             made.append(_Conn(self, slot))
             return made[0]
 
+        bound = asyncio.timeout(connect_s)
         try:
-            _, conn = await self.loop.create_connection(
-                factory, key.ip, key.port, ssl=ctx,
-                server_hostname=(key.server_hostname or key.ip) if ctx else None,
-                # a receiver that never answers our TLS close held the socket 30 s (the
-                # default) after every Connection: close answer: descriptors ran out
-                ssl_shutdown_timeout=TLS_SHUTDOWN_S if ctx else None,
-            )
+            async with bound:
+                _, conn = await self.loop.create_connection(
+                    factory, key.ip, key.port, ssl=ctx,
+                    server_hostname=(key.server_hostname or key.ip) if ctx else None,
+                    # a receiver that never answers our TLS close held the socket 30 s (the
+                    # default) after every Connection: close answer: descriptors ran out
+                    ssl_shutdown_timeout=TLS_SHUTDOWN_S if ctx else None,
+                )
         except BaseException as exc:
             for orphan in made:  # cancelled after connection_made (uvloop may then close
                 orphan.shut()  # the transport without calling connection_lost)
                 orphan.closed = True
                 self.conns.discard(orphan)
             self._give_back(slot)
+            if bound.expired():
+                raise ConnectError(f"cannot connect to {key.ip}:{key.port}: no answer "
+                                   f"within {connect_s:g} s") from exc
             if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
                 err = ConnectError(f"cannot connect to {key.ip}:{key.port}: {exc}")
                 err.errno = exc.errno

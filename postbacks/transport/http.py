@@ -13,9 +13,10 @@ Two guards, both before any socket is opened:
   without asking DNS;
 * every hostname is resolved by :class:`VettingResolver` (``loop.getaddrinfo``, results
   cached for 30 s), which drops any address the SSRF policy refuses. The client then
-  connects to a vetted *address* (the first; the next only if connecting fails), with the
-  URL's host as TLS ``server_hostname`` and ``Host``, so there is no window for DNS
-  rebinding between check and connect.
+  connects to a vetted *address* (the first; the next only if connecting fails, or if
+  the connect is not answered within ``CONNECT_EACH_S`` while another address is left),
+  with the URL's host as TLS ``server_hostname`` and ``Host``, so there is no window for
+  DNS rebinding between check and connect.
 
 Redirects are never followed by the client. With ``follow_redirects=True`` this module
 follows 301/302/303/307/308 up to ``max_redirects`` hops, each hop re-checked by both
@@ -74,6 +75,14 @@ EXCERPT_BYTES = 256
 BODY_BYTES = BODY_LIMIT  # 64 KiB
 
 IDLE_TIMEOUT_S = 30.0
+# How long a connect may go unanswered while the name has another address to try: an
+# address that drops connection attempts silently (a dead host, a broken IPv6 route) would
+# otherwise spend the whole timeout, every attempt, with a working address unused.
+CONNECT_EACH_S = 2.0
+# An address that failed to connect is tried after its name's other addresses for this
+# long, so the sends that follow do not each wait CONNECT_EACH_S on it first.
+CONNECT_FAILED_S = 60.0
+_CONNECT_FAILED_MAX = 4096  # addresses remembered (expired ones pruned past it)
 
 # Dropped when a hop changes origin (as browsers do) or switches to a body-less GET.
 # A redirect to another origin carries only the headers a provider sets itself (identity,
@@ -206,6 +215,7 @@ class HttpTransport:
         self._resolver = VettingResolver(allow_loopback, lookup=lookup)
         self._pool: Wire | None = None
         self._deadlines = Deadlines(timeout_s)
+        self._failed: dict[str, float] = {}  # address -> until when it is tried last
 
     async def __aenter__(self) -> HttpTransport:
         self._pool = open_wire(self._client, limit=self._limit, idle_timeout_s=IDLE_TIMEOUT_S)
@@ -299,19 +309,27 @@ class HttpTransport:
         tls_name = host.rstrip(".") if target.scheme == "https" else None
         try:
             addresses = await self._resolver.resolve(host)
+            if len(addresses) > 1 and self._failed:
+                addresses = self._ordered(addresses)
             last = len(addresses) - 1
+            # every address but the last gets a share of the timeout to connect in
+            each = min(CONNECT_EACH_S, self._timeout_s / len(addresses))
             for i, address in enumerate(addresses):
                 try:
                     resp = await pool.request(
                         PoolKey(target.scheme, address, port, tls_name, host.rstrip(".")),
                         method,
                         target.raw_path_qs or "/", target.host_port_subcomponent or host,
-                        headers, body,
+                        headers, body, connect_timeout_s=each if i < last else None,
                     )
                     break
                 except ConnectError:
+                    if last:
+                        self._failing(address)
                     if i == last:
                         raise
+            if last and address in self._failed:
+                del self._failed[address]
         except BlockedAddress as exc:
             return SendResult(HttpResult(None, "blocked_address"), 0.0, None, str(exc))
         except InvalidRequest as exc:
@@ -323,6 +341,25 @@ class HttpTransport:
         except OSError:
             return SendResult(HttpResult(None, "connection_error"), 0.0, None)
         return _reply(resp)
+
+    def _ordered(self, addresses: tuple[str, ...]) -> tuple[str, ...]:
+        """``addresses`` with those that failed to connect lately moved to the end."""
+        now = time.monotonic()
+        failed = self._failed
+        late = [a for a in addresses if failed.get(a, 0.0) > now]
+        if not late:
+            return addresses
+        return tuple(a for a in addresses if a not in late) + tuple(late)
+
+    def _failing(self, address: str) -> None:
+        failed = self._failed
+        now = time.monotonic()
+        if len(failed) >= _CONNECT_FAILED_MAX:
+            for a in [a for a, until in failed.items() if until <= now]:
+                del failed[a]
+            if len(failed) >= _CONNECT_FAILED_MAX:
+                failed.clear()
+        failed[address] = now + CONNECT_FAILED_S
 
 
 def _reply(resp: H1Response) -> _Reply:

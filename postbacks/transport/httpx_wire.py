@@ -52,13 +52,14 @@ class HttpxWire:
 
     async def request(
         self, key: PoolKey, method: str, target: str, host: str, headers: dict[str, str],
-        body: bytes | None = None,
+        body: bytes | None = None, *, connect_timeout_s: float | None = None,
     ) -> H1Response:
         sent = checked_headers(method, target, host, headers)
         client = self._client(key.server_hostname)
         try:
             req = client.build_request(
                 method, origin(key) + target, headers=sent, content=body,
+                timeout=httpx.Timeout(None, connect=connect_timeout_s),
                 extensions={"sni_hostname": key.server_hostname} if key.server_hostname else None,
             )
             resp = await client.send(req, stream=True)
@@ -79,8 +80,9 @@ class HttpxWire:
         except (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
             raise InvalidRequest(f"refusing to send a malformed request to {host!r}: {exc}"
                                  ) from exc
-        except httpx.ConnectError as exc:
-            raise ConnectError(f"cannot connect to {key.ip}:{key.port}: {exc}") from exc
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ConnectError(f"cannot connect to {key.ip}:{key.port}: {exc or 'no answer'}"
+                               ) from exc
         except httpx.TimeoutException as exc:
             raise TimeoutError(str(exc)) from exc
         except httpx.HTTPError as exc:

@@ -9,8 +9,9 @@ by :func:`postbacks.transport.clients.open_wire`.
 Every wire takes the same arguments (a :class:`PoolKey` with a vetted address, the request
 target, the ``Host`` value, headers, body), follows no redirect, keeps the first
 ``BODY_LIMIT`` body bytes and only the ``Retry-After`` and ``Location`` headers, sets no
-timeout of its own (HttpTransport's deadlines cancel the exchange), and raises what
-HttpTransport maps: :class:`ConnectError` (could not connect, TLS included),
+timeout of its own (HttpTransport's deadlines cancel the exchange) except
+``connect_timeout_s`` on opening a connection (past it: :class:`ConnectError`), and raises
+what HttpTransport maps: :class:`ConnectError` (could not connect, TLS included),
 :class:`InvalidRequest` (CR, LF or NUL in the request text), ``TimeoutError``, or another
 ``OSError`` (connection lost, malformed response).
 """
@@ -42,7 +43,7 @@ WANTED_HEADERS = ("retry-after", "location")
 class Wire(Protocol):
     async def request(
         self, key: PoolKey, method: str, target: str, host: str, headers: dict[str, str],
-        body: bytes | None = None,
+        body: bytes | None = None, *, connect_timeout_s: float | None = None,
     ) -> H1Response: ...
 
     async def close(self) -> None: ...

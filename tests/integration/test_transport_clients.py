@@ -196,3 +196,67 @@ def test_the_setting_names_the_client(client: str) -> None:
     assert load_settings({"POSTBACKS_HTTP_CLIENT": client}).http_client == client
     with pytest.raises(ConfigError, match="POSTBACKS_HTTP_CLIENT"):
         load_settings({"POSTBACKS_HTTP_CLIENT": f"{client}2"})
+
+
+def test_an_address_that_drops_connects_gives_way_to_the_next(client: str) -> None:
+    """The name's first address never answers a connect (a listener whose accept queue is
+    full drops every SYN, as a dead host or a broken route does); the next address works.
+    The first send goes to the second address once its share of the timeout has passed,
+    not at the timeout's end; the next sends try the silent address last and do not wait."""
+    from postbacks.transport import http
+
+    async def main() -> None:
+        async with receiver() as rec:
+            silent = socket.socket()
+            silent.bind(("127.0.0.2", rec.port))
+            silent.listen(0)
+            filler = socket.create_connection(("127.0.0.2", rec.port), timeout=1)
+            asked: list[str] = []
+
+            async def lookup(host: str) -> list[str]:
+                asked.append(host)
+                return ["127.0.0.2", "127.0.0.1"]
+
+            try:
+                async with HttpTransport(timeout_s=3, allow_loopback=True, client=client,
+                                         lookup=lookup) as t:
+                    loop = asyncio.get_running_loop()
+                    took = []
+                    results = []
+                    for _ in range(3):
+                        started = loop.time()
+                        results.append(await t.send(_post(f"http://hooks.example:{rec.port}/ok")))
+                        took.append(loop.time() - started)
+            finally:
+                filler.close()
+                silent.close()
+        assert [r.http for r in results] == [HttpResult(200, None, None)] * 3, results
+        assert [seen[0] for seen in rec.seen] == ["POST"] * 3
+        share = min(http.CONNECT_EACH_S, 3 / 2)  # the timeout shared by two addresses
+        assert share * 0.9 <= took[0] < 2.9, took
+        assert max(took[1:]) < 0.5, took
+        assert asked == ["hooks.example"]
+
+    run(main)
+
+
+def test_a_connect_unanswered_past_its_bound_is_a_connect_error(client: str) -> None:
+    async def main() -> None:
+        silent = socket.socket()
+        silent.bind(("127.0.0.2", 0))
+        silent.listen(0)
+        port = silent.getsockname()[1]
+        filler = socket.create_connection(("127.0.0.2", port), timeout=1)
+        wire = open_wire(client, limit=4, idle_timeout_s=5)
+        try:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(ConnectError, match=r"cannot connect to 127\.0\.0\.2"):
+                await wire.request(PoolKey("http", "127.0.0.2", port, None), "POST", "/ok",
+                                   f"127.0.0.2:{port}", {}, b"{}", connect_timeout_s=0.3)
+            assert asyncio.get_running_loop().time() - started < 2.0
+        finally:
+            await wire.close()
+            filler.close()
+            silent.close()
+
+    run(main)
