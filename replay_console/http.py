@@ -31,13 +31,16 @@ from replay_console.problem import Problem
 from replay_console.rules import Lookup
 from replay_console.throttle import ActionLimit
 
-__all__ = ["ACTION", "COOKIE", "COOKIE_VALUE", "CSP", "LOCAL_PATH", "PRINCIPAL", "Console",
+__all__ = ["ACTION", "COOKIE", "COOKIE_VALUE", "CSP", "LOCAL_PATH", "PRINCIPAL", "REFUSED",
+           "Console",
            "Handler", "counted", "doing", "done", "me", "not_for_publishers", "problem",
            "redirect", "staff"]
 
 PRINCIPAL = web.RequestKey("principal", Principal)
 COOKIE_VALUE = web.RequestKey("cookie", str)
 ACTION = web.RequestKey("action", str)  # the action a POST performs (metrics)
+# a refusal the handler answers itself (a 422 page) that is audited as a 403 would be
+REFUSED = web.RequestKey("refused", str)
 COOKIE = "pb_session"
 PREVIEWS_AT_ONCE = 2  # re-render previews rendering at once per console instance
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -28,7 +28,7 @@ from replay_console.rules import ActionError, Lookup
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WIDE_REACH", "check_edit", "check_reach", "check_target"]
+__all__ = ["WIDE_REACH", "TargetRefused", "check_edit", "check_reach", "check_target"]
 
 
 # --- SSRF check of a URL someone typed --------------------------------------------------
@@ -59,21 +59,27 @@ def _bounded(lookup: Lookup, host: str) -> list[str]:
         raise OSError(f"no answer within {LOOKUP_S:.0f} s") from None
 
 
+class TargetRefused(str):
+    """A refusal by :func:`check_target`: a problem of a save that is audited (an
+    address the SSRF policy refuses, or a name that does not resolve)."""
+
+
 def check_target(url: str, *, allow_loopback: bool, lookup: Lookup | None = None
-                       ) -> str | None:
+                       ) -> TargetRefused | None:
     """Why ``url`` may not be a postback target, or None. Stricter than the transport
     (which connects only to the allowed addresses of a name): a URL is refused on save
     when its host resolves to ANY refused address, or does not resolve."""
     problem = url_blocked_reason(url, allow_loopback=allow_loopback)
     if problem:
-        return f"{url}: {problem}"
+        return TargetRefused(f"{url}: {problem}")
     host = urlsplit(url).hostname or ""
     if parse_host_literal(host) is not None:
         return None  # an allowed literal (url_blocked_reason judged it)
     # One answer whether the name does not resolve or resolves to a refused address, and
     # neither the address nor its kind: a caller could map internal names with them. The
     # log has the detail.
-    refused = f"{url}: host {host!r} does not resolve to an address postbacks may send to"
+    refused = TargetRefused(
+        f"{url}: host {host!r} does not resolve to an address postbacks may send to")
     try:
         addresses = _bounded(lookup or _system_lookup, host)
     except (OSError, UnicodeError) as exc:

@@ -63,6 +63,7 @@ from replay_console.http import (
     COOKIE_VALUE,
     LOCAL_PATH,
     PRINCIPAL,
+    REFUSED,
     Console,
     Handler,
     counted,
@@ -203,6 +204,9 @@ def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) ->
                                       "try again")
             resp = await handler(request)
             status = resp.status
+            refused = request.get(REFUSED)
+            if refused is not None:
+                audit, reason = True, refused
             return resp
         except Throttled as exc:
             status, reason = 429, str(exc)

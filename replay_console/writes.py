@@ -31,6 +31,7 @@ from replay_console.forms import (
 )
 from replay_console.http import (
     ACTION,
+    REFUSED,
     Console,
     Handler,
     counted,
@@ -211,6 +212,13 @@ def _config_and_types(request: web.Request, body: Mapping[str, Any],
     return config, listed.split(",") if listed else None
 
 
+def _audit_target_refused(request: web.Request, problems: list[str]) -> None:
+    """A save refused for its URL's address is audited, as a refused test-send is."""
+    refused = next((x for x in problems if isinstance(x, reach.TargetRefused)), None)
+    if refused is not None:
+        request[REFUSED] = refused
+
+
 def endpoint_save(c: Console) -> Handler:
     async def h(request: web.Request) -> web.StreamResponse:
         p = me(request)
@@ -238,6 +246,7 @@ def endpoint_save(c: Console) -> Handler:
                                 "note": text(body, "note") or "", "message": str(exc)})
         if problems:
             counted(request[ACTION], "refused")
+            _audit_target_refused(request, problems)
             if is_api(request):
                 return web.json_response({"error": "endpoint not saved", "problems": problems},
                                          status=422)
@@ -318,6 +327,7 @@ def endpoint_create(c: Console) -> Handler:
             name=text(body, "name") or "", note=text(body, "note"), lookup=c.lookup))
         if created is None:
             counted(request[ACTION], "refused")
+            _audit_target_refused(request, problems)
             if is_api(request):
                 return web.json_response({"error": "endpoint not created",
                                           "problems": problems}, status=422)

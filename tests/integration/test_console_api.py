@@ -313,6 +313,9 @@ def test_edits_are_ssrf_checked_and_nothing_changes_when_refused(
         assert r.status == 422 and any(GEN in p
                                        for p in r.json()["problems"]), r.text
         assert "10.1.2.3" not in r.text
+        r = admin.post("/api/v1/endpoints", body={"app_id": w["a"],
+                                                  "url": "https://nowhere.test/hook"})
+        assert r.status == 422 and any(GEN in p for p in r.json()["problems"]), r.text
         r = admin.post(ep_path, body={"url": "https://public.test/new"})
         assert r.status == 409 and r.json()["step_up"] is True
         code = r.json()["confirmation"]
@@ -332,6 +335,14 @@ def test_edits_are_ssrf_checked_and_nothing_changes_when_refused(
     assert jobs == (1,)  # only the accepted edit
     assert [a for _actor, a in _audit(settings, w["ep_a"])] == ["endpoint.update"]
     assert [a for _actor, a in _audit(settings, f"dlv_{ns}_5")] == ["delivery.edit_replay"]
+    # a save or a create refused for its URL's address is audited, as a test-send is
+    # (a problem of another kind, the unknown field above, is not)
+    with connect(settings.database_url) as conn:
+        refused = [(r[0], r[1]["status"], GEN in r[1]["reason"]) for r in conn.execute(
+            "SELECT target_id, after FROM audit_log WHERE actor = %s"
+            " AND action LIKE 'refused.%%' ORDER BY audit_id", (f"admin:adm-{ns}",))]
+    assert refused == [(ep_path, 422, True), ("/api/v1/endpoints", 422, True),
+                       (ep_path, 403, False)], refused  # (the 403: the wrong code)
 
 
 def test_bad_input_gets_a_clear_error_and_changes_nothing(
