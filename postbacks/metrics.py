@@ -60,6 +60,7 @@ __all__ = [
     "PAYOUT_USD",
     "PRODUCERS_REPLACED",
     "QUARANTINED",
+    "QUARANTINED_DEPTH",
     "RELAY_PAUSED",
     "RENDER_ERRORS",
     "RETENTION_OVERDUE",
@@ -100,6 +101,10 @@ GAP_DELIVERIES = Gauge("webhook_gap_deliveries",
                        "longer than POSTBACKS_GAP_AFTER_S (the gap detector)")
 GAP_OLDEST_AGE = Gauge("webhook_gap_oldest_age_seconds",
                        "How long the oldest gap has been quiet (0 when there is none)")
+QUARANTINED_DEPTH = Gauge("webhook_quarantined_depth",
+                          "Deliveries whose status is quarantined: diverted, waiting in "
+                          "quarantine.v1 or (due over a minute ahead) in a retry tier "
+                          "(counted up to 1,000,000)")
 ENDPOINTS_DISABLED = Gauge("webhook_endpoints_disabled",
                            "Endpoints disabled by the platform (auto-disable): their "
                            "deliveries are parked until re-enabled")

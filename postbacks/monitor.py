@@ -47,6 +47,7 @@ from postbacks.metrics import (
     GAP_OLDEST_AGE,
     MONITOR_ERRORS,
     MONITOR_LAST_SUCCESS,
+    QUARANTINED_DEPTH,
     RETENTION_OVERDUE,
 )
 from postbacks.settings import Settings
@@ -154,8 +155,12 @@ class Monitor:
         now = dt.datetime.fromtimestamp(self.clock(), dt.UTC)
         with connect(self.settings.database_url) as conn:
             count, oldest = gap_summary(conn, now=now, older_than_s=self.settings.gap_after_s)
+            row = conn.execute(
+                "SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE status = 'quarantined'"
+                " LIMIT 1000000) q").fetchone()
         GAP_DELIVERIES.set(count)
         GAP_OLDEST_AGE.set(oldest)
+        QUARANTINED_DEPTH.set(int(row[0]) if row else 0)
 
     def _retention(self) -> None:
         today = dt.datetime.fromtimestamp(self.clock(), dt.UTC).date()

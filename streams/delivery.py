@@ -21,7 +21,7 @@ from postbacks.core.endpoint import Endpoint
 from postbacks.core.intents import INTENT
 from postbacks.core.outcomes import make_attempt, make_outcome
 from postbacks.core.override import OverrideError, apply_override, parse_override
-from postbacks.core.quarantine import quarantine_note, times_quarantined
+from postbacks.core.quarantine import divert_topic, quarantine_note, times_quarantined
 from postbacks.core.redact import NO_REDACTION, Redaction, redact_request
 from postbacks.core.render import RenderedRequest, RenderError, render
 from postbacks.core.retry import DeadLetter, RetryPolicy, ScheduleRetry, next_step
@@ -163,7 +163,7 @@ class Deliverer:
         times = times_quarantined(d["last_error"])
         q = DeliveryRecord(**{**d, "due_at": due_at_ms, "enqueued_at": now_ms,
                               "last_error": quarantine_note(reason, times + 1)})
-        self.forward(out, TOPICS.quarantine.base, q)
+        self.forward(out, divert_topic(due_at_ms, now_ms), q)
         if not times:
             self.outcome(out, d, "quarantined", now_ms, reason)
 

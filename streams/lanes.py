@@ -34,7 +34,7 @@ from postbacks.core.breaker import (
 )
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.notify import EVENT_TYPE_PREFIX as NOTIFICATION_TYPES
-from postbacks.core.quarantine import UNSEEN, paced_due, slot_ms
+from postbacks.core.quarantine import UNSEEN, divert_topic, paced_due, slot_ms
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import BREAKER_OPEN, IN_FLIGHT, QUARANTINED
 from postbacks.records import DeliveryRecord
@@ -42,7 +42,6 @@ from streams.delivery import Deliverer
 from streams.lane import REDRIVES, Lane, Work
 from streams.offsets import Item, Slot
 from streams.strict import StrictOrder
-from topics import TOPICS
 
 __all__ = ["Lane", "Lanes"]
 
@@ -238,8 +237,8 @@ class Lanes:
             if due is None:  # ended at the ceiling: resolved, the next one may go
                 self.strict.after(lane, work, head)
             else:
-                self.strict.block(lane, work.delivery["delivery_id"], TOPICS.quarantine.base,
-                                  due)
+                self.strict.block(lane, work.delivery["delivery_id"],
+                                  divert_topic(due, now_ms), due)
             return
         while lane.queue or lane.redrives:
             work = lane.pop()

@@ -15,11 +15,12 @@ records ripen at their ``due_at``.
 
 The consumer keeps polling (so it stays in its group) with a poll timeout no longer than
 the wait for the earliest paused head: records are never released early, and late by about
-one poll (a quarantine record behind a later-due one waits for it: at most the longest
-quarantine wait). Republishing and the input offsets go in one Kafka transaction. A
-``due_at`` further ahead than any configuration schedules
-(:data:`~postbacks.core.delay.MAX_AHEAD_MS`) would stop its partition until then: that
-delivery is dead-lettered (``invalid_record``) instead, with a ``dead_lettered`` outcome.
+one poll (a quarantine record behind a later-due one waits for it: at most a minute, as
+the agent puts a divert due later in a retry tier; core/quarantine.py). Republishing and
+the input offsets go in one Kafka transaction. A ``due_at`` further ahead than any
+configuration schedules (:data:`~postbacks.core.delay.MAX_AHEAD_MS`) would stop its
+partition until then: that delivery is dead-lettered (``invalid_record``) instead, with a
+``dead_lettered`` outcome.
 """
 
 from __future__ import annotations

@@ -16,18 +16,31 @@ it is the probe), the backlog then at the pace the endpoint drains it, in the or
 left, and never more than :data:`PACE_MAX_MS` ahead (past that, a delivery comes back then
 and is paced again). A delivery diverted again in a row counts it in its ``last_error``
 (``quarantined (3): over_budget``), for whoever looks at it.
+
+**Where a divert waits** (:func:`divert_topic`). The relay releases each delay topic's
+partition in order, and a record not due yet holds the ones behind it. ``quarantine.v1``
+releases its records at their ``due_at``, so one endpoint's divert due in an hour (a
+paced backlog, a ``Retry-After: 3600``) would hold every other endpoint's diverts on that
+partition for an hour. So ``quarantine.v1`` takes only diverts due within
+:data:`QUARANTINE_AHEAD_MS`; one due later waits in the retry tier that fits its wait,
+where records leave one tier period after they came and hop until due. Either way it
+uses no attempt, and its ``last_error`` says it was quarantined.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["DEFAULT_SLOT_S", "PACE_MAX_MS", "UNSEEN", "paced_due", "quarantine_note",
-           "slot_ms", "times_quarantined"]
+from postbacks.core.retry import tier_for
+from topics.registry import TOPICS
+
+__all__ = ["DEFAULT_SLOT_S", "PACE_MAX_MS", "QUARANTINE_AHEAD_MS", "UNSEEN", "divert_topic",
+           "paced_due", "quarantine_note", "slot_ms", "times_quarantined"]
 
 UNSEEN = "endpoint_unseen"  # the reason of a delivery whose endpoint is not in the view yet
 PACE_MAX_MS = 3_600_000  # a paced delivery comes back at most this far ahead
 DEFAULT_SLOT_S = 0.1  # the time per delivery of an endpoint with no answer timed yet
+QUARANTINE_AHEAD_MS = 60_000  # quarantine.v1 takes diverts due within this
 
 _MARK = re.compile(r"^quarantined(?: \((\d+)\))?:")
 
@@ -38,6 +51,16 @@ def times_quarantined(last_error: str | None) -> int:
     if m is None:
         return 0
     return int(m.group(1)) if m.group(1) else 1
+
+
+def divert_topic(due_at_ms: int, now_ms: int) -> str:
+    """The delay topic (base name) a delivery diverted at ``now_ms`` until ``due_at_ms``
+    waits in: ``quarantine.v1`` when due within :data:`QUARANTINE_AHEAD_MS`, else the
+    longest retry tier not longer than its wait."""
+    ahead_ms = due_at_ms - now_ms
+    if ahead_ms <= QUARANTINE_AHEAD_MS:
+        return TOPICS.quarantine.base
+    return TOPICS.retry_tier(tier_for(ahead_ms / 1000)).base
 
 
 def quarantine_note(reason: str, times: int) -> str:

@@ -101,3 +101,27 @@ def test_a_broker_or_database_fault_is_counted_and_the_monitor_goes_on(
             silent.read({})
     finally:
         silent.close()
+
+
+def test_the_quarantine_depth_counts_quarantined_deliveries_wherever_they_wait(
+        settings: Settings, namespace: str) -> None:
+    """``webhook_quarantined_depth`` (alert PostbacksQuarantineDeep) counts deliveries whose
+    status is quarantined: the agent puts a divert due over a minute ahead in a retry tier,
+    so the relay's lag on quarantine.v1 alone no longer shows them all."""
+    from postbacks.db.connect import connect
+    from tests.integration.anomaly_helpers import held_delivery, insert_deliveries
+
+    monitor = Monitor(settings, reader=None)  # type: ignore[arg-type]
+    monitor._check("gaps", monitor._gaps)
+    before = REGISTRY.get_sample_value("webhook_quarantined_depth")
+    assert before is not None
+    rows = [held_delivery(namespace, n, endpoint=f"ep_{namespace}_q") for n in range(3)]
+    insert_deliveries(settings, rows, status="quarantined", reason="breaker_open")
+    try:
+        monitor._check("gaps", monitor._gaps)
+        assert REGISTRY.get_sample_value("webhook_quarantined_depth") == before + 3
+    finally:
+        with connect(settings.database_url) as conn:
+            conn.execute("UPDATE deliveries SET status = 'delivered' WHERE endpoint_id = %s",
+                         (f"ep_{namespace}_q",))
+            conn.commit()

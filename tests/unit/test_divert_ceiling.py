@@ -48,13 +48,16 @@ def _diverted(first_attempt_at: int, strict: bool = False) -> list[tuple[str, An
         return tracker.drain()[0]
 
     codecs = {"dlq.v1": codec_for("DeadLetter"), "outcomes.v1": codec_for("Outcome"),
-              "quarantine.v1": _DLV}
+              "quarantine.v1": _DLV, "retry.2m.v1": _DLV}
     return [(t, codecs[t].decode(v)) for t, _k, v in asyncio.run(main())]
 
 
 def test_within_the_ceiling_a_divert_waits_in_quarantine() -> None:
     out = _diverted(NOW - 2 * HOUR_MS)
-    assert [t for t, _ in out] == ["quarantine.v1", "outcomes.v1"]
+    # until the breaker reopens in 5 minutes: in the retry tier that fits (quarantine.v1
+    # takes diverts due within a minute; core/quarantine.py)
+    assert [t for t, _ in out] == ["retry.2m.v1", "outcomes.v1"]
+    assert out[0][1]["last_error"] == "quarantined: breaker_open"
 
 
 def test_past_the_ceiling_it_is_exhausted_not_diverted_again() -> None:
@@ -88,8 +91,8 @@ def test_a_strict_head_ended_at_the_ceiling_lets_the_next_one_go() -> None:
         for _ in range(20):
             await asyncio.sleep(0)
         for topic, _k, v in tracker.drain()[0]:
-            if topic in ("quarantine.v1", "dlq.v1"):
-                decoded = (_DLV if topic == "quarantine.v1" else codec_for("DeadLetter")).decode(v)
+            if topic in ("retry.2m.v1", "dlq.v1"):  # (the breaker reopens in 5 min)
+                decoded = (_DLV if topic == "retry.2m.v1" else codec_for("DeadLetter")).decode(v)
                 out.append((topic, str(decoded.get("delivery_id")
                                        or _DLV.decode(decoded["original_value"])["delivery_id"])))
 
@@ -106,4 +109,4 @@ def test_a_strict_head_ended_at_the_ceiling_lets_the_next_one_go() -> None:
         await submit(nxt, 2)
 
     asyncio.run(main())
-    assert out == [("quarantine.v1", "dlv_7"), ("dlq.v1", "dlv_7"), ("quarantine.v1", "dlv_8")]
+    assert out == [("retry.2m.v1", "dlv_7"), ("dlq.v1", "dlv_7"), ("retry.2m.v1", "dlv_8")]

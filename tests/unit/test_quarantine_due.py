@@ -63,3 +63,14 @@ def test_pacing_never_reaches_further_than_the_cap() -> None:
     until = NOW + 10 * PACE_MAX_MS  # a backlog paced far ahead
     due, _ = paced_due(NOW + 30_000, until, NOW, 100)
     assert due == NOW + PACE_MAX_MS
+
+
+def test_a_divert_due_within_a_minute_waits_in_quarantine_a_later_one_in_a_retry_tier() -> None:
+    from postbacks.core.quarantine import QUARANTINE_AHEAD_MS, divert_topic
+
+    now = 1_700_000_000_000
+    assert QUARANTINE_AHEAD_MS == 60_000
+    for ahead_s, topic in [(0, "quarantine.v1"), (30, "quarantine.v1"), (60, "quarantine.v1"),
+                           (61, "retry.30s.v1"), (300, "retry.2m.v1"), (599, "retry.2m.v1"),
+                           (3_600, "retry.1h.v1"), (7 * 3_600, "retry.6h.v1")]:
+        assert divert_topic(now + ahead_s * 1000, now) == topic, ahead_s
