@@ -104,7 +104,7 @@ GAP_OLDEST_AGE = Gauge("webhook_gap_oldest_age_seconds",
 QUARANTINED_DEPTH = Gauge("webhook_quarantined_depth",
                           "Deliveries whose status is quarantined: diverted, waiting in "
                           "quarantine.v1 or (due over a minute ahead) in a retry tier "
-                          "(counted up to 1,000,000)")
+                          "(counted up to 100,000)")
 ENDPOINTS_DISABLED = Gauge("webhook_endpoints_disabled",
                            "Endpoints disabled by the platform (auto-disable): their "
                            "deliveries are parked until re-enabled")

@@ -1,5 +1,5 @@
-"""Delivery agent: dispatch.v1 -> HTTP -> attempts.v1, outcomes.v1, retry.*, held.v1,
-quarantine.v1, dlq.v1.
+"""Delivery agent: dispatch.v1 -> HTTP -> attempts.v1, outcomes.v1, retry.* (retries, and
+diverts due over a minute ahead), held.v1, quarantine.v1, dlq.v1.
 
 Consumption, lanes and commits run side by side on one event loop: records are consumed
 in batches (on a single Kafka thread), spread over per-endpoint lanes (see lanes.py), and

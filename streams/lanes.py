@@ -4,7 +4,8 @@ Every endpoint has its own lane: a queue of buffered work, an in-flight count ca
 endpoint's concurrency (and by the breaker's ramp), and a circuit breaker. Work from one
 Kafka partition is spread over many lanes and finishes in any order; the offset tracker
 keeps commits in order. An endpoint over its buffer budget, or whose breaker is open, has
-its deliveries diverted to ``quarantine.v1`` with a ``due_at`` — no attempt consumed.
+its deliveries diverted with a ``due_at`` — no attempt consumed — to ``quarantine.v1``,
+or to a retry tier when due over a minute ahead (core/quarantine.py).
 Breaker transitions go to ``publish`` and other agents' come in through :meth:`Lanes.adopt`
 (core/breaker.py: one breaker per endpoint across every agent and restart).
 """
@@ -237,8 +238,8 @@ class Lanes:
             if due is None:  # ended at the ceiling: resolved, the next one may go
                 self.strict.after(lane, work, head)
             else:
-                self.strict.block(lane, work.delivery["delivery_id"],
-                                  divert_topic(due, now_ms), due)
+                self.strict.block(lane, work.delivery["delivery_id"],  # (followers ripen
+                                  divert_topic(due, now_ms), due, now_ms)  # with it in a tier)
             return
         while lane.queue or lane.redrives:
             work = lane.pop()

@@ -112,13 +112,13 @@ def test_the_quarantine_depth_counts_quarantined_deliveries_wherever_they_wait(
     from tests.integration.anomaly_helpers import held_delivery, insert_deliveries
 
     monitor = Monitor(settings, reader=None)  # type: ignore[arg-type]
-    monitor._check("gaps", monitor._gaps)
+    monitor._check("quarantine", monitor._quarantine)
     before = REGISTRY.get_sample_value("webhook_quarantined_depth")
     assert before is not None
     rows = [held_delivery(namespace, n, endpoint=f"ep_{namespace}_q") for n in range(3)]
     insert_deliveries(settings, rows, status="quarantined", reason="breaker_open")
     try:
-        monitor._check("gaps", monitor._gaps)
+        monitor._check("quarantine", monitor._quarantine)
         assert REGISTRY.get_sample_value("webhook_quarantined_depth") == before + 3
     finally:
         with connect(settings.database_url) as conn:

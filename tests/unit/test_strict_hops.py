@@ -16,7 +16,8 @@ T0 = 1_000_000
 PERIOD_MS = 5_000  # retry.5s.v1
 
 
-def _relay(appends: list[tuple[int, str, int, int]], until_ms: int) -> list[str]:
+def _relay(appends: list[tuple[int, str, int, int]], until_ms: int,
+           period_ms: int = PERIOD_MS) -> list[str]:
     """Released ids, in order. ``appends``: (time, id, due_at, enqueued_at) the agent
     writes; a ripe record not yet due goes back to the tail, enqueued now (a hop)."""
     partition: deque[tuple[str, int, int]] = deque()
@@ -28,7 +29,7 @@ def _relay(appends: list[tuple[int, str, int, int]], until_ms: int) -> list[str]
             partition.append((did, due, enq))
         while partition:
             did, due, enq = partition[0]
-            ripe = ripe_at(due, enq, PERIOD_MS)
+            ripe = ripe_at(due, enq, period_ms)
             if ripe is not None and ripe > now:
                 break
             partition.popleft()
@@ -82,3 +83,57 @@ def rig_state_enqueued() -> int:
 
     assert OrderState.load(st.dump()).enqueued == T0  # kept in ordering.v1
     return st.enqueued
+
+
+def test_a_strict_head_diverted_to_a_tier_keeps_its_followers_behind_it() -> None:
+    """Behind an open breaker (reopening in 5 minutes) a strict endpoint's head waits in
+    retry.2m.v1 (a divert due over a minute ahead: core/quarantine.py), and deliveries that
+    arrive meanwhile are parked behind it there. They carry the head's enqueue time, so
+    the relay returns them after it and in order (with their own, F2, H, F1)."""
+    import asyncio
+    from typing import Any
+
+    from postbacks.codec import codec_for
+    from postbacks.core.breaker import BreakerPolicy, BreakerState
+    from postbacks.core.endpoint import Endpoint, EndpointConfig, SigningSecret
+    from postbacks.core.retry import RetryPolicy
+    from streams.delivery import Deliverer
+    from streams.lanes import Lanes
+    from streams.offsets import Tracker
+    from tests.unit.factories import FakeMessage, make_delivery
+
+    dlv = codec_for("Delivery")
+    ep = Endpoint("ep_1", "app_1", "https://x.example/", frozenset({"*"}),
+                  secrets=(SigningSecret("s1", b"k" * 32, 0),),
+                  config=EndpointConfig(ordering="strict"))
+    clock = [T0 / 1000]
+    deliverer = Deliverer(None, RetryPolicy(5, 3600, 86_400, 0.2, 50, {}),  # type: ignore[arg-type]
+                          clock=lambda: clock[0])
+    lanes = Lanes(deliverer, {ep.endpoint_id: ep}.get, BreakerPolicy(), 30, 1000, 30,
+                  clock=lambda: clock[0], view_checked_ms=lambda: int(clock[0] * 1000))
+    tracker = Tracker()
+    appends: list[tuple[int, str, int, int]] = []
+
+    async def main() -> None:
+        lanes.adopt("ep_1", BreakerState(state="open", opened_at_ms=T0, changed_ms=T0))
+        for offset, (at_s, did) in enumerate(((0, "H"), (30, "F1"), (70, "F2"))):
+            clock[0] = T0 / 1000 + at_s
+            d: Any = make_delivery(delivery_id=did, endpoint_id="ep_1",
+                                   created_at=int(clock[0] * 1000))
+            lanes.submit(FakeMessage(dlv.encode(d), offset=offset),  # type: ignore[arg-type]
+                         tracker.track("dispatch.v1", 0, offset))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            for topic, _k, value in tracker.drain()[0]:
+                if topic.startswith(("retry.", "quarantine.")):
+                    assert topic == "retry.2m.v1", topic
+                    r = dlv.decode(value)
+                    appends.append((int(clock[0] * 1000), r["delivery_id"], r["due_at"],
+                                    r["enqueued_at"]))
+
+    asyncio.run(main())
+    assert [(did, enq) for _t, did, _due, enq in appends] == [("H", T0), ("F1", T0),
+                                                             ("F2", T0)]
+    assert _relay(appends, T0 + 400_000, period_ms=120_000) == ["H", "F1", "F2"]
+    own = [(t, did, due, t) for t, did, due, _enq in appends]  # what the fix removed
+    assert _relay(own, T0 + 400_000, period_ms=120_000) != ["H", "F1", "F2"]
