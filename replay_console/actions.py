@@ -32,7 +32,7 @@ from postbacks.settings import Settings
 from replay_console.auth import Principal, may
 from replay_console.endpoints import load_endpoint, save_endpoint
 from replay_console.queries import DeliveryFilter, NotFound, count_deliveries, filter_sql
-from replay_console.reach import check_edit, check_reach, check_target
+from replay_console.reach import TargetRefused, check_edit, check_reach, check_target
 from replay_console.rules import ActionError, Lookup, audit, require
 
 __all__ = [
@@ -243,8 +243,9 @@ def create_replay(
                                        confirmation=confirmation, lookup=lookup,
                                        step_up_key=step_up_key,
                                        note=f"promoted from an edit & replay: {note or ''}")
-        if problems:
-            raise ActionError("promote refused: " + "; ".join(problems), 400)
+        if problems:  # audited when the URL's address is what is refused, as above
+            raise ActionError("promote refused: " + "; ".join(problems), 400,
+                              audit=any(isinstance(x, TargetRefused) for x in problems))
     job_id = new_id("rpl", int(time.time() * 1000))
     selection: dict[str, Any] = ({"filter": flt.to_params()} if flt is not None
                                  else {"delivery_ids": ids})

@@ -60,8 +60,9 @@ def _bounded(lookup: Lookup, host: str) -> list[str]:
 
 
 class TargetRefused(str):
-    """A refusal by :func:`check_target`: a problem of a save that is audited (an
-    address the SSRF policy refuses, or a name that does not resolve)."""
+    """A refusal by :func:`check_target` (an address the SSRF policy refuses, a name that
+    does not resolve, or a URL it does not accept): a problem of a save that is audited,
+    as the same refusal of a test-send or an edit & replay is."""
 
 
 def check_target(url: str, *, allow_loopback: bool, lookup: Lookup | None = None

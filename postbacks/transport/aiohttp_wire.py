@@ -53,7 +53,7 @@ class AiohttpWire:
             raise err from exc
         except aiohttp.ConnectionTimeoutError as exc:  # past connect_timeout_s
             raise ConnectError(f"cannot connect to {key.ip}:{key.port}: no answer within "
-                               f"{connect_timeout_s:g} s") from exc
+                               f"{connect_timeout_s} s") from exc
         except aiohttp.ClientError as exc:
             if isinstance(exc, TimeoutError):
                 raise

@@ -243,7 +243,8 @@ class H1Pool:
                 orphan.closed = True
                 self.conns.discard(orphan)
             self._give_back(slot)
-            if bound.expired():
+            if bound.expired() and isinstance(exc, TimeoutError):  # (not the caller's
+                # cancel arriving with it: that deadline must end the send)
                 raise ConnectError(f"cannot connect to {key.ip}:{key.port}: no answer "
                                    f"within {connect_s:g} s") from exc
             if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):

@@ -215,7 +215,7 @@ class HttpTransport:
         self._resolver = VettingResolver(allow_loopback, lookup=lookup)
         self._pool: Wire | None = None
         self._deadlines = Deadlines(timeout_s)
-        self._failed: dict[str, float] = {}  # address -> until when it is tried last
+        self._failed: dict[tuple[str, int], float] = {}  # (address, port) -> tried last until
 
     async def __aenter__(self) -> HttpTransport:
         self._pool = open_wire(self._client, limit=self._limit, idle_timeout_s=IDLE_TIMEOUT_S)
@@ -310,7 +310,7 @@ class HttpTransport:
         try:
             addresses = await self._resolver.resolve(host)
             if len(addresses) > 1 and self._failed:
-                addresses = self._ordered(addresses)
+                addresses = self._ordered(addresses, port)
             last = len(addresses) - 1
             # every address but the last gets a share of the timeout to connect in
             each = min(CONNECT_EACH_S, self._timeout_s / len(addresses))
@@ -325,11 +325,11 @@ class HttpTransport:
                     break
                 except ConnectError:
                     if last:
-                        self._failing(address)
+                        self._failing((address, port))
                     if i == last:
                         raise
-            if last and address in self._failed:
-                del self._failed[address]
+            if last and (address, port) in self._failed:
+                del self._failed[address, port]
         except BlockedAddress as exc:
             return SendResult(HttpResult(None, "blocked_address"), 0.0, None, str(exc))
         except InvalidRequest as exc:
@@ -342,16 +342,17 @@ class HttpTransport:
             return SendResult(HttpResult(None, "connection_error"), 0.0, None)
         return _reply(resp)
 
-    def _ordered(self, addresses: tuple[str, ...]) -> tuple[str, ...]:
-        """``addresses`` with those that failed to connect lately moved to the end."""
+    def _ordered(self, addresses: tuple[str, ...], port: int) -> tuple[str, ...]:
+        """``addresses`` with those that failed to connect on ``port`` lately moved to the
+        end."""
         now = time.monotonic()
         failed = self._failed
-        late = [a for a in addresses if failed.get(a, 0.0) > now]
+        late = [a for a in addresses if failed.get((a, port), 0.0) > now]
         if not late:
             return addresses
         return tuple(a for a in addresses if a not in late) + tuple(late)
 
-    def _failing(self, address: str) -> None:
+    def _failing(self, address: tuple[str, int]) -> None:
         failed = self._failed
         now = time.monotonic()
         if len(failed) >= _CONNECT_FAILED_MAX:

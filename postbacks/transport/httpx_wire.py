@@ -81,7 +81,7 @@ class HttpxWire:
             raise InvalidRequest(f"refusing to send a malformed request to {host!r}: {exc}"
                                  ) from exc
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise ConnectError(f"cannot connect to {key.ip}:{key.port}: {exc or 'no answer'}"
+            raise ConnectError(f"cannot connect to {key.ip}:{key.port}: {str(exc) or 'no answer'}"
                                ) from exc
         except httpx.TimeoutException as exc:
             raise TimeoutError(str(exc)) from exc

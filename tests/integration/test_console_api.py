@@ -653,6 +653,42 @@ def test_json_booleans_promote_and_release_all(settings: Settings, namespace: st
     assert [a for _x, a in _audit(settings, w["ep_a"])] == ["endpoint.update"]
 
 
+def test_a_promote_refused_at_its_second_lookup_is_audited(
+        settings: Settings, namespace: str) -> None:
+    """An edit & replay with promote looks the URL up twice: for the edit, then for the
+    endpoint's save. A name that answers a public address first and an internal one after
+    (DNS rebinding) is refused at the save, and that refusal is audited too."""
+    from dataclasses import replace
+
+    w = _world(settings, namespace)
+    ns = namespace
+    asked: list[str] = []
+
+    def lookup(host: str) -> list[str]:
+        asked.append(host)  # per request: the edit's lookup, then the save's
+        return ["10.1.2.3"] if len(asked) >= 4 else ["93.184.216.34"]
+
+    path = f"/api/v1/deliveries/dlv_{ns}_5/replay"
+    strict = replace(settings, allow_loopback_targets=False)
+    with console_server(strict, lookup=lookup) as port:
+        admin = Client(port, bearer=token(settings, f"adm-{ns}", "admin"))
+        edit = {"override": {"url": "https://rebind.test/h"}, "promote": True}
+        r = admin.post(path, body=edit)
+        assert r.status == 409 and r.json()["step_up"] is True, r.text
+        r = admin.post(path, body={**edit, "confirmation": r.json()["confirmation"]})
+        assert r.status == 400 and "promote refused" in r.json()["error"], r.text
+        assert "10.1.2.3" not in r.text
+    assert asked == ["rebind.test"] * 4
+    with connect(settings.database_url) as conn:
+        rows = conn.execute(
+            "SELECT action, after->>'status' FROM audit_log WHERE actor = %s"
+            " AND target_id = %s", (f"admin:adm-{ns}", path)).fetchall()
+        url = conn.execute("SELECT url FROM endpoints WHERE endpoint_id = %s",
+                           (w["ep_a"],)).fetchone()
+    assert rows == [("refused.edit_replay", "400")], rows
+    assert url == (f"https://pub.example/{w['ep_a']}",)  # not saved
+
+
 def test_the_held_page_says_when_it_leaves_cohorts_and_holds_out(
         settings: Settings, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The held page shows the oldest holds first, at most HELD_PAGE_LIMIT cohorts and

@@ -799,3 +799,28 @@ def test_a_send_waiting_for_the_clients_limit_says_how_long() -> None:
             assert fast.wire_ms < 400  # its own exchange, not the wait
 
     run(main)
+
+
+def test_a_cancel_arriving_with_the_connect_bound_is_not_taken_for_it() -> None:
+    """The caller's deadline (a cancel) and the connect bound fire in the same turn of the
+    loop: the send must end, cancelled. Taken for the bound's expiry, it became a
+    ConnectError, and the next address was tried with no deadline left at all."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        async def connect_stalls(*_a: object, **_k: object) -> None:
+            loop.call_later(0.01, task.cancel)  # the caller's deadline, and then the loop
+            time.sleep(0.15)  # is blocked past both it and the bound: both fire together
+            await asyncio.sleep(10)
+
+        loop.create_connection = connect_stalls  # type: ignore[method-assign, assignment]
+        pool = H1Pool()
+        with pytest.raises(asyncio.CancelledError):
+            await pool.request(PoolKey("http", "127.0.0.1", 9, None), "POST", "/", "x", {},
+                               b"{}", connect_timeout_s=0.05)
+        await pool.close()
+
+    asyncio.run(main())
