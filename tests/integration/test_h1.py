@@ -813,7 +813,7 @@ def test_a_cancel_arriving_with_the_connect_bound_is_not_taken_for_it() -> None:
 
         async def connect_stalls(*_a: object, **_k: object) -> None:
             loop.call_later(0.01, task.cancel)  # the caller's deadline, and then the loop
-            time.sleep(0.15)  # is blocked past both it and the bound: both fire together
+            time.sleep(0.15)  # noqa: ASYNC251 (blocked past it and the bound: both fire at once)
             await asyncio.sleep(10)
 
         loop.create_connection = connect_stalls  # type: ignore[method-assign, assignment]
