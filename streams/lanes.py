@@ -205,9 +205,9 @@ class Lanes:
             before = lane.breaker
             decision, state = admit(self.policy, before, now_ms, cap)
             if lane.back_at_ms > now_ms and not strict:  # (strict: its head waits that long)
+                due = decision.due_at_ms if isinstance(decision, Divert) else 0
                 held = decision.reason if isinstance(decision, Divert) else "retry_after"
-                decision, state = Divert(held, max(lane.back_at_ms, getattr(
-                    decision, "due_at_ms", 0))), before
+                decision, state = Divert(held, max(lane.back_at_ms, due)), before
             if strict and not isinstance(decision, Divert) and self._over_budget(
                     lane, lane.endpoint_id):
                 decision = Divert("over_budget", now_ms + int(self.quarantine_delay_s * 1000))
