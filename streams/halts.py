@@ -18,7 +18,13 @@ import time
 from collections.abc import Callable
 
 from postbacks.core.anomaly import GLOBAL_SCOPE, HoldReason
-from postbacks.core.anomaly.halts import CONTROL_AHEAD_MS, HaltBook, read_change, refusal
+from postbacks.core.anomaly.halts import (
+    CONTROL_AHEAD_MS,
+    HaltBook,
+    StartRefusals,
+    read_change,
+    refusal,
+)
 from postbacks.metrics import CONTROL_REFUSED, child
 from postbacks.records import BreakerStateRecord
 from postbacks.settings import Settings
@@ -42,10 +48,9 @@ class AgentHalts:
         self.clock = clock
         self.book = HaltBook()
         self._later: dict[tuple[str, str, str], BreakerStateRecord] = {}  # refused: dated ahead
-        # While the topic is read from its beginning (:meth:`catching_up` to :meth:`caught_up`):
-        # the refusals still current per key. One a later change of its key replaced is not
-        # counted again at every agent start: it was counted when it was first read.
-        self._refused_at_start: dict[tuple[str, str, str], str] | None = None
+        # counted once: while the topic is read from its beginning (:meth:`catching_up`
+        # to :meth:`caught_up`), only those still their key's latest change
+        self._refusals: StartRefusals[tuple[str, str, str]] = StartRefusals()
 
     def reason(self, endpoint_id: str) -> str | None:
         """The hold reason for a delivery to ``endpoint_id`` now, or None: send it."""
@@ -59,19 +64,16 @@ class AgentHalts:
     def apply(self, recs: list[BreakerStateRecord]) -> None:
         now_ms = int(self.clock() * 1000)
         for rec in recs:
-            if self._refused_at_start is not None:
-                self._refused_at_start.pop((rec["scope"], rec["scope_key"], rec["detector"]),
-                                           None)
+            self._refusals.replaced((rec["scope"], rec["scope_key"], rec["detector"]))
             self._one(rec, now_ms)
 
     def catching_up(self) -> None:
-        self._refused_at_start = {}
+        self._refusals.begin()
 
     def caught_up(self) -> None:
         """Count the refusals read at start that are still their key's latest change."""
-        for reason in (self._refused_at_start or {}).values():
+        for reason in self._refusals.end():
             child(CONTROL_REFUSED, reason).inc()
-        self._refused_at_start = None
 
     def recheck(self) -> None:
         """Honour the changes refused as dated ahead whose date has come (a close from a
@@ -96,10 +98,8 @@ class AgentHalts:
         if isinstance(change, str):
             log.error("%s", refusal(rec, change))
             key = (rec["scope"], rec["scope_key"], rec["detector"])
-            if self._refused_at_start is None:
-                child(CONTROL_REFUSED, change).inc()
-            else:
-                self._refused_at_start[key] = change
+            for reason in self._refusals.refused(key, change):
+                child(CONTROL_REFUSED, reason).inc()
             if change == "dated_ahead" and (  # honoured when its date comes (:meth:`recheck`)
                     key not in self._later or self._later[key]["changed_at"] < rec["changed_at"]):
                 self._later[key] = rec

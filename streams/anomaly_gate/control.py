@@ -22,7 +22,13 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from postbacks.codec import codec_for
 from postbacks.core.anomaly import Detector, HaltState, Trip
-from postbacks.core.anomaly.halts import CONTROL_AHEAD_MS, read_change, refusal, refused
+from postbacks.core.anomaly.halts import (
+    CONTROL_AHEAD_MS,
+    StartRefusals,
+    read_change,
+    refusal,
+    refused,
+)
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import ANOMALY_TRIPS, CONTROL_REFUSED, child
 from postbacks.records import BreakerStateRecord
@@ -66,10 +72,9 @@ class ControlReader:
         self._codec = codec_for("BreakerState")
         self._consumer: AIOKafkaConsumer | None = None
         self.seen = 0
-        # While start() reads the topic from its beginning: the refusals still current per
-        # key. One a later change of its key replaced (fixed, awaiting compaction) is not
-        # counted again at every gate start: it was counted when it was first read.
-        self._refused_at_start: dict[bytes | None, str] | None = None
+        # counted once: while start() reads the topic from its beginning, only those still
+        # their key's latest change (one fixed since awaits compaction)
+        self._refusals: StartRefusals[bytes | None] = StartRefusals()
 
     async def start(self) -> None:
         """Assign every partition, read from the beginning up to the current end."""
@@ -83,15 +88,14 @@ class ControlReader:
         c.assign(tps)
         await c.seek_to_beginning(*tps)
         end = await c.end_offsets(tps)
-        self._refused_at_start = {}
+        self._refusals.begin()
         while True:
             behind = [tp for tp in tps if await c.position(tp) < end[tp]]
             if not behind:
                 break
             await self._poll(500)
-        for reason in self._refused_at_start.values():
+        for reason in self._refusals.end():
             child(CONTROL_REFUSED, reason).inc()
-        self._refused_at_start = None
         tripped = self.halts.tripped()
         log.info("control topic read: %d state(s); %d scope(s) tripped%s", self.seen,
                  len(tripped), f" (global: {self.settings.anomaly_global_key})"
@@ -106,8 +110,7 @@ class ControlReader:
                 self._apply(m.value, m.key)
 
     def _apply(self, raw: bytes | None, key: bytes | None = None) -> None:
-        if self._refused_at_start is not None:
-            self._refused_at_start.pop(key, None)
+        self._refusals.replaced(key)
         if raw is None:
             return  # a compaction tombstone: nothing to honour
         try:
@@ -121,10 +124,8 @@ class ControlReader:
             return  # another deployment's global scope
         if isinstance(change, str):  # "latest change wins": one dated ahead would win for ever
             log.error("%s", refusal(rec, change))
-            if self._refused_at_start is None:
-                child(CONTROL_REFUSED, change).inc()
-            else:
-                self._refused_at_start[key] = change
+            for reason in self._refusals.refused(key, change):
+                child(CONTROL_REFUSED, reason).inc()
             return
         self.seen += 1
         if self.halts.apply(change):

@@ -51,3 +51,23 @@ def test_a_trip_is_dated_after_the_change_before_it() -> None:
     other.apply(StateChange(SCOPE, "value_rate", HaltState.CLOSED, NOW + 60_000))
     assert other.apply(StateChange(SCOPE, "value_rate", HaltState.TRIPPED, rec["changed_at"]))
     assert other.halts == {SCOPE: HaltState.TRIPPED}
+
+
+def test_refusals_read_at_start_count_once_and_only_if_still_current() -> None:
+    """The gate and the agent both read the compacted topic from its beginning at every
+    start: a refusal a later change of its key replaced was counted when first read."""
+    from postbacks.core.anomaly.halts import StartRefusals
+
+    r: StartRefusals[str] = StartRefusals()
+    assert r.refused("a", "dated_ahead") == ["dated_ahead"]  # live: at once
+    r.begin()
+    assert r.refused("a", "dated_ahead") == []
+    assert r.refused("b", "unknown_detector") == []
+    r.replaced("a")  # a later change of "a": fixed
+    assert r.refused("c", "dated_ahead") == []
+    r.replaced("c")
+    assert r.refused("c", "unknown_detector") == []  # refused again, for another reason
+    assert sorted(r.end()) == ["unknown_detector", "unknown_detector"]  # b, and c's last
+    assert r.end() == []  # once
+    r.replaced("b")  # live again: nothing pending
+    assert r.refused("b", "dated_ahead") == ["dated_ahead"]

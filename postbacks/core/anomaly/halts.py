@@ -12,6 +12,7 @@ write there, and "the latest change wins" would let one record dated ahead win f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from postbacks.core.anomaly.modes import GLOBAL_SCOPE, Detector, HaltState, Scope, Trip
 from postbacks.records import BreakerStateRecord
@@ -19,6 +20,7 @@ from postbacks.records import BreakerStateRecord
 __all__ = [
     "CONTROL_AHEAD_MS",
     "HaltBook",
+    "StartRefusals",
     "StateChange",
     "core_scope",
     "read_change",
@@ -26,6 +28,7 @@ __all__ = [
     "refused",
 ]
 
+K = TypeVar("K")
 CONTROL_AHEAD_MS = 5 * 60_000  # a change dated further ahead of the reader's clock: refused
 _DETECTORS = frozenset(d.value for d in Detector)
 
@@ -121,3 +124,34 @@ def refusal(rec: BreakerStateRecord, why: str) -> str:
     """A refused record, for the log line."""
     return (f"anomaly control: state refused ({why}): {rec['scope']}/{rec['scope_key'][:80]} "
             f"{rec['detector'][:40]} {rec['state'][:20]} changed_at {rec['changed_at']}")
+
+
+class StartRefusals(Generic[K]):
+    """Refused changes to count, once each. While a reader reads the topic from its
+    beginning (:meth:`begin` to :meth:`end`), a refusal counts only if it is still its
+    key's latest change at the end: one that a later change of its key replaced was counted
+    when it was first read, and must not count again at every start (the topic is
+    compacted, not emptied). Outside that, a refusal counts at once."""
+
+    def __init__(self) -> None:
+        self._pending: dict[K, str] | None = None
+
+    def begin(self) -> None:
+        self._pending = {}
+
+    def replaced(self, key: K) -> None:
+        """A change of ``key`` was read: one refused before it no longer counts."""
+        if self._pending is not None:
+            self._pending.pop(key, None)
+
+    def refused(self, key: K, reason: str) -> list[str]:
+        """``key``'s change is refused for ``reason``: the reasons to count now."""
+        if self._pending is None:
+            return [reason]
+        self._pending[key] = reason
+        return []
+
+    def end(self) -> list[str]:
+        """Caught up: the refusals still current, to count once."""
+        out, self._pending = list((self._pending or {}).values()), None
+        return out
