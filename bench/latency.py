@@ -19,8 +19,10 @@ from bench.harness import (
     env_for,
     fast_receiver,
     fresh,
+    own_cpu_s,
     pct,
     say,
+    service_pids,
     tree_cpu,
     tree_cpu_since,
 )
@@ -83,7 +85,7 @@ def run_pipeline_latency(base: Settings, rate: float, seconds: float, log_dir: P
     each delivery, its arrival at the receiver minus the moment its conversion was handed
     to the producer (one host clock)."""
     s = fresh(base, "lat")
-    with fast_receiver() as (url, _rx):
+    with fast_receiver() as (url, rx):
         ns = s.instance_id.replace("-", "")
         seeded = seed_endpoints(s, apps=20, endpoints_per_app=1, receiver_url=url,
                                 namespace=ns, now_ms=int(time.time() * 1000))
@@ -124,10 +126,17 @@ def run_pipeline_latency(base: Settings, rate: float, seconds: float, log_dir: P
             warm = paced(events[1:n_warm + 1])
             producer.flush()
             wait_for(lambda: arrived(url, warm), 120, what=f"{len(warm)} warm-up deliveries")
+            pids = {name: p.pid for name, p in stack.procs.items()} | service_pids() | {
+                "receiver": rx.pid}
+            cpu0 = {name: tree_cpu(pid) for name, pid in pids.items()}
+            own0, t_cpu = own_cpu_s(), time.perf_counter()
             sent = paced(events[n_warm + 1:])
             producer.flush()
             wait_for(lambda: arrived(url, sent), 120,
                      what=f"{len(sent)} deliveries")
+            wall = time.perf_counter() - t_cpu
+            load = {name: tree_cpu_since(pid, cpu0[name]) / wall for name, pid in pids.items()}
+            load["bench"] = (own_cpu_s() - own0) / wall
             times = http_json(f"{url}/_times")
             hops.close()
             txn = {name: _txn_means(stack.procs[name].metrics() or "")
@@ -143,6 +152,9 @@ def run_pipeline_latency(base: Settings, rate: float, seconds: float, log_dir: P
             f".{int(t0 * 1000) % 1000:03d}, this host's clock)")
         say("by hop (p50 / p99 ms): " + "; ".join(
             f"{name} {pct(v, 50):.0f} / {pct(v, 99):.0f}" for name, v in split.items() if v))
+        say("cores used during the timed traffic: " + ", ".join(
+            f"{name} {v:.2f}" for name, v in load.items()) + f"; all {sum(load.values()):.2f}"
+            " of 2 (bench: this process, its producer and hop readers)")
         say("transactions (mean ms: offset send / commit; count): " + "; ".join(
             f"{name} {m.get('offsets', (0.0, 0))[0]:.1f} / {m.get('commit', (0.0, 0))[0]:.1f}; "
             f"{m.get('commit', (0.0, 0))[1]}" for name, m in txn.items()))
