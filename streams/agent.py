@@ -108,6 +108,9 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
     tracker = Tracker()
     processed = STAGE_RECORDS.labels(stage="agent")
     interval = settings.commit_interval_ms / 1000
+    # a read waits at most this long for its first record: stops, a full buffer's pause,
+    # halts and commits are looked at this often, whatever the commit cadence
+    wait = min(interval, 0.1)
     try:
         async with HttpTransport(
             timeout_s=settings.http_timeout_s, allow_loopback=settings.allow_loopback_targets,
@@ -145,11 +148,11 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                 UNFINISHED.set(tracker.unfinished())
                 if room <= 0:
                     await loop.run_in_executor(kafka, consumer.pause, consumer.assignment())
-                    msgs = await loop.run_in_executor(kafka, consumer.consume, 1, interval)
+                    msgs = await loop.run_in_executor(kafka, consumer.consume, 1, wait)
                     await loop.run_in_executor(kafka, consumer.resume, consumer.assignment())
                 else:
                     msgs = await loop.run_in_executor(
-                        kafka, consume_ready, consumer, min(settings.batch_size, room), interval
+                        kafka, consume_ready, consumer, min(settings.batch_size, room), wait
                     )
                 gone, came = moves.settle()
                 if gone:
