@@ -5,6 +5,7 @@ partition. Bounded in count and time; traffic to 127.0.0.1 only."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -154,7 +155,7 @@ def run_pipeline_latency(base: Settings, rate: float, seconds: float, log_dir: P
             f"{name} {pct(v, 50):.0f} / {pct(v, 99):.0f}" for name, v in split.items() if v))
         say("cores used during the timed traffic: " + ", ".join(
             f"{name} {v:.2f}" for name, v in load.items()) + f"; all {sum(load.values()):.2f}"
-            " of 2 (bench: this process, its producer and hop readers)")
+            f" of {os.cpu_count()} (bench: this process, its producer and hop readers)")
         say("transactions (mean ms: offset send / commit; count): " + "; ".join(
             f"{name} {m.get('offsets', (0.0, 0))[0]:.1f} / {m.get('commit', (0.0, 0))[0]:.1f}; "
             f"{m.get('commit', (0.0, 0))[1]}" for name, m in txn.items()))
