@@ -103,6 +103,11 @@ class Settings:
     # records touched; at 900 conversions/s, 300 ms against 100 lowered the pipeline's p99
     # in 10 of 12 alternating pairs (docs/performance.md, "The agent's transaction cadence")
     commit_interval_ms: int = 300
+    # the fan-out's (and notifier's) batch: what arrives within this long of its first
+    # record, so one transaction per 20 ms at a steady rate instead of one per fetch; at
+    # 900 conversions/s it took the broker's and the gate's cores down and the p99 with
+    # them (docs/performance.md, "The fan-out's batch"). 0 = one transaction per fetch.
+    batch_within_ms: int = 20
     # retry.backoff.ms of every stage's transactional producer. A transaction begun right
     # after the previous commit finds the coordinator still writing that commit's markers
     # and is told CONCURRENT_TRANSACTIONS; librdkafka waits retry.backoff.ms (default 100)
@@ -298,6 +303,8 @@ def _validate(s: Settings) -> None:
         if getattr(s, name) < 1:
             raise ConfigError(f"{env_name(name)} must be >= 1")
     _validate_process(s)
+    if not 0 <= s.batch_within_ms <= 1000:
+        raise ConfigError("POSTBACKS_BATCH_WITHIN_MS must be between 0 and 1000")
     if not 1 <= s.txn_retry_backoff_ms <= 1000:
         raise ConfigError("POSTBACKS_TXN_RETRY_BACKOFF_MS must be between 1 and 1000")
     if not 0 <= s.gate_linger_ms <= 1000:

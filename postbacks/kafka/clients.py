@@ -7,7 +7,8 @@ producer transaction (stages) or a PostgreSQL transaction (the sink).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
@@ -19,6 +20,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "check_broker",
+    "consume_gathered",
     "consume_ready",
     "make_consumer",
     "make_producer",
@@ -127,6 +129,32 @@ def consume_ready(consumer: Consumer, n: int, timeout: float) -> list[Message]:
     msgs = first + consumer.consume(n - 1, 0)
     owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
     return [m for m in msgs if m.error() is not None or (m.topic(), m.partition()) in owned]
+
+
+def consume_gathered(consumer: Consumer, n: int, timeout: float, within: float,
+                     rebalances: Callable[[], int]) -> list[Message]:
+    """:func:`consume_ready`, then whatever else arrives within ``within`` seconds of the
+    first record, up to ``n`` records: a stage committing one transaction per batch
+    commits one per ``within`` at a steady low rate instead of one per fetch (each writes
+    a marker to every partition it produced to, and its offsets). On a backlog the first
+    call returns ``n`` records and nothing waits.
+
+    ``rebalances()`` counts this consumer's revocations (every one takes the whole
+    assignment). If one happens while gathering, what was gathered before it is dropped:
+    none of it was handled, and the partitions' owner reads it again from the committed
+    offsets (after an eager rebalance a partition assigned again is read from there too,
+    so keeping it would handle those records twice)."""
+    msgs = consume_ready(consumer, n, timeout)
+    if not msgs or within <= 0:
+        return msgs
+    until = time.monotonic() + within
+    seen = rebalances()
+    while len(msgs) < n and (left := until - time.monotonic()) > 0:
+        more = consume_ready(consumer, n - len(msgs), left)
+        if rebalances() != seen:
+            return more
+        msgs += more
+    return msgs
 
 
 def records(msgs: list[Message], stage: str) -> Iterator[Message]:

@@ -1,6 +1,7 @@
 """The one shape of every consume-transform-produce stage.
 
-consume a batch -> decode -> core -> encode -> produce -> send offsets -> commit, with the
+consume a batch (what arrives within ``POSTBACKS_BATCH_WITHIN_MS`` of its first record:
+``consume_gathered``) -> decode -> core -> encode -> produce -> send offsets -> commit, with the
 outputs of the batch and its input offsets in **one Kafka transaction**. A record that can
 never be processed becomes a DeadLetter (original bytes kept) inside the same transaction,
 so a bad record neither crashes the process nor stalls its partition. A dead letter that
@@ -31,7 +32,7 @@ from confluent_kafka import (
 from postbacks.codec import codec_for
 from postbacks.core.outcomes import make_dead_letter
 from postbacks.errors import DeadLetterError
-from postbacks.kafka.clients import consume_ready, records, transactional_config
+from postbacks.kafka.clients import consume_gathered, records, transactional_config
 from postbacks.kafka.txn import TxnProducer, retrying
 from postbacks.kafka.watchdog import guard, subscribe_watched
 from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS, TXN_SECONDS
@@ -157,7 +158,14 @@ def run_stage(
     transaction's part of it)."""
     dlq_codec = codec_for("DeadLetter")
     limit = message_max(settings, stage)
-    subscribe_watched(consumer, [settings.topic(b) for b in input_bases], settings, group, stop)
+    revoked = [0]
+
+    def count_revoked(_c: Consumer, _p: list[TopicPartition]) -> None:
+        revoked[0] += 1
+
+    subscribe_watched(consumer, [settings.topic(b) for b in input_bases], settings, group, stop,
+                      on_revoke=count_revoked)
+    within = settings.batch_within_ms / 1000
     processed = STAGE_RECORDS.labels(stage=stage)
     def commit(out: Output, offsets: dict[tuple[str, int], int], n: int) -> bool:
         committed = commit_batch(stage, settings, consumer, producer, out, offsets)
@@ -168,7 +176,8 @@ def run_stage(
 
     try:
         while not stop.is_set():
-            msgs = consume_ready(consumer, settings.batch_size, 0.5)
+            msgs = consume_gathered(consumer, settings.batch_size, 0.5, within,
+                                    lambda: revoked[0])
             if not msgs:
                 continue
             now_ms = int(clock() * 1000)

@@ -1,14 +1,16 @@
 """``consume_ready`` against the broker: a lone record is handed over when it arrives, not
 when a batch would have filled (``Consumer.consume(n, timeout)`` waits for ``n`` records
-or the whole timeout); records already fetched come in one batch."""
+or the whole timeout); records already fetched come in one batch. ``consume_gathered``
+adds what arrives within its window (the fan-out's one transaction per window)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from confluent_kafka import Producer
 
-from postbacks.kafka.clients import consume_ready, make_consumer
+from postbacks.kafka.clients import consume_gathered, consume_ready, make_consumer
 from postbacks.settings import Settings
 from topics import TOPICS
 
@@ -42,5 +44,41 @@ def test_a_lone_record_does_not_wait_for_a_full_batch(settings: Settings) -> Non
         got = consume_ready(consumer, 500, 20.0)
         assert [m.value() for m in got] == [str(i).encode() for i in range(30)]
         assert consume_ready(consumer, 1, 0.1) == []  # nothing left: an empty list
+    finally:
+        consumer.close()
+
+
+def test_records_sent_apart_within_the_window_come_in_one_batch(settings: Settings) -> None:
+    topic = settings.topic(TOPICS.dispatch.base)
+    consumer = make_consumer(settings, "consume-gathered")
+    consumer.subscribe([topic])
+    try:
+        deadline = time.monotonic() + 30
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consume_ready(consumer, 500, 0.2)  # join the group
+        assert consumer.assignment(), "no partitions assigned within 30 s"
+        consume_ready(consumer, 500, 1.0)  # whatever the topic held before
+        p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers, "linger.ms": 0})
+
+        def send_apart(tag: str) -> threading.Thread:
+            def send() -> None:  # three produce requests, 50 ms apart
+                for i in range(3):
+                    p.produce(topic, f"{tag}{i}".encode(), b"k", partition=0)
+                    p.flush(10)
+                    time.sleep(0.05)
+            t = threading.Thread(target=send)
+            t.start()
+            return t
+
+        sending = send_apart("a")
+        got = consume_gathered(consumer, 500, 20.0, 2.0, lambda: 0)
+        sending.join()
+        assert [m.value() for m in got] == [b"a0", b"a1", b"a2"]
+
+        sending = send_apart("b")  # without the window the first fetch is the batch
+        got = consume_ready(consumer, 500, 20.0)
+        sending.join()
+        rest = consume_ready(consumer, 500, 2.0) + consume_ready(consumer, 500, 2.0)
+        assert 0 < len(got) < 3 and [m.value() for m in got + rest] == [b"b0", b"b1", b"b2"]
     finally:
         consumer.close()
