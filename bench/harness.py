@@ -114,15 +114,29 @@ def metrics_of(log_path: Path) -> str:
 
 
 def service_pids() -> dict[str, int]:
-    """The local broker's and PostgreSQL's PIDs (deploy/local/services.sh), if ours."""
+    """The local broker's and PostgreSQL's PIDs (deploy/local/services.sh), if ours and
+    running: a pid file left by a crash, or by services started from another checkout,
+    names no process of ours, and that service's CPU is then not counted (said once)."""
     out: dict[str, int] = {}
-    kafka = ROOT / ".local" / "run" / "kafka.pid"
-    if kafka.exists():
-        out["kafka"] = int(kafka.read_text().split()[0])
-    pg = ROOT / ".local" / "pgdata" / "postmaster.pid"
-    if pg.exists():
-        out["postgres"] = int(pg.read_text().split()[0])
+    for name, path, needle in (("kafka", ROOT / ".local" / "run" / "kafka.pid", b"kafka"),
+                               ("postgres", ROOT / ".local" / "pgdata" / "postmaster.pid",
+                                b"postgres")):
+        try:
+            pid = int(path.read_text().split()[0])
+            alive = needle in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            alive = False
+            pid = 0
+        if alive:
+            out[name] = pid
+        elif path.exists() and name not in _STALE:
+            _STALE.add(name)
+            print(f"[bench] {path} names no running {name} process: its CPU is not counted",
+                  flush=True)
     return out
+
+
+_STALE: set[str] = set()
 
 
 def pct(values: list[float], p: float) -> float:
