@@ -113,10 +113,13 @@ def metrics_of(log_path: Path) -> str:
                      if line.startswith(("webhook_", "postbacks_")) and "bucket" not in line)
 
 
+_STALE: set[str] = set()
+
+
 def service_pids() -> dict[str, int]:
-    """The local broker's and PostgreSQL's PIDs (deploy/local/services.sh), if ours and
-    running: a pid file left by a crash, or by services started from another checkout,
-    names no process of ours, and that service's CPU is then not counted (said once)."""
+    """The local broker's and PostgreSQL's PIDs (deploy/local/services.sh), when the pid
+    file names a running process of that name: a file left by a crash names none, and
+    that service's CPU is then not counted (said once)."""
     out: dict[str, int] = {}
     for name, path, needle in (("kafka", ROOT / ".local" / "run" / "kafka.pid", b"kafka"),
                                ("postgres", ROOT / ".local" / "pgdata" / "postmaster.pid",
@@ -134,9 +137,6 @@ def service_pids() -> dict[str, int]:
             print(f"[bench] {path} names no running {name} process: its CPU is not counted",
                   flush=True)
     return out
-
-
-_STALE: set[str] = set()
 
 
 def pct(values: list[float], p: float) -> float:

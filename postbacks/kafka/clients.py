@@ -139,11 +139,15 @@ def consume_gathered(consumer: Consumer, n: int, timeout: float, within: float,
     a marker to every partition it produced to, and its offsets). On a backlog the first
     call returns ``n`` records and nothing waits.
 
-    ``rebalances()`` counts this consumer's revocations (every one takes the whole
-    assignment). If one happens while gathering, what was gathered before it is dropped:
-    none of it was handled, and the partitions' owner reads it again from the committed
-    offsets (after an eager rebalance a partition assigned again is read from there too,
-    so keeping it would handle those records twice)."""
+    ``rebalances()`` counts this consumer's revocations and losses. If one happens while
+    gathering, the records gathered before it are dropped (error events are kept, for
+    :func:`records` to report): none of them was handled, and the partitions' owner reads
+    them again from the committed offsets. After an eager rebalance a partition assigned
+    again is read from there too, so keeping them would handle those records twice. This
+    rule needs eager assignment, where every revocation takes the whole assignment, as
+    every consumer made by :func:`make_consumer` has: under cooperative assignment a
+    partial revocation would drop records of partitions this consumer keeps and has read
+    past."""
     msgs = consume_ready(consumer, n, timeout)
     if not msgs or within <= 0:
         return msgs
@@ -152,7 +156,7 @@ def consume_gathered(consumer: Consumer, n: int, timeout: float, within: float,
     while len(msgs) < n and (left := until - time.monotonic()) > 0:
         more = consume_ready(consumer, n - len(msgs), left)
         if rebalances() != seen:
-            return more
+            return [m for m in msgs if m.error() is not None] + more
         msgs += more
     return msgs
 

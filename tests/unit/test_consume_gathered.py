@@ -1,12 +1,14 @@
-"""consume_gathered's window and rebalance rule, with a scripted consumer (the broker
-behaviour is in tests/integration/test_consume_ready.py)."""
+"""consume_gathered's window and rebalance rule, with a scripted consumer on a virtual clock
+(the broker behaviour is in tests/integration/test_consume_ready.py)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
+from postbacks.kafka import clients
 from postbacks.kafka.clients import consume_gathered
 
 
@@ -14,6 +16,7 @@ from postbacks.kafka.clients import consume_gathered
 class Msg:
     p: int
     n: int = 0
+    err: Any = None
 
     def topic(self) -> str:
         return "d"
@@ -22,7 +25,7 @@ class Msg:
         return self.p
 
     def error(self) -> Any:
-        return None
+        return self.err
 
 
 @dataclass
@@ -33,58 +36,90 @@ class TP:
 
 @dataclass
 class Timed:
-    """consume(n, timeout) hands over the records scheduled by now (seconds after the
-    first call), up to n, else waits for the next one or the timeout; ``revoke_at`` counts a
-    revocation once that time has passed (as a rebalance served inside a call would)."""
+    """consume(n, timeout) hands over the records scheduled by now, up to n, else moves the
+    virtual clock to the next one or to the timeout. ``revoke_at`` is an eager rebalance
+    served inside the call that passes that time: the revocation is counted and the
+    partitions are assigned again."""
 
     schedule: list[tuple[float, Msg]]
     revoke_at: float | None = None
     revoked: int = 0
-    t0: float = field(default_factory=time.monotonic)
+    now: float = 0.0
+    calls: list[tuple[int, float]] = field(default_factory=list)
 
     def consume(self, n: int, timeout: float) -> list[Msg]:
-        until = time.monotonic() + timeout
+        self.calls.append((n, timeout))
+        until = self.now + timeout
         while True:
-            now = time.monotonic() - self.t0
-            if self.revoke_at is not None and now >= self.revoke_at:
+            if self.revoke_at is not None and self.now >= self.revoke_at:
                 self.revoke_at, self.revoked = None, self.revoked + 1
-            ready = [m for at, m in self.schedule if at <= now][:n]
-            if ready or time.monotonic() >= until:
+            ready = [m for at, m in self.schedule if at <= self.now][:n]
+            if ready or self.now >= until:
                 self.schedule = [(at, m) for at, m in self.schedule
                                  if not any(m is r for r in ready)]
                 return ready
-            time.sleep(0.001)
+            later = [at for at, _ in self.schedule if at > self.now]
+            self.now = min([until, *later, *([self.revoke_at] if self.revoke_at else [])])
 
     def assignment(self) -> list[TP]:
         return [TP("d", 0), TP("d", 1)]
 
 
-def test_records_arriving_within_the_window_come_in_one_batch() -> None:
-    c = Timed([(0.0, Msg(0, 1)), (0.03, Msg(1, 2)), (0.06, Msg(0, 3)), (0.5, Msg(0, 4))])
-    got = consume_gathered(c, 500, 1.0, 0.2, lambda: c.revoked)  # type: ignore[arg-type]
-    assert [m.n for m in got] == [1, 2, 3]
-    got = consume_gathered(c, 500, 1.0, 0.2, lambda: c.revoked)  # type: ignore[arg-type]
-    assert [m.n for m in got] == [4]
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Any:
+    def use(c: Timed) -> Timed:
+        monkeypatch.setattr(clients.time, "monotonic", lambda: c.now)
+        return c
+    return use
 
 
-def test_a_full_batch_does_not_wait() -> None:
-    c = Timed([(0.0, Msg(0, i)) for i in range(5)] + [(0.01, Msg(0, 9))])
-    t0 = time.monotonic()
-    got = consume_gathered(c, 5, 1.0, 10.0, lambda: c.revoked)  # type: ignore[arg-type]
-    assert [m.n for m in got] == [0, 1, 2, 3, 4]
-    assert time.monotonic() - t0 < 5.0
+def gather(c: Timed, n: int = 500, within: float = 0.2) -> list[int]:
+    got = consume_gathered(c, n, 1.0, within, lambda: c.revoked)  # type: ignore[arg-type]
+    return [m.n for m in got]
 
 
-def test_no_window_is_one_fetch() -> None:
-    c = Timed([(0.0, Msg(0, 1)), (0.03, Msg(0, 2))])
-    got = consume_gathered(c, 500, 1.0, 0.0, lambda: c.revoked)  # type: ignore[arg-type]
-    assert [m.n for m in got] == [1]
+def test_records_arriving_within_the_window_come_in_one_batch(clock: Any) -> None:
+    c = clock(Timed([(0.0, Msg(0, 1)), (0.03, Msg(1, 2)), (0.06, Msg(0, 3)),
+                     (0.5, Msg(0, 4))]))
+    assert gather(c) == [1, 2, 3]
+    assert c.now == pytest.approx(0.2)  # the window ran out; record 4 was not waited for
+    assert gather(c) == [4]
 
 
-def test_a_rebalance_while_gathering_drops_what_came_before_it() -> None:
+def test_the_window_starts_at_the_first_record(clock: Any) -> None:
+    c = clock(Timed([(0.7, Msg(0, 1)), (0.85, Msg(0, 2)), (0.95, Msg(0, 3))]))
+    assert gather(c) == [1, 2]
+
+
+def test_a_full_batch_does_not_wait(clock: Any) -> None:
+    c = clock(Timed([(0.0, Msg(0, i)) for i in range(5)] + [(0.01, Msg(0, 9))]))
+    assert gather(c, n=5, within=10.0) == [0, 1, 2, 3, 4]
+    assert c.now == 0.0
+
+
+def test_the_batch_stops_at_n_while_gathering(clock: Any) -> None:
+    c = clock(Timed([(0.0, Msg(0, 1)), (0.05, Msg(0, 2)), (0.05, Msg(0, 3)),
+                     (0.1, Msg(0, 4))]))
+    assert gather(c, n=3, within=10.0) == [1, 2, 3]
+    assert c.now == pytest.approx(0.05)
+
+
+def test_no_window_is_one_fetch(clock: Any) -> None:
+    c = clock(Timed([(0.0, Msg(0, 1)), (0.03, Msg(0, 2))]))
+    assert gather(c, within=0.0) == [1]
+    assert c.calls == [(1, 1.0), (499, 0)]
+
+
+def test_a_rebalance_while_gathering_drops_what_came_before_it(clock: Any) -> None:
     # records 1 and 2 were fetched under the old assignment; after the revocation the
-    # partitions' owner reads them again from the committed offsets, so they must not be
-    # handled here as well
-    c = Timed([(0.0, Msg(0, 1)), (0.02, Msg(1, 2)), (0.1, Msg(0, 3))], revoke_at=0.05)
-    got = consume_gathered(c, 500, 1.0, 0.3, lambda: c.revoked)  # type: ignore[arg-type]
-    assert [m.n for m in got] == [3]
+    # partitions' owner (this consumer again, or another) reads them again from the
+    # committed offsets, so they must not be handled here as well
+    c = clock(Timed([(0.0, Msg(0, 1)), (0.02, Msg(1, 2)), (0.1, Msg(0, 3))],
+                    revoke_at=0.05))
+    assert gather(c, within=0.3) == [3]
+
+
+def test_error_events_are_kept_across_a_drop(clock: Any) -> None:
+    c = clock(Timed([(0.0, Msg(0, 1)), (0.01, Msg(0, 7, err="transport")),
+                     (0.1, Msg(0, 3))], revoke_at=0.05))
+    assert gather(c, within=0.3) == [7, 3]
