@@ -103,10 +103,8 @@ class Settings:
     # records touched; at 900 conversions/s, 300 ms against 100 lowered the pipeline's p99
     # in 10 of 12 alternating pairs (docs/performance.md, "The agent's transaction cadence")
     commit_interval_ms: int = 300
-    # the fan-out's (and notifier's) batch: what arrives within this long of its first
-    # record, so one transaction per 20 ms at a steady rate (0 = one per fetch). At 900
-    # conversions/s, 20 against 0: the broker's and the gate's cores lower and the p50
-    # lower in 5 of 5 pairs, the p99 in 4 of 5 (docs/performance.md, "The fan-out's batch")
+    # fan-out/notifier batch: what arrives this long after its first record, one transaction
+    # (0 = one per fetch); measured in docs/performance.md, "The fan-out's batch"
     batch_within_ms: int = 20
     # retry.backoff.ms of every stage's transactional producer. A transaction begun right
     # after the previous commit finds the coordinator still writing that commit's markers

@@ -8,22 +8,27 @@ from __future__ import annotations
 import threading
 import time
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 
 from postbacks.kafka.clients import consume_gathered, consume_ready, make_consumer
 from postbacks.settings import Settings
 from topics import TOPICS
 
 
+def joined(consumer: Consumer, topic: str) -> None:
+    """Subscribe ``consumer`` and consume until the group has given it partitions."""
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + 30
+    while not consumer.assignment() and time.monotonic() < deadline:
+        consume_ready(consumer, 500, 0.2)
+    assert consumer.assignment(), "no partitions assigned within 30 s"
+
+
 def test_a_lone_record_does_not_wait_for_a_full_batch(settings: Settings) -> None:
     topic = settings.topic(TOPICS.dispatch.base)
     consumer = make_consumer(settings, "consume-ready")
-    consumer.subscribe([topic])
     try:
-        deadline = time.monotonic() + 30
-        while not consumer.assignment() and time.monotonic() < deadline:
-            consume_ready(consumer, 500, 0.2)  # join the group
-        assert consumer.assignment(), "no partitions assigned within 30 s"
+        joined(consumer, topic)
         p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers})
         p.produce(topic, b"one", b"k", partition=0)
         assert p.flush(10) == 0
@@ -51,12 +56,8 @@ def test_a_lone_record_does_not_wait_for_a_full_batch(settings: Settings) -> Non
 def test_records_sent_apart_within_the_window_come_in_one_batch(settings: Settings) -> None:
     topic = settings.topic(TOPICS.dispatch.base)
     consumer = make_consumer(settings, "consume-gathered")
-    consumer.subscribe([topic])
     try:
-        deadline = time.monotonic() + 30
-        while not consumer.assignment() and time.monotonic() < deadline:
-            consume_ready(consumer, 500, 0.2)  # join the group
-        assert consumer.assignment(), "no partitions assigned within 30 s"
+        joined(consumer, topic)
         consume_ready(consumer, 500, 1.0)  # whatever the topic held before
         p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers, "linger.ms": 0})
 

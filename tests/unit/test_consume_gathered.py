@@ -10,28 +10,7 @@ import pytest
 
 from postbacks.kafka import clients
 from postbacks.kafka.clients import consume_gathered
-
-
-@dataclass
-class Msg:
-    p: int
-    n: int = 0
-    err: Any = None
-
-    def topic(self) -> str:
-        return "d"
-
-    def partition(self) -> int:
-        return self.p
-
-    def error(self) -> Any:
-        return self.err
-
-
-@dataclass
-class TP:
-    topic: str
-    partition: int
+from tests.unit.fake_kafka import TP, Msg
 
 
 @dataclass
@@ -79,33 +58,33 @@ def gather(c: Timed, n: int = 500, within: float = 0.2) -> list[int]:
 
 
 def test_records_arriving_within_the_window_come_in_one_batch(clock: Any) -> None:
-    c = clock(Timed([(0.0, Msg(0, 1)), (0.03, Msg(1, 2)), (0.06, Msg(0, 3)),
-                     (0.5, Msg(0, 4))]))
+    c = clock(Timed([(0.0, Msg("d", 0, n=1)), (0.03, Msg("d", 1, n=2)), (0.06, Msg("d", 0, n=3)),
+                     (0.5, Msg("d", 0, n=4))]))
     assert gather(c) == [1, 2, 3]
     assert c.now == pytest.approx(0.2)  # the window ran out; record 4 was not waited for
     assert gather(c) == [4]
 
 
 def test_the_window_starts_at_the_first_record(clock: Any) -> None:
-    c = clock(Timed([(0.7, Msg(0, 1)), (0.85, Msg(0, 2)), (0.95, Msg(0, 3))]))
+    c = clock(Timed([(0.7, Msg("d", 0, n=1)), (0.85, Msg("d", 0, n=2)), (0.95, Msg("d", 0, n=3))]))
     assert gather(c) == [1, 2]
 
 
 def test_a_full_batch_does_not_wait(clock: Any) -> None:
-    c = clock(Timed([(0.0, Msg(0, i)) for i in range(5)] + [(0.01, Msg(0, 9))]))
+    c = clock(Timed([(0.0, Msg("d", 0, n=i)) for i in range(5)] + [(0.01, Msg("d", 0, n=9))]))
     assert gather(c, n=5, within=10.0) == [0, 1, 2, 3, 4]
     assert c.now == 0.0
 
 
 def test_the_batch_stops_at_n_while_gathering(clock: Any) -> None:
-    c = clock(Timed([(0.0, Msg(0, 1)), (0.05, Msg(0, 2)), (0.05, Msg(0, 3)),
-                     (0.1, Msg(0, 4))]))
+    c = clock(Timed([(0.0, Msg("d", 0, n=1)), (0.05, Msg("d", 0, n=2)), (0.05, Msg("d", 0, n=3)),
+                     (0.1, Msg("d", 0, n=4))]))
     assert gather(c, n=3, within=10.0) == [1, 2, 3]
     assert c.now == pytest.approx(0.05)
 
 
 def test_no_window_is_one_fetch(clock: Any) -> None:
-    c = clock(Timed([(0.0, Msg(0, 1)), (0.03, Msg(0, 2))]))
+    c = clock(Timed([(0.0, Msg("d", 0, n=1)), (0.03, Msg("d", 0, n=2))]))
     assert gather(c, within=0.0) == [1]
     assert c.calls == [(1, 1.0), (499, 0)]
 
@@ -114,12 +93,12 @@ def test_a_rebalance_while_gathering_drops_what_came_before_it(clock: Any) -> No
     # records 1 and 2 were fetched under the old assignment; after the revocation the
     # partitions' owner (this consumer again, or another) reads them again from the
     # committed offsets, so they must not be handled here as well
-    c = clock(Timed([(0.0, Msg(0, 1)), (0.02, Msg(1, 2)), (0.1, Msg(0, 3))],
+    c = clock(Timed([(0.0, Msg("d", 0, n=1)), (0.02, Msg("d", 1, n=2)), (0.1, Msg("d", 0, n=3))],
                     revoke_at=0.05))
     assert gather(c, within=0.3) == [3]
 
 
 def test_error_events_are_kept_across_a_drop(clock: Any) -> None:
-    c = clock(Timed([(0.0, Msg(0, 1)), (0.01, Msg(0, 7, err="transport")),
-                     (0.1, Msg(0, 3))], revoke_at=0.05))
+    c = clock(Timed([(0.0, Msg("d", 0, n=1)), (0.01, Msg("d", 0, n=7, err="transport")),
+                     (0.1, Msg("d", 0, n=3))], revoke_at=0.05))
     assert gather(c, within=0.3) == [7, 3]

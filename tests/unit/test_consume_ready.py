@@ -3,32 +3,8 @@ in tests/integration/test_consume_ready.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from postbacks.kafka.clients import consume_ready
-
-
-@dataclass
-class Msg:
-    t: str
-    p: int
-    err: Any = None
-
-    def topic(self) -> str:
-        return self.t
-
-    def partition(self) -> int:
-        return self.p
-
-    def error(self) -> Any:
-        return self.err
-
-
-@dataclass
-class TP:
-    topic: str
-    partition: int
+from tests.unit.fake_kafka import TP, Msg
 
 
 class Scripted:
