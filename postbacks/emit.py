@@ -51,7 +51,7 @@ def with_instants(event: ConversionEvent) -> ConversionEvent:
 
 class ConversionProducer:
     def __init__(self, settings: Settings) -> None:
-        self._producer = make_producer(settings)
+        self._producer = make_producer(settings, **{"client.id": "postbacks-emit"})
         self._topic = settings.topic(TOPICS.conversions.base)
         self._codec = codec_for("ConversionEvent")
         self.acked = 0

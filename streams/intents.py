@@ -39,7 +39,8 @@ class DirectLog:
     def __init__(self, settings: Settings, *, linger_ms: int = 1, poll_s: float = 0.0005,
                  producer: Producer | None = None) -> None:
         self._settings = settings
-        self._producer = producer or make_producer(settings, **{"linger.ms": linger_ms})
+        self._producer = producer or make_producer(
+            settings, **{"linger.ms": linger_ms, "client.id": "postbacks-agent-direct"})
         self._poll_s = poll_s
         self._waiting = 0
         self._poller: asyncio.Task[None] | None = None

@@ -31,13 +31,16 @@ __all__ = [
 ]
 
 
-def _base(settings: Settings) -> dict[str, Any]:
-    return {"bootstrap.servers": settings.kafka_bootstrap_servers, "client.id": "postbacks"}
+def _base(settings: Settings, client_id: str = "postbacks") -> dict[str, Any]:
+    return {"bootstrap.servers": settings.kafka_bootstrap_servers, "client.id": client_id}
 
 
 def make_consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
+    """A consumer of ``group`` (prefixed like a topic); its ``client.id`` is the group's
+    unprefixed name, so the broker's request log, quotas and group descriptions name the
+    stage."""
     conf = {
-        **_base(settings),
+        **_base(settings, group),
         "group.id": settings.topic(group),
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -76,16 +79,20 @@ def make_producer(settings: Settings, **extra: Any) -> Producer:
     return Producer(producer_config(settings, **extra))
 
 
-def transactional_config(settings: Settings, stage: str) -> dict[str, Any]:
+def transactional_config(settings: Settings, stage: str,
+                         client: str | None = None) -> dict[str, Any]:
     """A stage's transactional producer: its ``transactional.id`` is the stage and the
-    instance id (unique per process), so a restarted instance fences its predecessor."""
+    instance id (unique per process), so a restarted instance fences its predecessor; its
+    ``client.id`` is ``postbacks-<client>`` (``client`` defaults to the stage)."""
     txn_id = settings.topic(f"postbacks-{stage}-{settings.instance_id}")
     return producer_config(settings, **{"transactional.id": txn_id, "linger.ms": 5,
+                                        "client.id": f"postbacks-{client or stage}",
                                         "retry.backoff.ms": settings.txn_retry_backoff_ms})
 
 
-def make_transactional_producer(settings: Settings, stage: str) -> Producer:
-    producer = Producer(transactional_config(settings, stage))
+def make_transactional_producer(settings: Settings, stage: str,
+                                client: str | None = None) -> Producer:
+    producer = Producer(transactional_config(settings, stage, client))
     try:
         producer.init_transactions(30)
     except KafkaException as exc:

@@ -56,7 +56,7 @@ class TransactionalPublisher:
             return
         if self._producer is None:
             self._producer = make_transactional_producer(
-                self._settings, f"{self._stage}-{uuid.uuid4().hex[:12]}")
+                self._settings, f"{self._stage}-{uuid.uuid4().hex[:12]}", self._stage)
         producer = self._producer
         try:
             producer.begin_transaction()

@@ -116,7 +116,8 @@ class GateProcess:
         refresher.targets = (self.engine, self.aggregator)
         self.writer = TripWriter(settings, self.halts)
         self.control = ControlReader(settings, self.halts, self.writer)
-        self.producer: Producer = make_producer(settings, **{"linger.ms": settings.gate_linger_ms})
+        self.producer: Producer = make_producer(settings, **{"linger.ms": settings.gate_linger_ms,
+                                                            "client.id": "postbacks-gate"})
         self._failed: list[str] = []
         self._held = HeldWrites()
         self._produced = 0  # records handed to the producer ...

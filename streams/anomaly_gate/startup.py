@@ -70,6 +70,7 @@ def faust_settings(settings: Settings) -> dict[str, Any]:
         broker_commit_interval=_FAUST_COMMIT_TIMER_S,
         consumer_auto_offset_reset="earliest",
         producer_linger=0.002,
+        broker_client_id="postbacks-gate-faust",
         stream_recovery_delay=0.0,
         processing_guarantee="at_least_once",
         datadir=os.path.join(os.environ.get("TMPDIR", "/tmp"), "postbacks-gate",

@@ -148,6 +148,19 @@ def test_transactional_producers_back_off_the_setting_not_librdkafkas_100_ms() -
     assert "retry.backoff.ms" not in producer_config(s)  # plain producers keep the default
 
 
+def test_stage_clients_name_their_stage_to_the_broker() -> None:
+    from postbacks.kafka.clients import producer_config, transactional_config
+    from streams.anomaly_gate.startup import faust_settings
+
+    s = load_settings({"POSTBACKS_TOPIC_PREFIX": "t."})
+    assert transactional_config(s, "fanout")["client.id"] == "postbacks-fanout"
+    assert transactional_config(s, "agent")["client.id"] == "postbacks-agent"
+    assert transactional_config(s, "console-replay-0a1b2c", "console-replay")[
+        "client.id"] == "postbacks-console-replay"  # the same id for every publisher
+    assert producer_config(s)["client.id"] == "postbacks"  # unless a caller names one
+    assert faust_settings(s)["broker_client_id"] == "postbacks-gate-faust"
+
+
 def test_a_misspelt_setting_is_named_with_the_one_meant() -> None:
     from postbacks.settings_env import unknown_names
 
