@@ -8,10 +8,11 @@ when its timed traffic starts on this host's clock), then::
     .venv/bin/python bench/broker_requests.py --log /tmp/kafka-requests.log \\
         --from 10:10:21.640 --seconds 10 --deliveries 9000
 
-Produce requests are split by topic (the registry's name, without a prefix) and by whether
-they belong to a transaction; fetch requests by client and their longest wait (a fetch
-names its topics by id). Every stage's clients carry their stage in ``client.id``. The log
-itself costs the broker CPU: count with it, time without it.
+Produce requests are split by topic (the registry's name, without a prefix; ``?`` where a
+client names topics by id) and by whether they belong to a transaction; fetch requests by
+client and their longest wait (a fetch names its topics by id). The product's clients carry
+their stage in ``client.id`` (docs/operators.md). The log itself costs the broker CPU:
+count with it, time without it.
 """
 
 from __future__ import annotations
@@ -79,16 +80,17 @@ def count(lines: Iterable[str], start_ms: int, end_ms: int,
             if not start_ms <= t < end_ms:
                 continue
             got[classify(json.loads(rest), bases)] += 1
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, TypeError):
             bad += 1
     return got, bad
 
 
 def parse_start(text: str, today: dt.date | None = None) -> int:
-    """``HH:MM:SS[.fff]`` on this host's clock (today), or seconds since the epoch: ms."""
+    """``HH:MM:SS[.fff]`` on this host's clock (today), or seconds since the epoch: ms. A
+    bare number is always epoch seconds: ten o'clock is ``10:00:00``."""
     try:
-        return int(float(text) * 1000)
-    except ValueError:
+        return round(float(text) * 1000)
+    except (ValueError, OverflowError):
         pass
     clock = dt.time.fromisoformat(text)
     day = today or dt.date.today()
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log", type=Path, required=True, help="the broker's request log")
     ap.add_argument("--from", dest="start", required=True,
                     help="the window's start: HH:MM:SS[.fff] on this host's clock, today, "
-                         "or seconds since the epoch")
+                         "or seconds since the epoch (a bare number)")
     ap.add_argument("--seconds", type=float, default=10.0, help="the window's length (10)")
     ap.add_argument("--deliveries", type=int, default=None,
                     help="deliveries in the window: adds requests per delivery")
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(report(got, args.seconds, args.deliveries))
     if bad:
-        print(f"({bad} of the window's lines could not be read)")
+        print(f"({bad} request lines could not be read)")
     return 0
 
 

@@ -25,7 +25,8 @@ def _check_topics(settings: Settings) -> None:
     """Faust's send to a missing topic hangs without an error: refuse to start instead."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                         "client.id": "postbacks-admin"})
     present = set(admin.list_topics(timeout=10).topics)
     missing = [settings.topic(t.base) for t in _NEEDED if settings.topic(t.base) not in present]
     if missing:

@@ -48,7 +48,8 @@ class TopicDriftError(ConfigError):
 
 def _admin(settings: Settings) -> AdminClient:
     check_broker(settings)  # a broker that is not there: one line naming it, not a log flood
-    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                        "client.id": "postbacks-admin"})
 
 
 def _metadata(admin: AdminClient, timeout: float = 15.0) -> Any:
@@ -105,7 +106,8 @@ def create_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> l
                if settings.topic(s.base) in created}
         for host_port in sorted({f"{b.host}:{b.port}" for b in md.brokers.values()}):
             # every broker's own metadata: a client may ask any of them next
-            _wait_led(AdminClient({"bootstrap.servers": host_port}), led)
+            _wait_led(AdminClient({"bootstrap.servers": host_port, "client.id": "postbacks-admin"}),
+                      led)
     if existing:
         drifts = verify_topics(settings, existing)
         if drifts:

@@ -22,7 +22,7 @@ def read_time_range(settings: Settings, topic: str, since: int, until: int, *,
     partition in offset order. ``group_id`` only names the reader: nothing is committed.
     Raises ValueError when the topic does not exist."""
     c = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                  "group.id": group_id, "enable.auto.commit": False,
+                  "group.id": group_id, "client.id": group_id, "enable.auto.commit": False,
                   "enable.partition.eof": True, "isolation.level": "read_committed"})
     try:
         meta = c.list_topics(topic, timeout=10).topics[topic]

@@ -131,7 +131,7 @@ def watch_membership(bootstrap: str, group: str, assigned: Callable[[], bool],
     ``on_orphaned`` (tests) replaces the restart."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": "postbacks-admin"})
 
     def members() -> int | None:
         try:

@@ -79,6 +79,7 @@ class ControlReader:
     async def start(self) -> None:
         """Assign every partition, read from the beginning up to the current end."""
         c = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap_servers,
+                             client_id="postbacks-gate-control",
                              group_id=None, enable_auto_commit=False,
                              auto_offset_reset="earliest", isolation_level="read_committed")
         await c.start()

@@ -37,7 +37,7 @@ def check_expired_at_start(settings: Settings, group: str) -> None:
     was down longer than a topic's retention), logged and counted (postbacks.kafka.expired);
     Faust itself would resume at the log's start without a word."""
     c = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers, "group.id": group,
-                  "enable.auto.commit": False})
+                  "client.id": "postbacks-gate-watch", "enable.auto.commit": False})
     try:
         check_expired(c, group, [
             TopicPartition(settings.topic(base), p)
@@ -62,7 +62,7 @@ class ProgressWatch:
             self._consumer = Consumer({
                 "bootstrap.servers": self.settings.kafka_bootstrap_servers,
                 "group.id": self.group, "enable.auto.commit": False,
-                "isolation.level": "read_committed",
+                "client.id": "postbacks-gate-watch", "isolation.level": "read_committed",
             })
         return self._consumer
 
@@ -129,7 +129,7 @@ class ProgressWatch:
         probe = Consumer({
             "bootstrap.servers": self.settings.kafka_bootstrap_servers,
             "group.id": f"{self.group}-progress-probe", "enable.auto.commit": False,
-            "isolation.level": "read_committed",
+            "client.id": "postbacks-gate-watch", "isolation.level": "read_committed",
         })
         try:
             probe.assign([TopicPartition(topic, partition, offset)])

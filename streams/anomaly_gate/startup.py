@@ -81,7 +81,8 @@ def faust_settings(settings: Settings) -> dict[str, Any]:
 def wait_group_coordinator(settings: Settings, group: str, timeout: float = 60.0) -> None:
     """Return once the broker names a coordinator for ``group`` (a describe of the group
     succeeds), or raise :class:`ServiceUnavailable` after ``timeout`` seconds."""
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                         "client.id": "postbacks-admin"})
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:

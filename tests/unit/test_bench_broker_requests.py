@@ -33,6 +33,7 @@ LINES = [
     _line(1800, "FETCH", "postbacks-agent", maxWaitMs=100, topics=[{"topicId": "x"}]),
     _line(1900, "END_TXN", "postbacks-fanout", transactionalId="p.postbacks-fanout-1"),
     "1950 Completed request:{not json",
+    _line(1960, "PRODUCE", "odd", topicData=None),  # no topics: unreadable
     "[2026-12-07] WARN something else the broker said",
     _produce(3000, "postbacks-emit", "p.conversions.v1"),  # the window's end: not in it
 ]
@@ -47,7 +48,7 @@ def test_requests_in_the_window_are_counted_by_api_client_topic_and_transaction(
         ("FETCH", "postbacks-agent", "", "waits up to 100 ms"): 1,
         ("END_TXN", "postbacks-fanout", "", ""): 1,
     }
-    assert bad == 1
+    assert bad == 2
     text = report(got, 2.0, deliveries=4)
     assert text.splitlines()[0] == "6 requests in 2 s (3/s, 1.50 per delivery)"
     assert "by API: PRODUCE 4, FETCH 1, END_TXN 1" in text
@@ -68,6 +69,7 @@ def test_the_start_is_a_clock_time_today_or_epoch_seconds() -> None:
     local = dt.datetime(2026, 12, 7, 10, 10, 21, 640000).astimezone()
     assert parse_start("10:10:21.640", today=day) == int(local.timestamp() * 1000)
     assert parse_start("1796637164.5") == 1796637164500
+    assert parse_start("1.001") == 1001  # rounded, not truncated
     with pytest.raises(ValueError):
         parse_start("ten past ten")
 
@@ -87,4 +89,4 @@ def test_the_command_line_says_what_is_wrong(tmp_path: Path,
     assert main(["--log", str(log), "--from", "1", "--seconds", "2"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("6 requests in 2 s")
-    assert "(1 of the window's lines could not be read)" in out
+    assert "(2 request lines could not be read)" in out
