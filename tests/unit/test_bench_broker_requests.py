@@ -70,8 +70,9 @@ def test_the_start_is_a_clock_time_today_or_epoch_seconds() -> None:
     assert parse_start("10:10:21.640", today=day) == int(local.timestamp() * 1000)
     assert parse_start("1796637164.5") == 1796637164500
     assert parse_start("1.001") == 1001  # rounded, not truncated
-    with pytest.raises(ValueError):
-        parse_start("ten past ten")
+    for bad in ("ten past ten", "inf"):
+        with pytest.raises(ValueError):
+            parse_start(bad)
 
 
 def test_the_command_line_says_what_is_wrong(tmp_path: Path,
@@ -82,6 +83,10 @@ def test_the_command_line_says_what_is_wrong(tmp_path: Path,
     with pytest.raises(SystemExit):
         main(["--log", str(tmp_path / "missing.log"), "--from", "ten past"])
     assert "give HH:MM:SS" in capsys.readouterr().err
+    for flag in ("--seconds", "--deliveries"):
+        with pytest.raises(SystemExit):
+            main(["--log", str(tmp_path / "missing.log"), "--from", "1", flag, "0"])
+        assert f"{flag} must be more than 0" in capsys.readouterr().err
     log = tmp_path / "requests.log"
     log.write_text("\n".join(LINES) + "\n")
     assert main(["--log", str(log), "--from", "100", "--seconds", "1"]) == 1  # none in it
