@@ -34,9 +34,12 @@ class FakeMessage:
     """What the stages read of a consumed Kafka message (pure-core tests)."""
 
     def __init__(self, value: bytes, *, topic: str = "dispatch.v1", partition: int = 0,
-                 offset: int = 0, key: bytes | None = None) -> None:
+                 offset: int = 0, key: bytes | None = None, error: Any = None) -> None:
         self._value, self._topic, self._key = value, topic, key
-        self._partition, self._offset = partition, offset
+        self._partition, self._offset, self._error = partition, offset, error
+
+    def error(self) -> Any:
+        return self._error
 
     def value(self) -> bytes:
         return self._value

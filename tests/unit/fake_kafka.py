@@ -6,22 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tests.unit.factories import FakeMessage
 
-@dataclass
-class Msg:
-    t: str
-    p: int
-    err: Any = None
-    n: int = 0  # which record it is, for the tests to name
 
-    def topic(self) -> str:
-        return self.t
-
-    def partition(self) -> int:
-        return self.p
-
-    def error(self) -> Any:
-        return self.err
+def Msg(t: str, p: int, err: Any = None, n: int = 0) -> FakeMessage:
+    """A record of partition ``p`` of topic ``t`` (its offset ``n``, for the tests to name
+    it), or an error event when ``err`` is given."""
+    return FakeMessage(b"", topic=t, partition=p, offset=n, error=err)
 
 
 @dataclass

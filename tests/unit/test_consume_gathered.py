@@ -10,6 +10,7 @@ import pytest
 
 from postbacks.kafka import clients
 from postbacks.kafka.clients import consume_gathered
+from tests.unit.factories import FakeMessage
 from tests.unit.fake_kafka import TP, Msg
 
 
@@ -20,13 +21,13 @@ class Timed:
     served inside the call that passes that time: the revocation is counted and the
     partitions are assigned again."""
 
-    schedule: list[tuple[float, Msg]]
+    schedule: list[tuple[float, FakeMessage]]
     revoke_at: float | None = None
     revoked: int = 0
     now: float = 0.0
     calls: list[tuple[int, float]] = field(default_factory=list)
 
-    def consume(self, n: int, timeout: float) -> list[Msg]:
+    def consume(self, n: int, timeout: float) -> list[FakeMessage]:
         self.calls.append((n, timeout))
         until = self.now + timeout
         while True:
@@ -54,7 +55,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def gather(c: Timed, n: int = 500, within: float = 0.2) -> list[int]:
     got = consume_gathered(c, n, 1.0, within, lambda: c.revoked)  # type: ignore[arg-type]
-    return [m.n for m in got]
+    return [m.offset() for m in got]
 
 
 def test_records_arriving_within_the_window_come_in_one_batch(clock: Any) -> None:

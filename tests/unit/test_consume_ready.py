@@ -4,6 +4,7 @@ in tests/integration/test_consume_ready.py)."""
 from __future__ import annotations
 
 from postbacks.kafka.clients import consume_ready
+from tests.unit.factories import FakeMessage
 from tests.unit.fake_kafka import TP, Msg
 
 
@@ -11,12 +12,12 @@ class Scripted:
     """consume() answers from a script; the second call revokes partition 0 (a rebalance
     served inside it)."""
 
-    def __init__(self, batches: list[list[Msg]]) -> None:
+    def __init__(self, batches: list[list[FakeMessage]]) -> None:
         self.batches = batches
         self.assigned = [TP("d", 0), TP("d", 1)]
         self.calls: list[tuple[int, float]] = []
 
-    def consume(self, n: int, timeout: float) -> list[Msg]:
+    def consume(self, n: int, timeout: float) -> list[FakeMessage]:
         self.calls.append((n, timeout))
         if len(self.calls) == 2:
             self.assigned = [TP("d", 1)]
