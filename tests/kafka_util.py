@@ -13,6 +13,18 @@ from postbacks.db.connect import connect
 from postbacks.settings import Settings
 
 
+def joined(consumer: Consumer, topic: str) -> None:
+    """Subscribe ``consumer`` and consume until the group has given it partitions (what it
+    reads while joining is dropped), or fail after 30 s."""
+    from postbacks.kafka.clients import consume_ready
+
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + 30
+    while not consumer.assignment() and time.monotonic() < deadline:
+        consume_ready(consumer, 500, 0.2)
+    assert consumer.assignment(), "no partitions assigned within 30 s"
+
+
 def read_topic(settings: Settings, base: str, n: int, timeout: float = 60.0) -> list[Any]:
     """Read at least ``n`` committed messages from the start of a topic (or fail)."""
     consumer = Consumer({

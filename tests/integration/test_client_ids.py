@@ -4,12 +4,11 @@ description, its request log and its per-client quotas and metrics."""
 
 from __future__ import annotations
 
-import time
-
 from confluent_kafka.admin import AdminClient
 
-from postbacks.kafka.clients import consume_ready, make_consumer
+from postbacks.kafka.clients import make_consumer
 from postbacks.settings import Settings
+from tests.kafka_util import joined
 from topics import TOPICS
 
 
@@ -17,11 +16,7 @@ def test_a_consumers_client_id_is_its_group(settings: Settings) -> None:
     group = "postbacks-client-ids"
     consumer = make_consumer(settings, group)
     try:
-        consumer.subscribe([settings.topic(TOPICS.dispatch.base)])
-        deadline = time.monotonic() + 30
-        while not consumer.assignment() and time.monotonic() < deadline:
-            consume_ready(consumer, 10, 0.2)
-        assert consumer.assignment(), "no partitions assigned within 30 s"
+        joined(consumer, settings.topic(TOPICS.dispatch.base))
         admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
         described = admin.describe_consumer_groups([settings.topic(group)])
         members = described[settings.topic(group)].result(timeout=30).members

@@ -8,20 +8,12 @@ from __future__ import annotations
 import threading
 import time
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 
 from postbacks.kafka.clients import consume_gathered, consume_ready, make_consumer
 from postbacks.settings import Settings
+from tests.kafka_util import joined
 from topics import TOPICS
-
-
-def joined(consumer: Consumer, topic: str) -> None:
-    """Subscribe ``consumer`` and consume until the group has given it partitions."""
-    consumer.subscribe([topic])
-    deadline = time.monotonic() + 30
-    while not consumer.assignment() and time.monotonic() < deadline:
-        consume_ready(consumer, 500, 0.2)
-    assert consumer.assignment(), "no partitions assigned within 30 s"
 
 
 def test_a_lone_record_does_not_wait_for_a_full_batch(settings: Settings) -> None:
