@@ -26,8 +26,10 @@ class RetryPolicy:
     max_attempts_by_event_type: Mapping[str, int] = field(default_factory=dict)
 
     def delay_s(self, attempt_no: int) -> float:
-        """Delay after failed attempt ``attempt_no`` (1-based), before jitter."""
-        return min(self.base_s * 2.0 ** (attempt_no - 1), self.max_delay_s)
+        """Delay after failed attempt ``attempt_no`` (1-based), before jitter. The doubling
+        stops at 2**62 (past that ``2.0 ** n`` overflows a float, from attempt 1,025: an
+        endpoint's high ``max_attempts`` with a short ``max_delay_s`` reaches it)."""
+        return min(self.base_s * 2.0 ** min(attempt_no - 1, 62), self.max_delay_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from typing import Any
 from postbacks.codec import codec_for
 from postbacks.core.classify import HttpResult
 from postbacks.core.endpoint import Endpoint, SigningSecret
-from postbacks.core.retry import RetryPolicy
+from postbacks.core.retry import RetryPolicy, ScheduleRetry, next_step
 from postbacks.transport.http import SendResult
 from streams.delivery import Deliverer
 from tests.unit.factories import make_delivery
@@ -36,3 +36,15 @@ def test_the_retry_of_a_forged_attempt_keeps_backoff_and_ceiling() -> None:
     assert retry["attempt"] == 1  # counted as the first
     assert retry["first_attempt_at"] == NOW  # not 2**62: the ceiling counts from now
     assert retry["due_at"] - NOW == 5000  # the first backoff, not none
+
+
+def test_a_retry_past_the_thousandth_attempt_is_scheduled_at_the_delay_cap() -> None:
+    """An endpoint allowed many attempts with a short cap: 2.0 ** 1024 used to overflow
+    before the cap applied, and the delivery was dead-lettered as an internal error."""
+    policy = RetryPolicy(5, 5, 86400, 0.0, 100_000, {})
+    assert policy.delay_s(1_025) == 5
+    assert policy.delay_s(10**9) == 5
+    step = next_step(policy, attempt_no=5_000, event_type="purchase", first_attempt_ms=NOW,
+                     now_ms=NOW + 3_600_000, retry_after_s=None, rand=0.5)
+    assert isinstance(step, ScheduleRetry)
+    assert step.due_at_ms == NOW + 3_600_000 + 5_000
