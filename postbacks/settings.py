@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 
 from postbacks.core.event_types import EVENT_TYPES
 from postbacks.errors import ConfigError
+from postbacks.settings_limits import validate_limits
 
 __all__ = ["Secret", "Settings", "env_name", "load_settings", "parse_event_type_limits",
            "redact_url"]
@@ -292,11 +293,10 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"POSTBACKS_KAFKA_COMPRESSION={s.kafka_compression!r}: expected one of "
                           f"{', '.join(_COMPRESSION)}")
     _validate_replication(s)
-    if s.retry_ceiling_s > 72 * 3600:
-        raise ConfigError("POSTBACKS_RETRY_CEILING_S must be at most 72 h (259200)")
     for name in _POSITIVE:
         if getattr(s, name) <= 0:
             raise ConfigError(f"{env_name(name)} must be > 0")
+    validate_limits(s)
     for name in _AT_LEAST_ONE:
         if getattr(s, name) < 1:
             raise ConfigError(f"{env_name(name)} must be >= 1")

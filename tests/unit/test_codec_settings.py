@@ -102,7 +102,17 @@ def test_settings_from_env() -> None:
      ({"POSTBACKS_AVRO_CODEC": "java"}, "POSTBACKS_AVRO_CODEC"),
      ({"POSTBACKS_RETRY_MAX_ATTEMPTS_BY_EVENT_TYPE": "supersede=1"}, "'supersede' is not an"),
      ({"POSTBACKS_IDEMPOTENCY_KEY": "REPLACE-ME"}, "at least 16 characters"),
-     ({"POSTBACKS_DATABASE_URL": "postgresql://u:pw@h:x/db"}, "not a valid URL")],
+     ({"POSTBACKS_DATABASE_URL": "postgresql://u:pw@h:x/db"}, "not a valid URL"),
+     # accepted, then broke later: diverts due past the relay's 73 h were dead-lettered,
+     # the sink's read refused its count, a stage restarted on its first transaction,
+     # and `topics create` failed on the name
+     ({"POSTBACKS_BREAKER_OPEN_S": "300000"}, "POSTBACKS_BREAKER_OPEN_S must be at most 72 h"),
+     ({"POSTBACKS_QUARANTINE_DELAY_S": "259201"}, "POSTBACKS_QUARANTINE_DELAY_S must be at"),
+     ({"POSTBACKS_RETRY_CEILING_S": "259201"}, "POSTBACKS_RETRY_CEILING_S must be at most"),
+     ({"POSTBACKS_BATCH_SIZE": "250001"}, "POSTBACKS_BATCH_SIZE must be at most 250000"),
+     ({"POSTBACKS_STALL_RESTART_S": "0.5"}, "POSTBACKS_STALL_RESTART_S must be at least 1"),
+     ({"POSTBACKS_TOPIC_PREFIX": "a b/"}, "POSTBACKS_TOPIC_PREFIX='a b/'"),
+     ({"POSTBACKS_TOPIC_PREFIX": "x" * 101}, "POSTBACKS_TOPIC_PREFIX")],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
