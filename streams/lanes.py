@@ -101,35 +101,60 @@ class Lanes:
             self.deliverer.dead_letter(out, msg, exc, exc.reason, now_ms)
             slot.finish(out)
             return
+        try:
+            lane = self._admit(msg, slot, d, out, now_ms)
+        except Exception as exc:  # a bug must not stall the partition: dead-letter it
+            if slot.outputs is None:
+                slot.finish(self._failed(msg, d, exc))
+            return
+        if lane is not None:
+            self.pump(lane)
+
+    def _admit(self, msg: Message, slot: Slot, d: DeliveryRecord, out: list[Item],
+               now_ms: int) -> Lane | None:
+        """Queue ``d`` in its endpoint's lane (the lane, to pump), or finish its slot."""
         if self._behind_unseen(out, d, now_ms):
             slot.finish(out)
-            return
+            return None
         ep = self.endpoint(d["endpoint_id"])
         if not self._strict(ep):  # (strict: held in its turn, which resolves its order)
             why = self._halt(d)
             if why is not None:  # a tripped scope: held for review, not sent
                 self.deliverer.hold(out, d, why, now_ms)
                 slot.finish(out)
-                return
+                return None
         if ep is not None and ep.disabled_at_ms is not None:
             self.deliverer.park(out, d, now_ms)  # disabled: held until re-enabled
             slot.finish(out)
             with contextlib.suppress(KeyError):  # nothing is sent, nothing probes: an open
                 BREAKER_OPEN.remove(d["endpoint_id"])  # breaker would be shown for ever
-            return
+            return None
         lane = self._lane(d["endpoint_id"])
         if self._strict(ep):
             assert self.strict is not None
             self.strict.submit(lane, Work(msg, d, slot))
-            self.pump(lane)
-            return
+            return lane
         if self._over_budget(lane, d["endpoint_id"]):
             self._divert(out, d, "over_budget", now_ms + int(self.quarantine_delay_s * 1000),
                          now_ms, msg)
             slot.finish(out)
-            return
+            return None
         lane.push(Work(msg, d, slot))
-        self.pump(lane)
+        return lane
+
+    def _failed(self, msg: Message, d: DeliveryRecord | None, exc: Exception) -> list[Item]:
+        """The outputs of a record this code failed on: dead-lettered as ``internal_error``,
+        with an outcome when it was read (a bug must not stall the partition)."""
+        log.exception("agent: unexpected error on %s", d["delivery_id"] if d else msg.offset())
+        out: list[Item] = []
+        now_ms = self._now_ms()
+        self.deliverer.dead_letter(out, msg, exc, "internal_error", now_ms, d)
+        try:  # analytics sees the delivery end too (it had no outcome at all)
+            if d is not None:
+                self.deliverer.outcome(out, d, "dead_lettered", now_ms, "internal_error")
+        except Exception:  # a record too odd even for that: its dead letter stands
+            log.exception("agent: no outcome for %s", d["delivery_id"] if d else "")
+        return out
 
     def _halt(self, d: DeliveryRecord) -> str | None:
         """Why ``d`` is held by an anomaly halt, or None: a person's re-drive goes out, and
@@ -244,8 +269,11 @@ class Lanes:
         while lane.queue or lane.redrives:
             work = lane.pop()
             out: list[Item] = []
-            self._divert(out, work.delivery, decision.reason, decision.due_at_ms, now_ms,
-                         work.msg)
+            try:
+                self._divert(out, work.delivery, decision.reason, decision.due_at_ms, now_ms,
+                             work.msg)
+            except Exception as exc:  # one odd record must not strand the ones behind it
+                out = self._failed(work.msg, work.delivery, exc)
             work.slot.finish(out)
 
     def _not_seen_yet(self, d: DeliveryRecord) -> bool:
@@ -341,16 +369,7 @@ class Lanes:
                 unhealthy, waited = result.unhealthy, result.waited_s
                 lane.back_at_ms = max(lane.back_at_ms, result.back_at_ms)  # Retry-After
         except Exception as exc:  # a bug must not stall the partition: dead-letter it
-            log.exception("agent: unexpected error delivering %s", work.delivery["delivery_id"])
-            out = []
-            now_ms = self._now_ms()
-            self.deliverer.dead_letter(out, work.msg, exc, "internal_error", now_ms,
-                                       work.delivery)
-            try:  # analytics sees the delivery end too (it had no outcome at all)
-                self.deliverer.outcome(out, work.delivery, "dead_lettered", now_ms,
-                                       "internal_error")
-            except Exception:  # a record too odd even for that: its dead letter stands
-                log.exception("agent: no outcome for %s", work.delivery["delivery_id"])
+            out = self._failed(work.msg, work.delivery, exc)
         finally:
             lane.in_flight -= 1
             # the endpoint's pace, which its budget and quarantine pacing read: not the

@@ -109,7 +109,7 @@ def load_states(settings: Settings, timeout_s: float = 30.0) -> dict[str, OrderS
                     if err.code() == KafkaError._PARTITION_EOF:
                         left.discard(m.partition() or 0)
                     continue
-                key = (m.key() or b"").decode()
+                key = (m.key() or b"").decode(errors="replace")  # (no endpoint's, if odd)
                 if m.value() is None:
                     out.pop(key, None)
                     continue

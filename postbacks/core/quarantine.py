@@ -50,7 +50,8 @@ def times_quarantined(last_error: str | None) -> int:
     m = _MARK.match(last_error or "")
     if m is None:
         return 0
-    return int(m.group(1)) if m.group(1) else 1
+    digits = m.group(1) or "1"  # (another producer's thousands of digits: int() refuses)
+    return int(digits) if len(digits) <= 9 else 999_999_999
 
 
 def divert_topic(due_at_ms: int, now_ms: int) -> str:

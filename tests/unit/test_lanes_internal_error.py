@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from postbacks.codec import codec_for
-from postbacks.core.breaker import BreakerPolicy
+from postbacks.core.breaker import BreakerPolicy, BreakerState
 from postbacks.core.endpoint import Endpoint, SigningSecret
 from postbacks.core.retry import RetryPolicy
 from postbacks.transport.http import SendResult
@@ -50,3 +50,77 @@ def test_an_internal_error_is_dead_lettered_with_an_outcome() -> None:
     assert (dead["reason"], dead["error_class"]) == ("internal_error", "RuntimeError")
     assert (outcome["kind"], outcome["reason"], outcome["delivery_id"]) == (
         "dead_lettered", "internal_error", "dlv_9")
+
+
+def _lanes(ep: Endpoint, view: dict[str, Endpoint] | None = None) -> Lanes:
+    return Lanes(Deliverer(Broken(), RetryPolicy(5, 3600, 86400, 0.2, 10, {}),  # type: ignore[arg-type]
+                           clock=lambda: NOW / 1000),
+                 (view or {ep.endpoint_id: ep}).get, BreakerPolicy(), 30, 1000, 30,
+                 clock=lambda: NOW / 1000, view_checked_ms=lambda: NOW)
+
+
+def test_a_record_the_divert_fails_on_is_dead_lettered_and_the_ones_beside_it_diverted() -> None:
+    """Another producer's delivery counting thousands of diverts in its last_error, to an
+    endpoint whose breaker is open: int() refused the count, the error left submit, and
+    the agent restarted on the same record for as long as the breaker stayed open."""
+    ep = Endpoint("ep_1", "app_1", "https://x.example/", frozenset({"*"}),
+                  secrets=(SigningSecret("s1", b"k" * 32, 0),))
+    lanes = _lanes(ep)
+    lanes.adopt("ep_1", BreakerState("open", 20, NOW, changed_ms=NOW))
+    tracker = Tracker()
+    odd = make_delivery(delivery_id="dlv_odd", endpoint_id="ep_1", created_at=NOW - 1000,
+                        last_error="quarantined (" + "9" * 5000 + "): over_budget")
+    plain = make_delivery(delivery_id="dlv_ok", endpoint_id="ep_1", created_at=NOW - 1000)
+    lanes.submit(FakeMessage(_DLV.encode(odd)), tracker.track("dispatch.v1", 0, 0))  # type: ignore[arg-type]
+    lanes.submit(FakeMessage(_DLV.encode(plain)), tracker.track("dispatch.v1", 0, 1))  # type: ignore[arg-type]
+    items, commits = tracker.drain()
+    assert commits[("dispatch.v1", 0)][0] == 2  # both finished: nothing stalls
+    diverted = [_DLV.decode(v) for t, _k, v in items  # (open 5 min: a retry tier waits)
+                if t == "quarantine.v1" or t.startswith("retry.")]
+    assert [d["delivery_id"] for d in diverted] == ["dlv_odd", "dlv_ok"]
+    assert diverted[0]["last_error"] == "quarantined (1000000000): breaker_open"
+
+
+def test_a_bug_before_the_lane_dead_letters_the_record_and_the_agent_goes_on(
+        monkeypatch: Any) -> None:
+    ep = Endpoint("ep_1", "app_1", "https://x.example/", frozenset({"*"}),
+                  secrets=(SigningSecret("s1", b"k" * 32, 0),))
+    lanes = _lanes(ep)
+
+    def broken(_d: Any) -> str | None:
+        raise KeyError("a bug in the halts")
+
+    monkeypatch.setattr(lanes, "_halt", broken)
+    tracker = Tracker()
+    d = make_delivery(delivery_id="dlv_7", endpoint_id="ep_1", created_at=NOW - 1000)
+    lanes.submit(FakeMessage(_DLV.encode(d)), tracker.track("dispatch.v1", 0, 0))  # type: ignore[arg-type]
+    items, commits = tracker.drain()
+    assert commits[("dispatch.v1", 0)][0] == 1
+    assert [t for t, _k, _v in items] == ["dlq.v1", "outcomes.v1"]
+    dead = codec_for("DeadLetter").decode(items[0][2])
+    assert (dead["reason"], dead["error_class"], dead["delivery_id"]) == (
+        "internal_error", "KeyError", "dlv_7")
+
+
+def test_a_bug_in_a_divert_dead_letters_that_record_only(monkeypatch: Any) -> None:
+    ep = Endpoint("ep_1", "app_1", "https://x.example/", frozenset({"*"}),
+                  secrets=(SigningSecret("s1", b"k" * 32, 0),))
+    lanes = _lanes(ep)
+    lanes.adopt("ep_1", BreakerState("open", 20, NOW, changed_ms=NOW))
+    quarantine = lanes.deliverer.quarantine
+
+    def odd(out: Any, d: Any, *args: Any) -> None:
+        if d["delivery_id"] == "dlv_odd":
+            raise ValueError("a bug in the divert")
+        quarantine(out, d, *args)
+
+    monkeypatch.setattr(lanes.deliverer, "quarantine", odd)
+    tracker = Tracker()
+    for offset, name in enumerate(("dlv_odd", "dlv_ok")):
+        d = make_delivery(delivery_id=name, endpoint_id="ep_1", created_at=NOW - 1000)
+        lanes.submit(FakeMessage(_DLV.encode(d)), tracker.track("dispatch.v1", 0, offset))  # type: ignore[arg-type]
+    items, commits = tracker.drain()
+    assert commits[("dispatch.v1", 0)][0] == 2
+    topics = [t for t, _k, _v in items]
+    assert topics[:2] == ["dlq.v1", "outcomes.v1"] and topics[2].startswith("retry."), topics
+    assert codec_for("DeadLetter").decode(items[0][2])["delivery_id"] == "dlv_odd"
