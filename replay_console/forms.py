@@ -161,6 +161,10 @@ def filter_from(body: Mapping[str, Any]) -> q.DeliveryFilter:
     if not isinstance(raw, dict):
         raise Problem(400, "filter must be an object")
     params = {str(k): str(v) for k, v in raw.items() if v not in (None, "")}
+    paging = sorted(set(params) & {"cursor", "limit"})
+    if paging:  # (a page of a list: they select nothing, and "limit" did not limit it)
+        raise Problem(400, f"a bulk replay selects by its filter alone; {' and '.join(paging)} "
+                      "page a list and select nothing: leave them out")
     if not params:
         raise Problem(400, "a bulk replay needs at least one filter (q, app, endpoint, "
                       "status, error, since, until)")

@@ -238,6 +238,12 @@ def test_bulk_replay_needs_the_previewed_count(settings: Settings, namespace: st
         r = sup.post("/api/v1/replays", body={"filter": {"app": app}, "confirm": 4})
         assert r.status == 409
         assert sup.post("/api/v1/replays", body={"filter": {}}).status == 400
+        # paging keys select nothing: {"limit": "1"} replayed every delivery of every app,
+        # and {"app": a, "limit": "2"} every one of app a
+        for paged in ({"limit": "1"}, {"cursor": "1700000000000:dlv_x"},
+                      {"app": app, "limit": "2"}):
+            r = sup.post("/api/v1/replays", body={"filter": paged, "confirm": 5})
+            assert r.status == 400 and "select nothing" in r.text, (paged, r.text)
         r = sup.post("/api/v1/replays", body={"filter": {"app": app}, "confirm": 5})
         assert r.status == 202, r.text
         assert r.json()["total"] == 5 and r.json()["skipped"] == {"held": 1}
