@@ -240,7 +240,7 @@ def _session_parts(key: bytes, cookie: str, now_s: float | None) -> list[str] | 
     """The cookie's (token id, expiry, nonce, signature) if its signature holds and it has
     not expired."""
     parts = cookie.split(".")
-    if len(parts) != 4 or not parts[1].isdigit():
+    if len(parts) != 4 or not (parts[1].isascii() and parts[1].isdigit()):
         return None
     body = ".".join(parts[:3])
     if not hmac.compare_digest(_bytes(parts[3]), _sig(key, "session|" + body).encode()):

@@ -16,7 +16,7 @@ from aiohttp import web
 from replay_console.filters import ID
 from replay_console.problem import Problem
 
-__all__ = ["MAX_DEPTH", "MAX_PARAM", "check_body", "check_request", "clean"]
+__all__ = ["MAX_DEPTH", "MAX_PARAM", "check_body", "check_request", "clean", "session_cookie_in"]
 
 MAX_PATH = 2048  # characters of the decoded path
 MAX_PARAM = 1000  # characters of one query parameter (name or value)
@@ -76,12 +76,18 @@ def check_request(request: web.Request) -> None:
         if v is not None:
             clean(v, f"the {name} header", limit=8192)
     try:
-        cookies = request.cookies
+        _ = request.cookies  # (a malformed session cookie is not refused: session_cookie_in)
     except Exception:  # a Cookie header the parser cannot read
         raise Problem(400, "the Cookie header is malformed") from None
-    session = cookies.get("pb_session")
-    if session and not _COOKIE.fullmatch(session):
-        raise Problem(401, "the session cookie is malformed: sign in again")
+
+
+def session_cookie_in(request: web.Request) -> str | None:
+    """The request's session cookie when it is one this console could have set, else None.
+    A malformed one counts as absent rather than refused: refusing it refused the sign-in
+    page too, so a cookie planted by a neighbouring site or subdomain locked its holder out
+    (every page, /login included, redirected to /login)."""
+    value = request.cookies.get("pb_session")
+    return value if value and _COOKIE.fullmatch(value) else None
 
 
 def check_body(value: Any, what: str = "body", depth: int = 0) -> None:

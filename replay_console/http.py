@@ -26,6 +26,7 @@ from postbacks.metrics import CONSOLE_ACTIONS
 from postbacks.settings import Settings
 from replay_console.auth import Principal, csrf_for, lookup_session, lookup_token, may
 from replay_console.forms import is_api
+from replay_console.guard import session_cookie_in
 from replay_console.pool import ConnPool
 from replay_console.problem import Problem
 from replay_console.rules import Lookup
@@ -162,7 +163,7 @@ class Console:
         if auth.startswith("Bearer "):
             token = auth[7:].strip()
             return await self.pool.run(lambda c: lookup_token(c, token)), None
-        cookie = request.cookies.get(COOKIE)
+        cookie = session_cookie_in(request)
         if cookie:
             p = await self.pool.run(lambda c: lookup_session(c, self.key, cookie))
             return p, cookie if p else None

@@ -55,7 +55,7 @@ from replay_console.auth import (
     session_token_id,
 )
 from replay_console.forms import MAX_BODY, body_of, text
-from replay_console.guard import check_request
+from replay_console.guard import check_request, session_cookie_in
 from replay_console.health import add_health_routes
 from replay_console.http import (
     ACTION,
@@ -186,7 +186,7 @@ def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) ->
                     # a cookie this console signed whose session has ended: a copy of a
                     # signed-out or revoked user's cookie in use is worth an audit row
                     ended = None if bearer else session_token_id(
-                        c.key, request.cookies.get(COOKIE, ""))
+                        c.key, session_cookie_in(request) or "")
                     raise Problem(401, "sign in first (a console token)" if ended is None
                                   else f"the session of token {ended} has ended (signed "
                                   "out, or the token revoked or expired): sign in again",
