@@ -53,6 +53,12 @@ __all__ = [
 # events"). A failing, quarantined, released or replayed delivery still has a live copy in
 # the retry topics; replaying it would start a second chain beside it.
 REPLAYABLE = ("delivered", "exhausted", "dead_lettered")
+# A replay goes to an endpoint that is there, switched on and not disabled by the platform:
+# otherwise the agent dead-letters it (unknown_endpoint) or parks it, and a delivered
+# delivery would end dead-lettered or held for a replay that could not be sent. Counted
+# as ``endpoint_off``; re-enable the endpoint first.
+ENDPOINT_ON = ("EXISTS (SELECT 1 FROM endpoints e WHERE e.endpoint_id = {0}.endpoint_id"
+               " AND e.enabled AND e.disabled_at IS NULL)")
 # A re-render (fix once, re-render many) re-drives one endpoint's undelivered deliveries
 # with its current config: exhausted, dead-lettered, and suppressed ones whose suppression
 # is a render failure (``render_failed: ...``, written when the agent could not render it).
@@ -164,8 +170,8 @@ def create_replay(
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_REPLAY_LOCK,))
     rows = conn.execute(
         "SELECT d.delivery_id, d.endpoint_id, d.app_id, d.status, d.created_at,"
-        " s.delivery_id IS NOT NULL AND s.resolved_at IS NULL, s.reason"
-        " FROM deliveries d LEFT JOIN postback_suppressions s"
+        " s.delivery_id IS NOT NULL AND s.resolved_at IS NULL, s.reason,"
+        f" {ENDPOINT_ON.format('d')} FROM deliveries d LEFT JOIN postback_suppressions s"
         "  ON s.delivery_id = d.delivery_id"
         f" WHERE {where} ORDER BY d.created_at, d.delivery_id", args,
     ).fetchall()
@@ -181,6 +187,8 @@ def create_replay(
         eligible, status = eligibility(r[3], r[6], bool(r[5]), rerender)
         if eligible and r[0] in queued:  # a replay of it is waiting to be published
             eligible, status = False, "queued"
+        elif eligible and not r[7]:
+            eligible, status = False, "endpoint_off"
         if eligible:
             ok.append(r)
         else:
@@ -191,7 +199,13 @@ def create_replay(
             + " (only delivered, exhausted or dead-lettered deliveries are replayed: held ones"
             " are released by a reviewer; pending, failing, quarantined, released and replayed"
             " ones are still in flight; rejected and suppressed ones are never sent; queued"
-            " ones already have a replay waiting to be published or not yet recorded)", 409)
+            " ones already have a replay waiting to be published or not yet recorded;"
+            " endpoint_off: the endpoint is deleted, switched off or disabled, so enable it"
+            " first)", 409)
+    if not ok and skipped.get("endpoint_off"):
+        raise ActionError(f"{skipped['endpoint_off']} matching deliveries' endpoint is "
+                          "deleted, switched off or disabled: enable it first; nothing was "
+                          "replayed", 409)
     if not ok:
         raise ActionError("no replayable deliveries match; nothing was replayed", 404)
     diff: list[tuple[str, str, str]] = []
@@ -353,9 +367,10 @@ def replay_preview(conn: psycopg.Connection[Any], p: Principal, flt: DeliveryFil
     counts = dict(conn.execute(
         "SELECT CASE WHEN EXISTS (SELECT 1 FROM postback_suppressions s"
         "  WHERE s.delivery_id = x.delivery_id AND s.resolved_at IS NULL)"
-        " THEN 'suppressed' ELSE x.status END, count(*)"
-        f" FROM (SELECT d.delivery_id, d.status FROM deliveries d WHERE {where} LIMIT %s) x"
-        " GROUP BY 1", (*args, cap + 1),
+        f" THEN 'suppressed' WHEN x.status = ANY(%s) AND NOT {ENDPOINT_ON.format('x')}"
+        " THEN 'endpoint_off' ELSE x.status END, count(*) FROM (SELECT d.delivery_id,"
+        f" d.endpoint_id, d.status FROM deliveries d WHERE {where} LIMIT %s) x"
+        " GROUP BY 1", (list(REPLAYABLE), *args, cap + 1),
     ).fetchall())
     replayable = sum(n for s, n in counts.items() if s in REPLAYABLE)
     return {"by_status": counts, "replayable": replayable, "replayable_statuses": REPLAYABLE,
