@@ -254,7 +254,7 @@ async def test_send(settings: Settings, endpoint: Endpoint, *,
 
     from postbacks.core.endpoint_check import sample_delivery
     from postbacks.core.render import RenderError, render
-    from postbacks.transport.http import HttpTransport
+    from postbacks.transport.http import EXCERPT_BYTES, HttpTransport
 
     ep = apply_override(endpoint, override, by=by)  # by: the sender (as a replay's copy)
     now_ms = int(time.time() * 1000)
@@ -281,10 +281,12 @@ async def test_send(settings: Settings, endpoint: Endpoint, *,
                              allow_loopback=settings.allow_loopback_targets, limit=4,
                              lookup=resolve) as t:
         result = await t.send(req, follow_redirects=ep.config.follow_redirects)
+    excerpt = (custom.scrub(result.excerpt) if result.body is None  # (masked, then cut: a
+               else custom.excerpt(result.body, EXCERPT_BYTES))  # key across the cut, too)
     response = {"status": result.http.status, "error_class": result.http.error_class,
                 "blocked": result.blocked, "wire_ms": round(result.wire_ms, 1),
-                "body_excerpt": _redact((custom.scrub(result.excerpt) or b"")
-                                        .decode("utf-8", "replace"), signatures)}
+                "body_excerpt": _redact((excerpt or b"").decode("utf-8", "replace"),
+                                        signatures)}
     ok = result.blocked is None and result.http.status is not None \
         and 200 <= result.http.status < 300
     return {"ok": ok, "stage": "send", "request": request, "response": response}

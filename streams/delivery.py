@@ -183,7 +183,7 @@ class Deliverer:
             self.dead_letter(out, raw, exc, "render_failed", now_ms, d)
             self.outcome(out, d, "suppressed", now_ms, f"render_failed: {exc}")
             return Attempted(unhealthy=False)
-        redact = Redaction.of(ep.config.redact_fields, ep.config.headers)
+        redact = Redaction.of(ep.config.redact_fields, ep.config.headers).echoing(req)
         ids: dict[str, object] = dict(attempt_id=new_id("att", now_ms),
                                       agent_instance=self.instance)
         waited = 0.0
@@ -202,8 +202,8 @@ class Deliverer:
             verdict = Permanent(result.http.error_class or "blocked_address")
         elif isinstance(verdict, Delivered):
             problem = check_response(effective_validator(ep), verdict.status, result.body or b"")
-            if problem is not None:
-                verdict = ValidationFailed(problem)
+            if problem is not None:  # (it may quote the body: an echoed secret is masked)
+                verdict = ValidationFailed(redact.scrub_text(problem))
         child(LATENCY, "queue").observe(queue_ms / 1000)
         child(LATENCY, "wire").observe(result.wire_ms / 1000)
         child(LATENCY, "platform").observe(platform_ms / 1000)

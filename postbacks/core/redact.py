@@ -37,9 +37,26 @@ class Redaction:
 
     @classmethod
     def of(cls, fields: Iterable[str], headers: Mapping[str, str]) -> Redaction:
-        secrets = sorted({v.encode() for v in headers.values() if len(v) >= ECHO_MIN},
-                         key=len, reverse=True)
-        return cls(tuple(fields), frozenset(h.lower() for h in headers), tuple(secrets))
+        secrets = _echoes(headers.values())
+        return cls(tuple(fields), frozenset(h.lower() for h in headers), secrets)
+
+    def echoing(self, req: RenderedRequest) -> Redaction:
+        """This redaction, also masking the values its ``fields`` have in ``req`` where a
+        receiver echoes them in its response (an e-mail address sent in a masked field)."""
+        if not self.fields:
+            return self
+        values = _field_values(req, frozenset(self.fields))
+        if not values:
+            return self
+        return Redaction(self.fields, self.headers,
+                         _echoes([v.decode() for v in self.secrets], values))
+
+    def scrub_text(self, text: str) -> str:
+        """``text`` (a reason built from a response: a validator's) with every secret in it
+        masked."""
+        if not text or not self.secrets:
+            return text
+        return (self.scrub(text.encode()) or b"").decode("utf-8", "replace")
 
     def scrub(self, body: bytes | None) -> bytes | None:
         """``body`` (a response excerpt) with every secret value in it masked."""
@@ -60,6 +77,45 @@ class Redaction:
 
 
 NO_REDACTION = Redaction()
+
+
+def _echoes(*groups: Iterable[str]) -> tuple[bytes, ...]:
+    """The values (6 characters or more) as a response may echo them: as sent, the
+    credential alone of ``Bearer <token>``, and each with ``/`` escaped as JSON encoders
+    such as PHP's write it; longest first."""
+    found: set[bytes] = set()
+    for group in groups:
+        for value in group:
+            for v in {value, value.rsplit(" ", 1)[-1]}:
+                if len(v) >= ECHO_MIN:
+                    found.add(v.encode())
+                    if "/" in v:
+                        found.add(v.replace("/", "\\/").encode())
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+def _field_values(req: RenderedRequest, fields: frozenset[str]) -> list[str]:
+    """The values of ``fields`` in ``req``'s query and JSON (any depth) or form body."""
+    pairs = parse_qsl(urlsplit(req.url).query, keep_blank_values=True)
+    ctype = req.headers.get("content-type", "")
+    if req.body and "x-www-form-urlencoded" in ctype:
+        pairs += parse_qsl(req.body.decode("utf-8", "replace"), keep_blank_values=True)
+    out = [v for k, v in pairs if k in fields]
+    if req.body and "json" in ctype:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            _values(orjson.loads(req.body), fields, out, False)
+    return out
+
+
+def _values(value: Any, fields: frozenset[str], into: list[str], masked: bool) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _values(v, fields, into, masked or k in fields)
+    elif isinstance(value, list):
+        for v in value:
+            _values(v, fields, into, masked)
+    elif masked and isinstance(value, str | int | float) and not isinstance(value, bool):
+        into.append(str(value))
 
 
 def _walk(value: Any, fields: frozenset[str]) -> Any:

@@ -84,3 +84,25 @@ def test_a_secret_straddling_the_excerpt_cut_is_masked_not_half_kept() -> None:
     assert shown is not None and len(shown) == 256 and b"sk_live" not in shown
     assert shown.startswith(b"x" * 240 + b'"' + MASK.encode()[:15])
     assert r.excerpt(None, 256) is None and Redaction().excerpt(body, 256) == body[:256]
+
+
+def test_echoed_field_values_and_a_bearer_credential_are_masked_in_the_excerpt() -> None:
+    from postbacks.core.redact import Redaction
+
+    req = _req("https://p.example/cb?phone=%2B15551234567",
+               orjson.dumps({"user": {"email": "alice@example.com", "age": 12345678},
+                             "cid": "cv_1"}), "application/json")
+    r = Redaction.of(("email", "phone", "age"), {"Authorization": "Bearer sk_live_abc/def"})
+    r = r.echoing(req)
+    echo = (b'{"got":"alice@example.com","phone":"+15551234567","age":12345678,'
+            b'"token":"sk_live_abc\\/def","cid":"cv_1"}')
+    shown = r.excerpt(echo, 256)
+    assert shown is not None
+    for secret in (b"alice@example.com", b"+15551234567", b"12345678", b"sk_live_abc"):
+        assert secret not in shown, (secret, shown)
+    assert b'"cid":"cv_1"' in shown  # a field not named stays
+    assert Redaction.of((), {}).echoing(req).secrets == ()  # nothing named, nothing masked
+    form = RenderedRequest("POST", "https://p.example/cb", {
+        "content-type": "application/x-www-form-urlencoded"}, b"email=bob%40example.org&x=1")
+    assert Redaction.of(("email",), {}).echoing(form).scrub_text(
+        "rejected bob@example.org") == "rejected [redacted]"

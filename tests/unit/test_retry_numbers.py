@@ -48,3 +48,4 @@ def test_a_retry_past_the_thousandth_attempt_is_scheduled_at_the_delay_cap() -> 
                      now_ms=NOW + 3_600_000, retry_after_s=None, rand=0.5)
     assert isinstance(step, ScheduleRetry)
     assert step.due_at_ms == NOW + 3_600_000 + 5_000
+
