@@ -137,9 +137,9 @@ class H1Pool:
         data = encode_request(method, target, host, headers, body, self.user_agent)
         head = method == "HEAD"
         if timeout_s is None:
-            return await self._send(key, data, head, connect_timeout_s)
+            return await self._send(key, data, head, connect_timeout_s, bool(body))
         async with asyncio.timeout(timeout_s):
-            return await self._send(key, data, head, connect_timeout_s)
+            return await self._send(key, data, head, connect_timeout_s, bool(body))
 
     async def close(self) -> None:
         self._closed = True
@@ -162,7 +162,7 @@ class H1Pool:
     # -- one exchange ----------------------------------------------------------------------
 
     async def _send(self, key: PoolKey, data: bytes, head: bool,
-                    connect_s: float | None) -> H1Response:
+                    connect_s: float | None, with_body: bool) -> H1Response:
         if self._closed:
             raise ConnectionError("connection pool closed")
         async with self._limit:
@@ -172,6 +172,11 @@ class H1Pool:
             except BaseException:
                 self._release(conn)
                 raise
+            if with_body and resp.status >= 400:
+                # A receiver refusing a request often answers without reading its body (a
+                # 401 from its auth layer): the unread body would then be parsed as the
+                # next request on the connection, and that request answered as garbage.
+                conn.retire()
             self._release(conn)
             return resp
 

@@ -209,6 +209,10 @@ class _Conn(asyncio.Protocol):
     def done(self) -> None:
         self._fut = None
 
+    def retire(self) -> None:
+        """Carry no other request: closed when released."""
+        self._keep_alive = False
+
     def shut(self) -> None:
         """Close: gracefully after a complete response with the request fully written, at
         once otherwise (a graceful close waits for unwritten bytes to drain, which a

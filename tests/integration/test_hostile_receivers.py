@@ -468,6 +468,46 @@ def test_a_connection_the_receiver_asked_to_close_is_not_reused(first: bytes) ->
     _second_answer_on_a_new_connection(script, (200, b"ok"))
 
 
+def test_an_error_answered_without_reading_the_body_does_not_garble_the_next_request() -> None:
+    """The receiver answers 401 from the request's head alone and keeps the connection:
+    its unread body would be parsed as the next request there (the next delivery got a
+    501 for bytes it never sent, and the receiver never saw it)."""
+    seen: list[bytes] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: Raw) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            line = head.split(b"\r\n", 1)[0]
+            seen.append(line)
+            if line.startswith(b"POST /refused "):  # the body is left unread
+                writer.write(b"HTTP/1.1 401 No\r\nContent-Length: 0\r\n\r\n")
+            elif line.startswith((b"POST ", b"GET ")):
+                for h in head.split(b"\r\n"):
+                    if h.lower().startswith(b"content-length:"):
+                        await reader.readexactly(int(h.split(b":", 1)[1]))
+                writer.write(OK)
+            else:  # the unread body and the next request's head, read as one request
+                writer.write(b"HTTP/1.1 400 Bad\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+
+    async def main() -> None:
+        async with raw_server(script) as raw, H1Pool() as pool:
+            assert (await post(pool, raw.key(), "/refused")).status == 401
+            second = await asyncio.wait_for(post(pool, raw.key(), "/next"), WAIT_S)
+            assert (second.status, second.body) == (200, b"ok")
+            assert raw.connections == 2
+            assert (await get(pool, raw.key(), "/after")).status == 200  # a 2xx keeps it
+            assert raw.connections == 2
+        requests = [ln.split(b" ")[1] for ln in seen if ln.startswith((b"POST ", b"GET "))]
+        assert requests == [b"/refused", b"/next", b"/after"], seen
+        seen.clear()  # (run() runs main on each event loop)
+
+    run(main)
+
+
 # --- answers the transport reads: redirects, Retry-After -----------------------------------
 
 def test_a_redirect_is_not_followed_by_default_not_even_to_a_live_server() -> None:
