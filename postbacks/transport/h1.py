@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import re
 import ssl
 
 from postbacks.transport.h1_conn import (
@@ -73,9 +75,23 @@ __all__ = [
     "ProtocolError",
     "ServerDisconnected",
     "encode_request",
+    "idle_limit_s",
 ]
 
 TLS_SHUTDOWN_S = 2.0  # how long a closed TLS connection waits for the receiver's close
+_KEEP_ALIVE_TIMEOUT = re.compile(r"(?:^|[,;\s])timeout\s*=\s*(\d{1,6})(?![\d.])", re.I)
+
+
+def idle_limit_s(keep_alive: str | None) -> float:
+    """How long a connection may sit idle and still carry a request, from the receiver's
+    ``Keep-Alive: timeout=N`` (Node closes idle connections after 5 s, Apache after 5 s
+    by default): a second short of it, or half of it under 2 s, so a request is not
+    written just as the receiver closes. No such header: no limit but the pool's."""
+    m = _KEEP_ALIVE_TIMEOUT.search(keep_alive or "")
+    if m is None:
+        return math.inf
+    n = float(m.group(1))
+    return max(n - 1.0, n / 2)
 
 
 class H1Pool:
@@ -85,7 +101,8 @@ class H1Pool:
         self, *, max_per_key: int = 64, max_total: int = 512, max_idle: int | None = None,
         idle_timeout_s: float = 30.0, ssl_context: ssl.SSLContext | None = None,
         body_limit: int = BODY_LIMIT, discard_limit: int = DISCARD_LIMIT,
-        user_agent: str = USER_AGENT, wanted_headers: tuple[str, ...] = ("retry-after", "location"),
+        user_agent: str = USER_AGENT,
+        wanted_headers: tuple[str, ...] = ("retry-after", "location", "keep-alive"),
     ) -> None:
         if max_per_key < 1 or max_total < 1:
             raise ValueError("max_per_key and max_total must be >= 1")
@@ -172,6 +189,7 @@ class H1Pool:
             except BaseException:
                 self._release(conn)
                 raise
+            conn.idle_limit_s = idle_limit_s(resp.headers.get("keep-alive"))
             if with_body and resp.status >= 400:
                 # A receiver refusing a request often answers without reading its body (a
                 # 401 from its auth layer): the unread body would then be parsed as the
@@ -190,7 +208,8 @@ class H1Pool:
         while idle:
             conn = idle.pop()
             self._n_idle -= 1
-            if conn.usable and conn.quiet:
+            if conn.usable and conn.quiet and \
+                    self.loop.time() - conn.idle_since < conn.idle_limit_s:
                 return conn
             conn.shut()
             self._give_back(slot, forget=False)

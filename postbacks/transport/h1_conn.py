@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import select
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, cast
@@ -120,8 +121,8 @@ class _Conn(asyncio.Protocol):
         "_bare", "_body", "_bytes", "_complete", "_extra", "_fd", "_framed", "_fut",
         "_head", "_head_bytes", "_head_size", "_headers", "_interim", "_keep_alive",
         "_kept", "_parser", "_pieces", "_pool", "_read_piece", "_received", "_size",
-        "_status", "_truncated", "_until_eof", "closed", "idle_since", "slot", "transport",
-        "uses",
+        "_status", "_truncated", "_until_eof", "closed", "idle_limit_s", "idle_since", "slot",
+        "transport", "uses",
     )
 
     def __init__(self, pool: PoolSide, slot: _Slot) -> None:
@@ -138,6 +139,7 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.uses = 0
         self.idle_since = 0.0
+        self.idle_limit_s = math.inf  # idle longer, it is not reused (the receiver's timeout)
         self._reset(False)
 
     def _reset(self, head: bool) -> None:

@@ -508,6 +508,40 @@ def test_an_error_answered_without_reading_the_body_does_not_garble_the_next_req
     run(main)
 
 
+def test_a_connection_idle_near_the_receivers_keep_alive_timeout_is_not_reused() -> None:
+    """The receiver says ``Keep-Alive: timeout=1`` and closes an idle connection on its
+    timer -- here, as the next request arrives half a second or more later, the race a
+    Node or Apache receiver (5 s) wins now and then. A request written on it was a failed
+    attempt; past half the timeout (a second short of it from 2 s) a new one carries it."""
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: Raw) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await read_request(reader, raw)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            idle = loop.time() - getattr(writer, "answered_at", loop.time())
+            if idle >= 0.5:  # its timer fired as the request came: closed unanswered
+                writer.close()
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=1, max=100\r\n"
+                         b"Content-Length: 2\r\n\r\nok")
+            await writer.drain()
+            writer.answered_at = loop.time()  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        async with raw_server(script) as raw, H1Pool() as pool:
+            assert (await post(pool, raw.key(), "/")).status == 200
+            assert (await post(pool, raw.key(), "/")).status == 200  # at once: reused
+            assert raw.connections == 1
+            await asyncio.sleep(0.7)
+            second = await asyncio.wait_for(post(pool, raw.key(), "/"), WAIT_S)
+            assert (second.status, second.body) == (200, b"ok")
+            assert raw.connections == 2
+
+    run(main)
+
+
 # --- answers the transport reads: redirects, Retry-After -----------------------------------
 
 def test_a_redirect_is_not_followed_by_default_not_even_to_a_live_server() -> None:
