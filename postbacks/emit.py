@@ -18,9 +18,12 @@ from typing import Any, cast
 from confluent_kafka import KafkaError, Message
 
 from postbacks.codec import codec_for
-from postbacks.core.fanout import check_conversion, validate_conversion
+from postbacks.core.fanout import REQUIRED_FIELDS, check_conversion, validate_conversion
+from postbacks.core.field_types import type_problems
+from postbacks.errors import InvalidRecord
 from postbacks.ids import new_id
 from postbacks.kafka.clients import make_producer
+from postbacks.kafka.stage import DELIVERY_HEADROOM, message_max
 from postbacks.records import ConversionEvent
 from postbacks.settings import Settings
 from topics import TOPICS
@@ -34,7 +37,6 @@ def with_instants(event: ConversionEvent) -> ConversionEvent:
     """``event`` with ISO-8601 times (or digit strings) as epoch ms; InvalidRecord names a
     time field that is neither."""
     from postbacks.core.instants import InstantError, parse_instant
-    from postbacks.errors import InvalidRecord
 
     bad = [f for f in TIME_FIELDS if isinstance(event.get(f), str)]
     if not bad:
@@ -54,6 +56,9 @@ class ConversionProducer:
         self._producer = make_producer(settings, **{"client.id": "postbacks-emit"})
         self._topic = settings.topic(TOPICS.conversions.base)
         self._codec = codec_for("ConversionEvent")
+        self._fields: list[dict[str, Any]] = self._codec.writer.schema["fields"]
+        # the fan-out's room for a delivery, less what a delivery adds around its conversion
+        self._max_bytes = message_max(settings, "fanout") - DELIVERY_HEADROOM - 4096
         self.acked = 0
         self.failed: list[str] = []
 
@@ -65,12 +70,20 @@ class ConversionProducer:
 
     def send(self, event: ConversionEvent) -> None:
         """Validate and enqueue; raises InvalidRecord before producing an event the fan-out
-        would dead-letter (the same checks: missing fields, then every field a later stage
-        cannot handle)."""
+        would dead-letter (the same checks: every field's type, missing fields, every field
+        a later stage cannot handle, and its size)."""
         event = with_instants(event)
+        wrong = type_problems(event, self._fields, skip_missing=REQUIRED_FIELDS)
+        if wrong:
+            raise InvalidRecord(f"conversion {event.get('conversion_id')!r}: "
+                                + "; ".join(wrong), reason="invalid_field")
         validate_conversion(event)
         check_conversion(event, int(time.time() * 1000))
         value = self._codec.encode(event)
+        if len(value) > self._max_bytes:
+            raise InvalidRecord(f"conversion {event['conversion_id']!r}: {len(value):,} bytes "
+                                f"encoded, over the {self._max_bytes:,} its delivery leaves "
+                                "it (source_snapshot is the usual culprit)", reason="too_large")
         while True:
             try:
                 self._producer.produce(

@@ -46,7 +46,13 @@ from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
 from postbacks.errors import DeadLetterError
 from postbacks.kafka.clients import check_broker, make_consumer
-from postbacks.kafka.stage import OUTPUT_BUDGET, Output, message_max, run_stage
+from postbacks.kafka.stage import (
+    DELIVERY_HEADROOM,
+    OUTPUT_BUDGET,
+    Output,
+    message_max,
+    run_stage,
+)
 from postbacks.kafka.txn import TxnProducer
 from postbacks.records import ConversionEvent
 from postbacks.settings import Settings
@@ -60,7 +66,6 @@ log = logging.getLogger(__name__)
 GROUP = "postbacks-fanout"
 
 TOO_LARGE = "too_large"
-_HEADROOM = 65_536  # what later stages add to a delivery (hold reason, errors, override)
 
 
 def run_fanout(settings: Settings, stop: threading.Event) -> None:
@@ -72,7 +77,7 @@ def run_fanout(settings: Settings, stop: threading.Event) -> None:
     conv_codec = codec_for("ConversionEvent")
     dlv_codec = codec_for("Delivery")
     idem_key = settings.idempotency_key.reveal().encode()
-    delivery_max = message_max(settings, "fanout") - _HEADROOM  # what a delivery may hold
+    delivery_max = message_max(settings, "fanout") - DELIVERY_HEADROOM  # what a delivery may hold
 
     def fan_out(msg: Message, out: Output, now_ms: int) -> None:
         event: ConversionEvent = conv_codec.decode(msg.value())  # type: ignore[assignment]

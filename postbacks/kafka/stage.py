@@ -40,7 +40,7 @@ from postbacks.records import DeadLetterRecord
 from postbacks.settings import Settings
 from topics import TOPICS
 
-__all__ = ["MESSAGE_MAX", "Emit", "Output", "commit_batch", "dead_letter_for",
+__all__ = ["DELIVERY_HEADROOM", "MESSAGE_MAX", "Emit", "Output", "commit_batch", "dead_letter_for",
            "fit_dead_letter", "message_max", "run_stage"]
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ MESSAGE_MAX = 1_000_000  # librdkafka's message.max.bytes when the config does n
 # of records just under the size limit, fanned out to several endpoints each, held
 # hundreds of MiB until its commit, and a stage killed for its memory read the same batch
 # again after every restart.
+DELIVERY_HEADROOM = 65_536  # what later stages add to a delivery (hold reason, errors, override)
 OUTPUT_BUDGET = 32 * 1024 * 1024
 _DLQ_SLACK = 512  # per-message and length-prefix overhead around a dead letter's bytes
 _KEY_KEPT = 1024  # the first bytes of the original key a cut dead letter keeps
