@@ -119,6 +119,8 @@ DATABASE_UP = Gauge("postbacks_database_up",
 MONITOR_ERRORS = Counter("postbacks_monitor_errors_total",
                          "Monitor rounds that failed, by check", ["check"])
 DLQ_TOTAL = Counter("webhook_dlq_total", "Records dead-lettered", ["stage", "reason"])
+FANOUT_UNROUTED = Counter("postbacks_fanout_unrouted_total",
+                          "Conversions no enabled endpoint subscribes to (no delivery made)")
 NOTIFICATIONS_TOTAL = Counter(
     "postbacks_notifications_total",
     "Operational notifications by kind and result (sent | aggregated | no_owner)",

@@ -54,6 +54,7 @@ from postbacks.kafka.stage import (
     run_stage,
 )
 from postbacks.kafka.txn import TxnProducer
+from postbacks.metrics import FANOUT_UNROUTED
 from postbacks.records import ConversionEvent
 from postbacks.settings import Settings
 from topics import TOPICS
@@ -95,6 +96,8 @@ def run_fanout(settings: Settings, stop: threading.Event) -> None:
                     f" may take (the record is {len(msg.value() or b''):,} bytes)",
                     reason=TOO_LARGE)
             planned.append((key, value))
+        if not planned:  # not an error (an app with no publisher postbacks), but seen:
+            FANOUT_UNROUTED.inc()  # a typo in app_id or event_type lands here too
         size = sum(len(k) + len(v) for k, v in planned)
         if size > OUTPUT_BUDGET:  # one transaction holds all of a record's deliveries
             raise DeadLetterError(

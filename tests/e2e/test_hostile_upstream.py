@@ -19,7 +19,9 @@ from __future__ import annotations
 import copy
 import io
 import os
+import re
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +37,7 @@ from postbacks.settings import Settings
 from postbacks.tools.procs import Stack, wait_for
 from postbacks.tools.seed import app_id_for, seed_endpoints
 from tests.e2e.gate_util import GateFeed
-from tests.e2e.harness import dead_letters_counted
+from tests.e2e.harness import dead_letters_counted, metrics_target
 from tests.kafka_util import decode, read_topic, scalar
 from tests.unit.factories import make_conversion, make_delivery
 from topics import TOPICS
@@ -230,6 +232,8 @@ def test_every_hostile_record_is_dead_lettered_or_fanned_out_and_the_partition_f
              reason=inv, words=("conversion_id is 3,000 characters long (at most 200)",)),
         Case("unknown event_type", up.enc("cv_type", event_type="Conversion"), reason=inv,
              words=("event_type 'Conversion' is not a known event type",)),
+        # valid, for an app no endpoint subscribes to: no delivery, no dead letter, counted
+        Case("an app no endpoint subscribes to", up.enc("cv_unrouted", app_id=up.app + "_x")),
         Case("payout 2^63 - 1", up.enc("cv_pay_huge", payout_usd_micros=2**63 - 1),
              reason=inv, words=("payout_usd_micros 9223372036854775807 is over",)),
         Case("occurred_at 2^62", up.enc("cv_far", occurred_at=2**62), reason=inv,
@@ -271,7 +275,7 @@ def test_every_hostile_record_is_dead_lettered_or_fanned_out_and_the_partition_f
     fanned = [c for c in cases if c.reason is None]
     dead = {d["origin_offset"]: d for d in (
         decode("DeadLetter", m) for m in read_topic(settings, TOPICS.dlq.base, len(bad), 120))}
-    want_deliveries = len(fanned) + len(cases)  # one endpoint subscribes
+    want_deliveries = len(fanned) - 1 + len(cases)  # one endpoint subscribes (not to _x)
     got = [decode("Delivery", m)
            for m in read_topic(settings, TOPICS.deliveries.base, want_deliveries, 120)]
     by_conversion: dict[str, int] = {}
@@ -329,6 +333,10 @@ def test_every_hostile_record_is_dead_lettered_or_fanned_out_and_the_partition_f
     wait_for(lambda: dead_letters_counted(fanout.log_path, "fanout") == want, 30,
              what=f"webhook_dlq_total{{stage=fanout}} == {want}",
              progress=lambda: dead_letters_counted(fanout.log_path, "fanout"))
+    assert by_conversion.get("cv_unrouted") is None
+    metrics = f"http://{metrics_target(fanout.log_path)}/metrics"
+    assert re.search(r"^postbacks_fanout_unrouted_total 1\.0$",
+                     urllib.request.urlopen(metrics, timeout=5).read().decode(), re.M)
     assert fanout.alive()
     assert "restarting in place" not in fanout.tail(2000)
 
