@@ -125,16 +125,26 @@ apt_install() {
     sudo=(sudo)
   fi
   command -v apt-get >/dev/null || die "apt-get not found; install $* manually"
-  local aptlog="$LOGS/apt.log"
-  if (( APT_UPDATED == 0 )); then
-    log "apt-get update (log $aptlog)"
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update >>"$aptlog" 2>&1 \
-      || die_with_log "$aptlog" "apt-get update failed"
-    APT_UPDATED=1
-  fi
-  log "apt-get install -y $*"
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "$@" >>"$aptlog" 2>&1 \
-    || die_with_log "$aptlog" "apt-get install $* failed"
+  local aptlog="$LOGS/apt.log" attempt
+  # A mirror's hiccup is retried (3 attempts, the index refreshed before each retry), and
+  # no attempt runs unbounded: 30 s per stalled connection, 15 minutes per command.
+  local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive timeout 900 apt-get
+             -o Acquire::Retries=3 -o Acquire::http::Timeout=30)
+  for attempt in 1 2 3; do
+    if (( APT_UPDATED == 0 )); then
+      log "apt-get update (log $aptlog)"
+      "${apt[@]}" update >>"$aptlog" 2>&1 && APT_UPDATED=1
+    fi
+    log "apt-get install -y $* (attempt $attempt/3)"
+    if (( APT_UPDATED == 1 )) && "${apt[@]}" install -y "$@" >>"$aptlog" 2>&1; then
+      return 0
+    fi
+    (( attempt < 3 )) || break
+    warn "apt-get failed, retrying in $((attempt * 10))s"
+    sleep $((attempt * 10))
+    APT_UPDATED=0
+  done
+  die_with_log "$aptlog" "apt-get install $* failed 3 times"
 }
 
 java_major() {
@@ -188,7 +198,8 @@ ensure_kafka_lib() {
   for attempt in 1 2 3; do
     rm -rf -- "$tmp"
     log "kafka jars: mvn dependency:copy-dependencies (attempt $attempt/3, log $mvnlog)"
-    if mvn -q -B dependency:copy-dependencies -DoutputDirectory="$tmp" -f "$POM" >>"$mvnlog" 2>&1 \
+    if timeout 900 mvn -q -B dependency:copy-dependencies -DoutputDirectory="$tmp" \
+        -f "$POM" >>"$mvnlog" 2>&1 \
         && [[ -f "$tmp/kafka_2.13-$KAFKA_VERSION.jar" ]]; then
       lib_stamp >"$tmp/.stamp"
       rm -rf -- "$LIB"
