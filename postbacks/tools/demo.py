@@ -60,6 +60,7 @@ from postbacks.tools.demo_report import (
 )
 from postbacks.tools.procs import Stack, free_port, http_json, wait_for
 from postbacks.tools.seed import seed_endpoints
+from postbacks.tools.services import with_script_addresses
 from replay_console.auth import create_token
 from topics.admin import create_topics
 
@@ -249,6 +250,7 @@ def run_demo(settings: Settings, o: DemoOptions) -> int:
     if o.start_services and script.exists():
         _say("starting Kafka and PostgreSQL (deploy/local/services.sh up)")
         subprocess.run(["bash", str(script), "up"], check=True)
+        settings = with_script_addresses(settings, script)  # (its ports may be moved)
     settings = demo_replication(settings)
     check_broker(settings)
     _say(f"migrations: {', '.join(migrate(settings.database_url)) or 'up to date'}")
