@@ -38,7 +38,11 @@ from typing import Any, cast
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
-from postbacks.avro_c import Node, plan
+try:
+    from postbacks.avro_c import Node, plan
+except ImportError as exc:  # a checkout whose extension was never built (or cleaned away)
+    raise ImportError("postbacks.avro_c, the Avro codec's C extension, is not built here: "
+                      "run `make install` (or `pip install -e .`) in the checkout") from exc
 from postbacks.errors import ConfigError, InvalidRecord, UndecodableRecord
 from schemas import avro_folder
 
