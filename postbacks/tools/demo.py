@@ -358,6 +358,8 @@ def run_demo(settings: Settings, o: DemoOptions) -> int:
                     break
             if stack.dead():
                 _say(f"a process stopped: {', '.join(stack.dead())} (see {log_dir})")
+                for name in stack.dead():  # what it said last: usually why
+                    print(f"--- the end of {name}'s log ---\n{stack.procs[name].tail(30)}")
                 rows = _report(settings, base, groups, keys)
                 break
             time.sleep(0.5)
