@@ -113,7 +113,8 @@ def save_endpoint(
     if problems:
         return problems
     before = _endpoint_json(current)
-    after = _endpoint_json(new)
+    after = _endpoint_json(new, changed={k for k, v in new.config.headers.items()
+                                         if current.config.headers.get(k) != v})
     if before == after and new.config == current.config:
         return []
     conn.execute(
@@ -144,9 +145,15 @@ def step_up(conn: psycopg.Connection[Any], p: Principal, endpoint_id: str, url: 
                           step_up=True)
 
 
-def _endpoint_json(e: Endpoint) -> dict[str, Any]:
-    """The endpoint as the audit log records it (header values masked)."""
-    return {"url": e.url, "config": masked_config(e.config.to_json()),
+def _endpoint_json(e: Endpoint, changed: set[str] | frozenset[str] = frozenset()
+                   ) -> dict[str, Any]:
+    """The endpoint as the audit log records it: header values masked, those in
+    ``changed`` marked so (a credential rotated shows in the audit's diff, not its value)."""
+    config = masked_config(e.config.to_json())
+    if changed and isinstance(config.get("headers"), dict):
+        config["headers"] = {k: v + (" (changed)" if k in changed else "")
+                             for k, v in config["headers"].items()}
+    return {"url": e.url, "config": config,
             "event_types": sorted(e.event_types), "enabled": e.enabled}
 
 
