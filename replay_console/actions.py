@@ -367,10 +367,13 @@ def replay_preview(conn: psycopg.Connection[Any], p: Principal, flt: DeliveryFil
     counts = dict(conn.execute(
         "SELECT CASE WHEN EXISTS (SELECT 1 FROM postback_suppressions s"
         "  WHERE s.delivery_id = x.delivery_id AND s.resolved_at IS NULL)"
-        f" THEN 'suppressed' WHEN x.status = ANY(%s) AND NOT {ENDPOINT_ON.format('x')}"
-        " THEN 'endpoint_off' ELSE x.status END, count(*) FROM (SELECT d.delivery_id,"
-        f" d.endpoint_id, d.status FROM deliveries d WHERE {where} LIMIT %s) x"
-        " GROUP BY 1", (list(REPLAYABLE), *args, cap + 1),
+        " THEN 'suppressed' WHEN x.status <> ALL(%s) THEN x.status"
+        " WHEN EXISTS (SELECT 1 FROM replay_items qi JOIN replay_jobs qj USING (job_id)"
+        f"  WHERE qi.delivery_id = x.delivery_id AND qj.topic_prefix = %s AND {IN_FLIGHT})"
+        f" THEN 'queued' WHEN NOT {ENDPOINT_ON.format('x')} THEN 'endpoint_off'"
+        " ELSE x.status END, count(*) FROM (SELECT d.delivery_id, d.endpoint_id, d.status"
+        f" FROM deliveries d WHERE {where} LIMIT %s) x GROUP BY 1",
+        (list(REPLAYABLE), settings.topic_prefix, *args, cap + 1),
     ).fetchall())
     replayable = sum(n for s, n in counts.items() if s in REPLAYABLE)
     return {"by_status": counts, "replayable": replayable, "replayable_statuses": REPLAYABLE,
