@@ -16,6 +16,7 @@ from collections.abc import Callable
 from confluent_kafka import KafkaException
 
 from postbacks.cli_args import finite, port, whole
+from postbacks.core.ssrf import deny_networks
 from postbacks.errors import ConfigError, InvalidRecord, ServiceUnavailable
 from postbacks.settings import Settings, load_settings
 from postbacks.settings_env import dev_keys_in_use, unknown_names
@@ -391,6 +392,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings()
+        deny_networks(settings.deny_networks)  # every target check in this process
         code = args.func(settings, args)
     except (ConfigError, ServiceUnavailable, InvalidRecord) as exc:
         print(f"postbacks {args.command}: error: {exc}", file=sys.stderr)

@@ -75,6 +75,7 @@ class Settings:
     idempotency_key: Secret = field(default_factory=lambda: Secret(_DEV_IDEMPOTENCY_KEY))
     secrets_key: Secret = field(default_factory=lambda: Secret(_DEV_SECRETS_KEY))
     allow_loopback_targets: bool = False
+    deny_networks: str = ""  # CIDRs refused as targets beside the built-in ranges
     http_timeout_s: float = 10.0
     # The agent's HTTP client: h1 (own), aiohttp or httpx (docs/decisions/0001-http-client.md).
     http_client: str = "h1"

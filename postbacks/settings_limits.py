@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
+from postbacks.core.ssrf import parse_networks
 from postbacks.errors import ConfigError
 
 __all__ = ["MAX_AHEAD_S", "MAX_BATCH_SIZE", "MAX_TOPIC_PREFIX", "Limited", "validate_limits"]
@@ -37,6 +38,8 @@ class Limited(Protocol):
     def stall_restart_s(self) -> float: ...
     @property
     def topic_prefix(self) -> str: ...
+    @property
+    def deny_networks(self) -> str: ...
 
 
 def validate_limits(s: Limited) -> None:
@@ -53,6 +56,10 @@ def validate_limits(s: Limited) -> None:
     if s.stall_restart_s < 1:
         raise ConfigError("POSTBACKS_STALL_RESTART_S must be at least 1 (seconds a Kafka call "
                           "may hang before the stage restarts in place)")
+    try:
+        parse_networks(s.deny_networks)
+    except ValueError as exc:
+        raise ConfigError(f"POSTBACKS_DENY_NETWORKS: {exc}") from None
     if len(s.topic_prefix) > MAX_TOPIC_PREFIX or not _TOPIC_CHARS.fullmatch(s.topic_prefix):
         raise ConfigError(f"POSTBACKS_TOPIC_PREFIX={s.topic_prefix[:40]!r}: Kafka topic names "
                           f"take letters, digits, '.', '_' and '-' only (at most "

@@ -29,8 +29,10 @@ __all__ = [
     "REDIRECT_STATUSES",
     "IPAddress",
     "blocked_reason",
+    "deny_networks",
     "host_blocked_reason",
     "parse_host_literal",
+    "parse_networks",
     "redirect_method",
     "redirect_refused_reason",
     "url_blocked_reason",
@@ -99,12 +101,37 @@ def _listed(ip: IPAddress) -> str | None:
     return next((why for net, why in _DENIED_V6 if ip in net), None)
 
 
+_DENIED_BY_OPERATOR: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+
+
+def parse_networks(cidrs: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """Comma-separated addresses or CIDRs; ValueError names the one that is neither."""
+    out = []
+    for part in filter(None, (p.strip() for p in cidrs.split(","))):
+        try:
+            out.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise ValueError(f"{part!r} is not an IP address or CIDR") from None
+    return tuple(out)
+
+
+def deny_networks(cidrs: str) -> None:
+    """Refuse targets in these networks too (``POSTBACKS_DENY_NETWORKS``, set for the
+    process by its command line): a cloud's platform addresses that are public (Azure's
+    168.63.129.16), the deployment's own services on public addresses, anything that
+    trusts the agent's address. Refused before the loopback allowance."""
+    global _DENIED_BY_OPERATOR
+    _DENIED_BY_OPERATOR = parse_networks(cidrs)
+
+
 def blocked_reason(address: str, *, allow_loopback: bool = False) -> str | None:
     """None if ``address`` (a canonical IP literal) may be connected to, else why not."""
     try:
         ip: IPAddress = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return f"not an IP address: {address!r}"
+    if _DENIED_BY_OPERATOR and any(ip in net for net in _DENIED_BY_OPERATOR):
+        return "address denied by POSTBACKS_DENY_NETWORKS"
     if isinstance(ip, ipaddress.IPv6Address):
         inner = _embedded_v4(ip)
         if inner is not None:
