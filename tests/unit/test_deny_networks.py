@@ -38,5 +38,5 @@ def test_nothing_is_denied_beyond_the_built_in_ranges_by_default() -> None:
 
 @pytest.mark.parametrize("bad", ["10.0.0.0/33", "example.com", "1.2.3.4, nope"])
 def test_a_bad_network_is_refused_at_start_naming_it(bad: str) -> None:
-    with pytest.raises(ConfigError, match="POSTBACKS_DENY_NETWORKS: '.*' is not an IP"):
+    with pytest.raises(ConfigError, match=r"POSTBACKS_DENY_NETWORKS: '.*' is not an IP"):
         load_settings({"POSTBACKS_DENY_NETWORKS": bad})
