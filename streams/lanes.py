@@ -104,8 +104,11 @@ class Lanes:
         try:
             lane = self._admit(msg, slot, d, out, now_ms)
         except Exception as exc:  # a bug must not stall the partition: dead-letter it
-            if slot.outputs is None:
+            if slot.outputs is None:  # (queueing is _admit's last step: not queued yet)
                 slot.finish(self._failed(msg, d, exc))
+            else:
+                log.exception("agent: unexpected error after %s was finished",
+                              d["delivery_id"])
             return
         if lane is not None:
             self.pump(lane)
@@ -257,8 +260,11 @@ class Lanes:
             # strict: the oldest goes to quarantine and the rest wait behind it there
             work = lane.pop()
             head: list[Item] = []
-            due = self._divert(head, work.delivery, decision.reason, decision.due_at_ms, now_ms,
-                               work.msg)
+            try:
+                due = self._divert(head, work.delivery, decision.reason, decision.due_at_ms,
+                                   now_ms, work.msg)
+            except Exception as exc:  # dead-lettered: resolved, the next one may go
+                head, due = self._failed(work.msg, work.delivery, exc), None
             work.slot.finish(head)  # before the ones parked behind it
             if due is None:  # ended at the ceiling: resolved, the next one may go
                 self.strict.after(lane, work, head)

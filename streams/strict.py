@@ -175,13 +175,21 @@ class StrictOrder:
         assert st.topic is not None and st.head is not None
         out: list[Item] = []
         now = self.now_ms()
-        already = (d["last_error"] or "").startswith(MARK)
-        parked = DeliveryRecord(**{**d, "due_at": st.due_at, "enqueued_at": st.enqueued or now,
-                                   "last_error": f"{MARK} behind {st.head}"})
-        out.append((st.topic, eid.encode(), self._dlv.encode(parked)))
-        if not already:
-            self.deliverer.outcome(out, d, "quarantined", now,
-                                   f"strict_order: waiting behind {st.head}")
+        try:
+            already = (d["last_error"] or "").startswith(MARK)
+            parked = DeliveryRecord(**{**d, "due_at": st.due_at,
+                                       "enqueued_at": st.enqueued or now,
+                                       "last_error": f"{MARK} behind {st.head}"})
+            out.append((st.topic, eid.encode(), self._dlv.encode(parked)))
+            if not already:
+                self.deliverer.outcome(out, d, "quarantined", now,
+                                       f"strict_order: waiting behind {st.head}")
+        except Exception as exc:  # one odd record must not strand the ones behind it
+            log.exception("ordering: could not park %s", d["delivery_id"])
+            out = []
+            self.deliverer.dead_letter(out, work.msg, exc, "internal_error", now, d)
+            work.slot.finish(out)  # (dead-lettered: nothing of it is out to wait for)
+            return
         st.tail = d["delivery_id"]
         self.dirty.add(eid)
         work.slot.finish(out)

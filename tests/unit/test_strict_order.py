@@ -12,25 +12,11 @@ from streams.delivery import Deliverer
 from streams.lane import Lane, Work
 from streams.offsets import Item, Tracker
 from streams.strict import MARK, OrderState, StrictOrder
-from tests.unit.factories import make_delivery
+from tests.unit.factories import FakeMessage, make_delivery
 
 EP = "ep_strict"
 RETRY = "retry.5s.v1"
 DLV = codec_for("Delivery")
-
-
-class Msg:
-    def __init__(self, offset: int) -> None:
-        self._offset = offset
-
-    def topic(self) -> str:
-        return "dispatch.v1"
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
 
 
 class Rig:
@@ -45,7 +31,8 @@ class Rig:
     def arrive(self, did: str, **over: Any) -> Work:
         self.offset += 1
         d = make_delivery(delivery_id=did, endpoint_id=EP, **over)
-        work = Work(Msg(self.offset), d, self.tracker.track("dispatch.v1", 0, self.offset))  # type: ignore[arg-type]
+        msg = FakeMessage(DLV.encode(d), offset=self.offset, key=EP.encode())
+        work = Work(msg, d, self.tracker.track("dispatch.v1", 0, self.offset))  # type: ignore[arg-type]
         self.strict.submit(self.lane, work)
         return work
 
@@ -185,3 +172,27 @@ def test_tracker_hands_outputs_over_in_finishing_order() -> None:
     items, commits = t.drain()
     assert [v for _, _, v in items] == [b"second-offset", b"first-offset"]
     assert commits[("p", 0)][0] == 3
+
+
+def test_a_follower_that_cannot_be_parked_is_dead_lettered_and_the_rest_go_on(
+        monkeypatch: Any) -> None:
+    rig = Rig()
+    rig.arrive("d1")
+    rig.send_next(forward_to=RETRY, due=2_000_000)  # d1 waits in a tier: the head
+    outcome = rig.strict.deliverer.outcome
+
+    def odd(out: Any, d: Any, *args: Any) -> None:
+        if d["delivery_id"] == "d3":
+            raise ValueError("a bug while parking")
+        outcome(out, d, *args)
+
+    monkeypatch.setattr(rig.strict.deliverer, "outcome", odd)
+    for did in ("d2", "d3", "d4"):
+        rig.arrive(did)
+    items, commits = rig.tracker.drain()
+    assert commits[("dispatch.v1", 0)][0] == 5  # every slot finished: nothing stalls
+    dead = [codec_for("DeadLetter").decode(v) for t, _k, v in items if t == "dlq.v1"]
+    assert [(d["delivery_id"], d["reason"]) for d in dead] == [("d3", "internal_error")]
+    parked = [DLV.decode(v)["delivery_id"] for t, _k, v in items if t == RETRY]
+    assert parked == ["d1", "d2", "d4"]
+    assert rig.strict.states[EP].tail == "d4"
