@@ -183,7 +183,7 @@ class Deliverer:
             self.dead_letter(out, raw, exc, "render_failed", now_ms, d)
             self.outcome(out, d, "suppressed", now_ms, f"render_failed: {exc}")
             return Attempted(unhealthy=False)
-        redact = Redaction.of(ep.config.redact_fields, ep.config.headers).echoing(req)
+        redact = Redaction.of(ep.config.redact_fields, ep.config.headers)
         ids: dict[str, object] = dict(attempt_id=new_id("att", now_ms),
                                       agent_instance=self.instance)
         waited = 0.0
@@ -197,6 +197,8 @@ class Deliverer:
         done = self.clock()
         now_ms = int(done * 1000)
         platform_ms = max(0.0, (done - picked) * 1000 - result.wire_ms)
+        if redact.fields and (result.body or result.excerpt):  # (most answers are empty)
+            redact = redact.echoing(req)  # the masked fields' values, where echoed
         verdict: Verdict | ValidationFailed = classify(result.http)
         if result.blocked is not None:
             verdict = Permanent(result.http.error_class or "blocked_address")

@@ -9,6 +9,7 @@ masked by :mod:`postbacks.core.outcomes`.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,17 +28,21 @@ ECHO_MIN = 6  # a custom header value this long or longer is masked where it is 
 @dataclass(frozen=True, slots=True)
 class Redaction:
     """What the stored copy of a request masks: ``fields`` (names in a JSON or form body
-    and in the query) and the values of ``headers`` (lower-case names); ``secrets``: those
-    values (6 characters or more), masked too where a receiver echoes one in its
-    response (:meth:`scrub`)."""
+    and in the query) and the values of ``headers`` (lower-case names). Where a receiver
+    echoes one in its response (:meth:`scrub`), ``secrets`` (the header values, 6
+    characters or more) are masked wherever they appear, and ``words`` (the values the
+    fields had in the request, from :meth:`echoing`) where they stand as a word of their
+    own: an address field's "Cupertino" is not masked inside "Cupertinos", nor a
+    ``123456`` inside a longer number."""
 
     fields: tuple[str, ...] = ()
     headers: frozenset[str] = frozenset()
     secrets: tuple[bytes, ...] = ()
+    words: tuple[bytes, ...] = ()
 
     @classmethod
     def of(cls, fields: Iterable[str], headers: Mapping[str, str]) -> Redaction:
-        secrets = _echoes(headers.values())
+        secrets = _echoes(headers.values(), credentials=True)
         return cls(tuple(fields), frozenset(h.lower() for h in headers), secrets)
 
     def echoing(self, req: RenderedRequest) -> Redaction:
@@ -48,22 +53,24 @@ class Redaction:
         values = _field_values(req, frozenset(self.fields))
         if not values:
             return self
-        return Redaction(self.fields, self.headers,
-                         _echoes([v.decode() for v in self.secrets], values))
+        return Redaction(self.fields, self.headers, self.secrets, _echoes(values))
 
     def scrub_text(self, text: str) -> str:
         """``text`` (a reason built from a response: a validator's) with every secret in it
         masked."""
-        if not text or not self.secrets:
+        if not text or not (self.secrets or self.words):
             return text
         return (self.scrub(text.encode()) or b"").decode("utf-8", "replace")
 
     def scrub(self, body: bytes | None) -> bytes | None:
         """``body`` (a response excerpt) with every secret value in it masked."""
-        if not body or not self.secrets:
+        if not body or not (self.secrets or self.words):
             return body
         for value in self.secrets:
             body = body.replace(value, MASK.encode())
+        for word in self.words:
+            body = re.sub(rb"(?<![A-Za-z0-9])" + re.escape(word) + rb"(?![A-Za-z0-9])",
+                          MASK.encode(), body)
         return body
 
     def excerpt(self, body: bytes | None, limit: int) -> bytes | None:
@@ -71,7 +78,7 @@ class Redaction:
         straddling the cut used to keep its first part)."""
         if body is None:
             return None
-        longest = max((len(v) for v in self.secrets), default=0)
+        longest = max((len(v) for v in (*self.secrets, *self.words)), default=0)
         scrubbed = self.scrub(body[:limit + longest])
         return None if scrubbed is None else scrubbed[:limit]
 
@@ -79,18 +86,21 @@ class Redaction:
 NO_REDACTION = Redaction()
 
 
-def _echoes(*groups: Iterable[str]) -> tuple[bytes, ...]:
-    """The values (6 characters or more) as a response may echo them: as sent, the
-    credential alone of ``Bearer <token>``, and each with ``/`` escaped as JSON encoders
-    such as PHP's write it; longest first."""
+_CREDENTIAL = re.compile(r"(?i)(?:bearer|basic|token|apikey|api-key|digest)\s+(\S+)")
+
+
+def _echoes(values: Iterable[str], *, credentials: bool = False) -> tuple[bytes, ...]:
+    """The values (6 characters or more) as a response may echo them: as sent, with
+    ``credentials`` the credential alone of ``Bearer <token>`` (Basic, Token, ...), and
+    each with ``/`` escaped as JSON encoders such as PHP's write it; longest first."""
     found: set[bytes] = set()
-    for group in groups:
-        for value in group:
-            for v in {value, value.rsplit(" ", 1)[-1]}:
-                if len(v) >= ECHO_MIN:
-                    found.add(v.encode())
-                    if "/" in v:
-                        found.add(v.replace("/", "\\/").encode())
+    for value in values:
+        alone = _CREDENTIAL.fullmatch(value.strip()) if credentials else None
+        for v in {value, alone.group(1) if alone else value}:
+            if len(v) >= ECHO_MIN:
+                found.add(v.encode())
+                if "/" in v:
+                    found.add(v.replace("/", "\\/").encode())
     return tuple(sorted(found, key=len, reverse=True))
 
 

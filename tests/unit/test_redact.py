@@ -106,3 +106,19 @@ def test_echoed_field_values_and_a_bearer_credential_are_masked_in_the_excerpt()
         "content-type": "application/x-www-form-urlencoded"}, b"email=bob%40example.org&x=1")
     assert Redaction.of(("email",), {}).echoing(form).scrub_text(
         "rejected bob@example.org") == "rejected [redacted]"
+
+
+def test_echo_masking_does_not_eat_unrelated_bytes() -> None:
+    """A field's value is masked where it stands as a word of its own, and only a known
+    auth scheme's credential is masked apart from its header's whole value."""
+    from postbacks.core.redact import Redaction
+
+    req = _req("https://p.example/cb?zip=123456&city=Cupertino", b"", "application/json")
+    r = Redaction.of(("zip", "city"), {"X-Org": "Acme Holdings",
+                                       "Authorization": "Basic dXNlcjpwYXNz"}).echoing(req)
+    shown = r.scrub(b'{"zip":"123456","ts":1700000123456,"id":"A-1234567",'
+                    b'"city":"Cupertino","cities":"Cupertinos","org":"Holdings",'
+                    b'"auth":"dXNlcjpwYXNz"}')
+    assert shown == (b'{"zip":"[redacted]","ts":1700000123456,"id":"A-1234567",'
+                     b'"city":"[redacted]","cities":"Cupertinos","org":"Holdings",'
+                     b'"auth":"[redacted]"}')
