@@ -66,6 +66,7 @@ from postbacks.transport.h1_conn import (
 __all__ = [
     "BODY_LIMIT",
     "DISCARD_LIMIT",
+    "EARLY_REFUSALS",
     "USER_AGENT",
     "ConnectError",
     "H1Pool",
@@ -79,6 +80,11 @@ __all__ = [
 ]
 
 TLS_SHUTDOWN_S = 2.0  # how long a closed TLS connection waits for the receiver's close
+# Answers a receiver gives from a request's head, often before reading its body: after one
+# to a request with a body, the connection is not reused. (Other statuses keep it: a
+# receiver answering 404 or 500 has usually read the request, and a new connection per
+# failed delivery would load a receiver already in trouble.)
+EARLY_REFUSALS = frozenset({400, 401, 403, 405, 408, 411, 413, 414, 415, 417, 429, 431})
 _KEEP_ALIVE_TIMEOUT = re.compile(r"(?:^|[,;\s])timeout\s*=\s*(\d{1,6})(?![\d.])", re.I)
 
 
@@ -190,10 +196,10 @@ class H1Pool:
                 self._release(conn)
                 raise
             conn.idle_limit_s = idle_limit_s(resp.headers.get("keep-alive"))
-            if with_body and resp.status >= 400:
-                # A receiver refusing a request often answers without reading its body (a
-                # 401 from its auth layer): the unread body would then be parsed as the
-                # next request on the connection, and that request answered as garbage.
+            if (with_body and resp.status in EARLY_REFUSALS) or conn.idle_limit_s <= 0:
+                # A receiver refusing a request from its head alone often answers without
+                # reading the body (a 401 from its auth layer): the unread body would then
+                # be parsed as the next request on the connection, answered as garbage.
                 conn.retire()
             self._release(conn)
             return resp
@@ -318,7 +324,8 @@ class H1Pool:
             if slot.idle:
                 keep: list[_Conn] = []
                 for conn in slot.idle:
-                    if conn.usable and conn.idle_since > deadline:
+                    if conn.usable and conn.idle_since > max(
+                            deadline, self.loop.time() - conn.idle_limit_s):
                         keep.append(conn)
                     else:
                         conn.shut()

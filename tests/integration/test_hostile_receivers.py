@@ -508,6 +508,33 @@ def test_an_error_answered_without_reading_the_body_does_not_garble_the_next_req
     run(main)
 
 
+@pytest.mark.parametrize(("answer", "connections"), [
+    (b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n", 1),  # read it all: kept
+    (b"HTTP/1.1 404 No\r\nContent-Length: 0\r\n\r\n", 1),
+    (b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=0\r\nContent-Length: 0\r\n\r\n", 2),
+])
+def test_which_answers_keep_the_connection(answer: bytes, connections: int) -> None:
+    """A receiver that read the request and failed it keeps its connection (a new one per
+    failed delivery would load a receiver already in trouble); one that keeps none idle
+    (timeout=0) gets a new one for every request."""
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: Raw) -> None:
+        while True:
+            try:
+                await read_request(reader, raw)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            writer.write(answer)
+            await writer.drain()
+
+    async def main() -> None:
+        async with raw_server(script) as raw, H1Pool() as pool:
+            for _ in range(2):
+                await asyncio.wait_for(post(pool, raw.key(), "/"), WAIT_S)
+            assert raw.connections == connections
+
+    run(main)
+
+
 def test_a_connection_idle_near_the_receivers_keep_alive_timeout_is_not_reused() -> None:
     """The receiver says ``Keep-Alive: timeout=1`` and closes an idle connection on its
     timer -- here, as the next request arrives half a second or more later, the race a
