@@ -127,8 +127,8 @@ apt_install() {
   command -v apt-get >/dev/null || die "apt-get not found; install $* manually"
   local aptlog="$LOGS/apt.log" attempt
   # A mirror's hiccup is retried (3 attempts, the index refreshed before each retry), and
-  # no attempt runs unbounded: 30 s per stalled connection, 15 minutes per command.
-  local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive timeout 900 apt-get
+  # no attempt runs unbounded: 30 s per stalled connection, 10 minutes per command.
+  local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive timeout 600 apt-get
              -o Acquire::Retries=3 -o Acquire::http::Timeout=30)
   for attempt in 1 2 3; do
     if (( APT_UPDATED == 0 )); then
@@ -141,6 +141,7 @@ apt_install() {
     fi
     (( attempt < 3 )) || break
     warn "apt-get failed, retrying in $((attempt * 10))s"
+    "${sudo[@]}" dpkg --configure -a >>"$aptlog" 2>&1 || true  # one cut off mid-way
     sleep $((attempt * 10))
     APT_UPDATED=0
   done
@@ -198,7 +199,7 @@ ensure_kafka_lib() {
   for attempt in 1 2 3; do
     rm -rf -- "$tmp"
     log "kafka jars: mvn dependency:copy-dependencies (attempt $attempt/3, log $mvnlog)"
-    if timeout 900 mvn -q -B dependency:copy-dependencies -DoutputDirectory="$tmp" \
+    if timeout 600 mvn -q -B dependency:copy-dependencies -DoutputDirectory="$tmp" \
         -f "$POM" >>"$mvnlog" 2>&1 \
         && [[ -f "$tmp/kafka_2.13-$KAFKA_VERSION.jar" ]]; then
       lib_stamp >"$tmp/.stamp"
