@@ -8,6 +8,7 @@ belongs used to fail with a ``TypeError`` from deep inside a check, or a
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +16,8 @@ __all__ = ["type_problems"]
 
 _LONG = (-(2**63), 2**63)
 _INT = (-(2**31), 2**31)
-_NAMES = {"string": "a string", "long": "a whole number", "int": "a whole number",
+_NAMES = {"string": "a string", "long": "a whole number within 64 bits",
+          "int": "a whole number within 32 bits",
           "boolean": "true or false", "double": "a number", "float": "a number",
           "bytes": "bytes"}
 
@@ -29,18 +31,20 @@ def _fits(value: Any, avro: Any) -> bool:
                 isinstance(k, str) and _fits(v, avro["values"]) for k, v in value.items())
         if avro.get("type") == "array":
             return isinstance(value, list) and all(_fits(v, avro["items"]) for v in value)
-        return isinstance(value, Mapping)  # (a record or an enum: the encoder's to judge)
+        return True  # (a record, an enum or a fixed: the encoder's to judge)
     if avro == "null":
         return value is None
-    if avro in ("long", "int"):
+    if avro in ("long", "int"):  # (any integer type: a numpy integer too, not a bool)
         low, high = _LONG if avro == "long" else _INT
-        return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+            return False
+        return low <= operator.index(value) < high
     if avro == "string":
         return isinstance(value, str)
     if avro == "boolean":
         return isinstance(value, bool)
     if avro in ("double", "float"):
-        return isinstance(value, int | float) and not isinstance(value, bool)
+        return not isinstance(value, bool | str | bytes) and hasattr(type(value), "__float__")
     if avro == "bytes":
         return isinstance(value, bytes)
     return True  # a named type: the encoder's to judge
@@ -63,8 +67,7 @@ def _held(value: Any, avro: Any) -> str:
         shown = ", ".join(f"{k!r}: {type(value[k]).__name__}" for k in odd[:3])
         return f"{len(odd)} entr{'y' if len(odd) == 1 else 'ies'} that are not ({shown}" \
                f"{' ...' if len(odd) > 3 else ''})"
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+    return type(value).__name__  # (no value: refusals of one kind count as one)
 
 
 def type_problems(record: Mapping[str, Any], fields: list[dict[str, Any]],
