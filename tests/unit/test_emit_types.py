@@ -47,8 +47,8 @@ NOW = int(time.time() * 1000)
      "source_snapshot must be a map of string values, not 1 entry that are not ('amount'"),
     ({"source_snapshot": {"n": 12.5}}, "source_snapshot must be a map of string values"),
     ({"occurred_at": None}, "occurred_at is missing (a whole number within 64 bits)"),
-    ({"payout_usd_micros": 1.5e6}, "payout_usd_micros must be a whole number within 64 bits (or null), not "
-                                   "float"),
+    ({"payout_usd_micros": 1.5e6},
+     "payout_usd_micros must be a whole number within 64 bits (or null), not float"),
     ({"payout_usd_micros": "1500000"}, "payout_usd_micros must be a whole number"),
     ({"payout_usd_micros": True}, "payout_usd_micros must be a whole number"),
     ({"payout_usd_micros": 2**63}, "payout_usd_micros must be a whole number"),
