@@ -102,40 +102,9 @@ def test_a_bug_before_the_lane_dead_letters_the_record_and_the_agent_goes_on(
         "internal_error", "KeyError", "dlv_7")
 
 
-def test_a_bug_in_a_divert_dead_letters_that_record_only(monkeypatch: Any) -> None:
-    ep = Endpoint("ep_1", "app_1", "https://x.example/", frozenset({"*"}),
-                  secrets=(SigningSecret("s1", b"k" * 32, 0),))
-    lanes = _lanes(ep)
-    lanes.adopt("ep_1", BreakerState("open", 20, NOW, changed_ms=NOW))
-    quarantine = lanes.deliverer.quarantine
-
-    def odd(out: Any, d: Any, *args: Any) -> None:
-        if d["delivery_id"] == "dlv_odd":
-            raise ValueError("a bug in the divert")
-        quarantine(out, d, *args)
-
-    monkeypatch.setattr(lanes.deliverer, "quarantine", odd)
-    tracker = Tracker()
-    for offset, name in enumerate(("dlv_odd", "dlv_ok")):
-        d = make_delivery(delivery_id=name, endpoint_id="ep_1", created_at=NOW - 1000)
-        lanes.submit(FakeMessage(_DLV.encode(d)), tracker.track("dispatch.v1", 0, offset))  # type: ignore[arg-type]
-    items, commits = tracker.drain()
-    assert commits[("dispatch.v1", 0)][0] == 2
-    topics = [t for t, _k, _v in items]
-    assert topics[:2] == ["dlq.v1", "outcomes.v1"] and topics[2].startswith("retry."), topics
-    assert codec_for("DeadLetter").decode(items[0][2])["delivery_id"] == "dlv_odd"
-
-
-def test_a_bug_in_a_strict_endpoints_divert_dead_letters_it_and_its_followers_go_on(
-        monkeypatch: Any) -> None:
-    from postbacks.core.endpoint import EndpointConfig
-    from streams.strict import StrictOrder
-
-    ep = Endpoint("ep_1", "app_1", "https://x.example/", frozenset({"*"}),
-                  config=EndpointConfig.from_json({"ordering": "strict"}),
-                  secrets=(SigningSecret("s1", b"k" * 32, 0),))
-    lanes = _lanes(ep)
-    lanes.strict = StrictOrder(lanes.deliverer, lambda: NOW)
+def _divert_odd_then_ok(lanes: Lanes, monkeypatch: Any) -> list[Any]:
+    """Behind an open breaker, two deliveries diverted, the first failing in the divert:
+    the outputs of both, once every slot is finished (asserted)."""
     lanes.adopt("ep_1", BreakerState("open", 20, NOW, changed_ms=NOW))
     quarantine = lanes.deliverer.quarantine
 
@@ -151,6 +120,29 @@ def test_a_bug_in_a_strict_endpoints_divert_dead_letters_it_and_its_followers_go
         lanes.submit(FakeMessage(_DLV.encode(d)), tracker.track("dispatch.v1", 0, offset))  # type: ignore[arg-type]
     items, commits = tracker.drain()
     assert commits[("dispatch.v1", 0)][0] == 2  # both finished: nothing stalls
+    return items
+
+
+def test_a_bug_in_a_divert_dead_letters_that_record_only(monkeypatch: Any) -> None:
+    ep = Endpoint("ep_1", "app_1", "https://x.example/", frozenset({"*"}),
+                  secrets=(SigningSecret("s1", b"k" * 32, 0),))
+    items = _divert_odd_then_ok(_lanes(ep), monkeypatch)
+    topics = [t for t, _k, _v in items]
+    assert topics[:2] == ["dlq.v1", "outcomes.v1"] and topics[2].startswith("retry."), topics
+    assert codec_for("DeadLetter").decode(items[0][2])["delivery_id"] == "dlv_odd"
+
+
+def test_a_bug_in_a_strict_endpoints_divert_dead_letters_it_and_its_followers_go_on(
+        monkeypatch: Any) -> None:
+    from postbacks.core.endpoint import EndpointConfig
+    from streams.strict import StrictOrder
+
+    ep = Endpoint("ep_1", "app_1", "https://x.example/", frozenset({"*"}),
+                  config=EndpointConfig.from_json({"ordering": "strict"}),
+                  secrets=(SigningSecret("s1", b"k" * 32, 0),))
+    lanes = _lanes(ep)
+    lanes.strict = StrictOrder(lanes.deliverer, lambda: NOW)
+    items = _divert_odd_then_ok(lanes, monkeypatch)
     topics = [t for t, _k, _v in items]
     assert topics[:2] == ["dlq.v1", "outcomes.v1"], topics
     diverted = [_DLV.decode(v)["delivery_id"] for t, _k, v in items
