@@ -244,14 +244,18 @@ def test_bulk_replay_needs_the_previewed_count(settings: Settings, namespace: st
                       {"app": app, "limit": "2"}):
             r = sup.post("/api/v1/replays", body={"filter": paged, "confirm": 5})
             assert r.status == 400 and "select nothing" in r.text, (paged, r.text)
-        r = sup.post("/api/v1/replays", body={"filter": {"app": app}, "confirm": 5})
-        assert r.status == 202, r.text
-        assert r.json()["total"] == 5 and r.json()["skipped"] == {"held": 1}
         # the page flow: preview page -> confirm form carries the count
         page = Client(port)
         page.sign_in(token(settings, f"sup2-{ns}", "support"))
         html = page.get(f"/replays/preview?app={app}").text
         assert 'name="confirm" value="5"' in html
+        r = sup.post("/api/v1/replays", body={"filter": {"app": app}, "confirm": 5})
+        assert r.status == 202, r.text
+        assert r.json()["total"] == 5 and r.json()["skipped"] == {"held": 1}
+        # queued now: the preview counts them as the replay would skip them
+        pv = sup.get(f"/api/v1/replays/preview?app={app}").json()
+        assert pv["by_status"] == {"queued": 5, "held": 1} and pv["replayable"] == 0, pv
+        assert "Nothing replayable matches" in page.get(f"/replays/preview?app={app}").text
     assert _drain(settings) == 5
     keys = {decode("Delivery", m)["delivery_id"] for m in read_topic(settings, RETRY_5S, 5)}
     assert keys == {f"dlv_{ns}_{100 + i}" for i in range(5)}
