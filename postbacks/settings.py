@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from postbacks.core.event_types import EVENT_TYPES
+from postbacks.core.ssrf import parse_networks
 from postbacks.errors import ConfigError
 from postbacks.settings_limits import validate_limits
 
@@ -323,12 +324,10 @@ def _validate(s: Settings) -> None:
         raise ConfigError("POSTBACKS_GATE_PARTIALS_INTERVAL_S must be >= 0")
     if s.console_replay_per_app_hour < 0:
         raise ConfigError("POSTBACKS_CONSOLE_REPLAY_PER_APP_HOUR must be >= 0 (0 = no limit)")
-    for part in filter(None, (p.strip() for p in s.console_trusted_proxies.split(","))):
-        try:
-            ipaddress.ip_network(part, strict=False)
-        except ValueError:
-            raise ConfigError(f"POSTBACKS_CONSOLE_TRUSTED_PROXIES: {part!r} is not an IP "
-                              "address or CIDR") from None
+    try:
+        parse_networks(s.console_trusted_proxies)
+    except ValueError as exc:
+        raise ConfigError(f"POSTBACKS_CONSOLE_TRUSTED_PROXIES: {exc}") from None
     parse_event_type_limits(s.retry_max_attempts_by_event_type)
     _validate_database_url(s.database_url)
 

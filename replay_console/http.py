@@ -22,6 +22,7 @@ import jinja2
 from aiohttp import web
 
 from postbacks.cli_output import usd
+from postbacks.core.ssrf import parse_networks
 from postbacks.metrics import CONSOLE_ACTIONS
 from postbacks.settings import Settings
 from replay_console.auth import Principal, csrf_for, lookup_session, lookup_token, may
@@ -120,10 +121,7 @@ class Console:
         self.test_sends = ActionLimit(  # this instance's own counts
             "test-send", per_target=settings.console_test_sends_per_endpoint,
             per_actor=settings.console_test_sends_per_user)
-        self.trusted_proxies = tuple(
-            ipaddress.ip_network(part, strict=False)
-            for part in (x.strip() for x in settings.console_trusted_proxies.split(","))
-            if part)
+        self.trusted_proxies = parse_networks(settings.console_trusted_proxies)
 
     # transport ----------------------------------------------------------------------
 
