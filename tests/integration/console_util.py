@@ -9,7 +9,7 @@ import http.client
 import json
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from postbacks.db.connect import connect
+from postbacks.db.endpoints import upsert_endpoint
 from postbacks.settings import Settings
 from postbacks.tools.procs import free_port
 from replay_console.auth import create_token
@@ -133,3 +134,19 @@ def insert_dead_letter(settings: Settings, ns: str, endpoint_id: str) -> None:
                      " 'DeadLetterError', 'http_404', 'agent', 'dispatch.v1', 0, 7, %s, %s,"
                      " now())", (f"dl_{ns}", f"dlv_{ns}_5", endpoint_id))
         conn.commit()
+
+
+def endpoint_with_deliveries(settings: Settings, ns: str, name: str,
+                             by_status: Mapping[str, Iterable[int]]) -> tuple[str, str]:
+    """Endpoint ``ep_{ns}_{name}`` of app ``app_{ns}_{name}``, with deliveries
+    ``dlv_{ns}_{n}`` in each status as the sink records them; (endpoint, app)."""
+    from tests.integration.anomaly_helpers import held_delivery, insert_deliveries
+
+    ep, app = f"ep_{ns}_{name}", f"app_{ns}_{name}"
+    with connect(settings.database_url) as conn:
+        upsert_endpoint(conn, endpoint_id=ep, app_id=app, url=f"https://pub.example/{name}")
+        conn.commit()
+    for status, numbers in by_status.items():
+        insert_deliveries(settings, [held_delivery(ns, n, endpoint=ep, app=app) for n in numbers],
+                          status=status)
+    return ep, app

@@ -20,7 +20,13 @@ from tests.integration.anomaly_helpers import (
     run_cli,
     topic_size,
 )
-from tests.integration.console_util import Client, console_server, insert_dead_letter, token
+from tests.integration.console_util import (
+    Client,
+    console_server,
+    endpoint_with_deliveries,
+    insert_dead_letter,
+    token,
+)
 from tests.kafka_util import decode, read_topic
 from topics import TOPICS
 
@@ -220,13 +226,8 @@ def test_bulk_replay_needs_the_previewed_count(settings: Settings, namespace: st
     from dataclasses import replace
 
     ns = namespace
-    ep, app = f"ep_{ns}_bulk", f"app_{ns}_bulk"
-    with connect(settings.database_url) as conn:
-        upsert_endpoint(conn, endpoint_id=ep, app_id=app, url="https://pub.example/b")
-        conn.commit()
-    insert_deliveries(settings, [held_delivery(ns, 100 + i, endpoint=ep, app=app)
-                                 for i in range(5)], status="dead_lettered")
-    insert_deliveries(settings, [held_delivery(ns, 200, endpoint=ep, app=app)], status="held")
+    _ep, app = endpoint_with_deliveries(settings, ns, "bulk", {"dead_lettered": range(100, 105),
+                                                               "held": [200]})
     small = replace(settings, console_bulk_confirm_above=2)
     with console_server(small) as port:
         sup = Client(port, bearer=token(settings, f"sup-{ns}", "support"))

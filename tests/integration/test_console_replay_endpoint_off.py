@@ -8,19 +8,18 @@ from __future__ import annotations
 from postbacks.db.connect import connect
 from postbacks.db.endpoints import upsert_endpoint
 from postbacks.settings import Settings
-from tests.integration.anomaly_helpers import held_delivery, insert_deliveries
-from tests.integration.console_util import Client, console_server, token
+from tests.integration.console_util import (
+    Client,
+    console_server,
+    endpoint_with_deliveries,
+    token,
+)
 
 
 def test_a_replay_to_an_endpoint_that_is_off_is_refused(settings: Settings,
                                                          namespace: str) -> None:
     ns = namespace
-    ep, app = f"ep_{ns}_off", f"app_{ns}_off"
-    with connect(settings.database_url) as conn:
-        upsert_endpoint(conn, endpoint_id=ep, app_id=app, url="https://pub.example/off")
-        conn.commit()
-    insert_deliveries(settings, [held_delivery(ns, 300 + i, endpoint=ep, app=app)
-                                 for i in range(3)], status="delivered")
+    ep, app = endpoint_with_deliveries(settings, ns, "off", {"delivered": range(300, 303)})
     one = f"dlv_{ns}_300"
     with console_server(settings) as port:
         sup = Client(port, bearer=token(settings, f"sup-off-{ns}", "support"))
