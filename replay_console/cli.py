@@ -53,17 +53,28 @@ def parse_duration(text: str) -> float | None:
 
 
 def _by(args: argparse.Namespace, what: str) -> str:
-    """The audit actor of a token command: ``cli`` without ``--by``, else ``cli:<by>``
-    (so never taken for a console token's name), after the check every actor gets."""
+    """The audit actor of a token command: ``cli:<by>`` (so never taken for a console
+    token's name), after the check every actor gets. Without ``--by`` it is the login
+    name of the account running the command, and ``cli`` only when there is none."""
     from replay_console.auth import CLI_PREFIX, name_problem
 
     by: str | None = args.by
     if by is None:
-        return "cli"
+        login = _login_name()
+        return "cli" if login is None or name_problem(login, "") else CLI_PREFIX + login
     problem = name_problem(by, f"--by (who {what} it)")
     if problem:
         raise ValueError(problem)
     return CLI_PREFIX + by.strip()
+
+
+def _login_name() -> str | None:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no LOGNAME/USER and no passwd entry
+        return None
 
 
 def _token(settings: Settings, args: argparse.Namespace) -> int:
@@ -170,7 +181,7 @@ def add_parser(subparsers: Any) -> None:
                     "(read its apps' deliveries; needs --app)")
     sp.add_argument("--app", dest="apps", action="append", metavar="APP_ID",
                     help="a publisher's app (repeat); required for publishers")
-    sp.add_argument("--by", help="who issues it (audited as cli:<by>; without it, cli)")
+    sp.add_argument("--by", help="who issues it (audited as cli:<by>; default: your login name)")
     sp.add_argument("--expires-in", default=DEFAULT_EXPIRES_IN, metavar="DURATION",
                     help="lifetime: 30d, 12h, 45m, 2w, or never "
                     f"(default {DEFAULT_EXPIRES_IN})")
@@ -187,7 +198,7 @@ def add_parser(subparsers: Any) -> None:
                           description="Revoke a token: it signs nothing in from now on and "
                           "its sessions end at their next request.")
     sp.add_argument("token_id", metavar="ID", help="the token id (tok_..., see token list)")
-    sp.add_argument("--by", help="who revokes it (audited as cli:<by>; without it, cli)")
+    sp.add_argument("--by", help="who revokes it (audited as cli:<by>; default: your login name)")
     sp.add_argument("--note", help="why (audited)")
     sp.add_argument("--json", action="store_true", help="print JSON")
     sp.set_defaults(func=_token_revoke)

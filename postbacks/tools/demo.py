@@ -272,7 +272,7 @@ def run_demo(settings: Settings, o: DemoOptions) -> int:
     state_dir = Path(os.environ.get("POSTBACKS_STATE_DIR") or ROOT / ".local").absolute()
     log_dir = state_dir / "logs" / f"demo-{ns}"
     rows: list[Row] = []
-    with Stack(env, log_dir) as stack:
+    with Stack(env, log_dir, tied=True) as stack:
         rport = free_port()
         stack.start("receiver", "receiver", "--port", str(rport))
         base = f"http://127.0.0.1:{rport}"

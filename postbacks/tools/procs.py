@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -16,7 +17,26 @@ from typing import IO, Any
 
 import orjson
 
-__all__ = ["Proc", "Stack", "free_port", "http_json", "metrics_page", "wait_for"]
+__all__ = ["Proc", "Stack", "follow_parent", "free_port", "http_json", "metrics_page", "wait_for"]
+
+PARENT_ENV = "POSTBACKS_PARENT_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def follow_parent() -> None:
+    """Stop this process when the process that started it dies, if it was asked to.
+
+    A :class:`Stack` started with ``tied=True`` names its own PID in ``POSTBACKS_PARENT_PID``.
+    The kernel then sends this process SIGTERM when that parent dies, however it dies
+    (a SIGKILLed demo leaves no stage running). Linux only; elsewhere a no-op.
+    """
+    want = os.environ.pop(PARENT_ENV, "")
+    if not want or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if str(os.getppid()) != want:  # the parent died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -117,12 +137,17 @@ class Stack:
     env: Mapping[str, str]
     log_dir: Path
     procs: dict[str, Proc] = field(default_factory=dict)
+    tied: bool = False
+    """Each process stops when this one dies (see :func:`follow_parent`). Start tied
+    processes from the main thread: the kernel watches the thread that started them."""
 
     def start(self, name: str, *args: str, extra_env: Mapping[str, str] | None = None) -> Proc:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         log_file = log_path.open("ab")
         env = {**os.environ, **self.env, **(extra_env or {})}
+        if self.tied:
+            env[PARENT_ENV] = str(os.getpid())
         popen = subprocess.Popen(
             [sys.executable, "-m", "postbacks", *args], env=env, stdout=log_file,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

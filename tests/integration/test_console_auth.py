@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import getpass
 import hashlib
 import json
 import time
@@ -221,6 +222,11 @@ def test_tokens_expire_and_are_listed_and_revoked_from_the_cli(
                         "--name", f"bob-{ns}", "--role", "reviewer", "--json")
     left = (dt.datetime.fromisoformat(default["expires_at"]) - dt.datetime.now(dt.UTC))
     assert 89 * 86400 < left.total_seconds() <= 90 * 86400
+    with connect(settings.database_url) as conn:  # no --by: the account's login name
+        assert conn.execute(
+            "SELECT actor FROM audit_log WHERE action = 'console.token_create'"
+            " AND target_id = %s", (default["token_id"],)).fetchall() == [
+                (f"cli:{getpass.getuser()}",)]
     forever = _cli_json(monkeypatch, capsys, settings, "console", "token", "create",
                         "--name", f"carol-{ns}", "--role", "admin", "--expires-in", "never",
                         "--json")
@@ -289,7 +295,7 @@ def test_tokens_expire_and_are_listed_and_revoked_from_the_cli(
         audit = conn.execute(
             "SELECT actor, action, note FROM audit_log WHERE target_id = %s ORDER BY audit_id",
             (made["token_id"],)).fetchall()
-    assert [(a, b) for a, b, _ in audit] == [("cli", "console.token_create"),
+    assert [(a, b) for a, b, _ in audit] == [(f"cli:{getpass.getuser()}", "console.token_create"),
                                              (f"support:alice-{ns}", "console.login"),
                                              (f"cli:ops-{ns}", "console.token_revoke")]
     assert audit[2][2] == "left the team"

@@ -1,0 +1,58 @@
+"""A demo killed with SIGKILL left every stage it started running (no one sent them a
+signal). Processes a tied :class:`Stack` starts now stop when it dies, however it dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+PARENT = textwrap.dedent("""
+    import sys, tempfile, time
+    from pathlib import Path
+    from postbacks.tools.procs import Stack, free_port
+    stack = Stack({}, Path(tempfile.mkdtemp()), tied=sys.argv[1] == "tied")
+    proc = stack.start("receiver", "receiver", "--port", str(free_port()))
+    print(proc.pid, flush=True)
+    time.sleep(120)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _child_after_parent_killed(mode: str, wait_s: float) -> tuple[int, bool]:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, mode], stdout=subprocess.PIPE)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    time.sleep(1.0)  # the child is up and past its start
+    assert _alive(child)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(10)
+    deadline = time.monotonic() + wait_s
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return child, _alive(child)
+
+
+def test_a_tied_stack_stops_with_its_parent() -> None:
+    _, alive = _child_after_parent_killed("tied", 15)
+    assert not alive
+
+
+def test_an_untied_stack_outlives_its_parent() -> None:
+    """The control: without the tie the child stays (what the test above would catch)."""
+    child, alive = _child_after_parent_killed("untied", 3)
+    try:
+        assert alive
+    finally:
+        if alive:
+            os.kill(child, signal.SIGTERM)
