@@ -56,6 +56,7 @@ from postbacks.core.ssrf import (
     redirect_refused_reason,
     url_blocked_reason,
 )
+from postbacks.core.targets import as_sent
 from postbacks.transport.clients import open_wire
 from postbacks.transport.deadlines import Deadlines
 from postbacks.transport.h1 import (
@@ -162,7 +163,7 @@ def _vet(url: str, *, allow_loopback: bool) -> URL | _Refused:
 
 def _vet_url(url: str, *, allow_loopback: bool) -> URL | _Refused:
     try:
-        target = URL(url)
+        target = as_sent(url)  # sent byte for byte when already encoded (v2 signs it)
         # Decoded lazily, and encoded again by the resolver: a name IDNA refuses (an empty
         # label, one over 63 characters, a bad xn-- label) is refused here, not mid-send.
         host = target.host

@@ -204,7 +204,7 @@ def test_v3_custom_headers_are_added_and_signature_still_verifies() -> None:
 V2_URL = "https://pub.example/cb?cid={conversion_id}&amt={payout_usd}&p={snapshot.player_id}"
 
 
-def test_v2_expands_url_macros_with_quoting_and_signs_the_empty_body() -> None:
+def test_v2_expands_url_macros_with_quoting_and_signs_the_request_target() -> None:
     d = make_delivery(conversion=make_conversion(
         conversion_id="cv/1&x=2", source_snapshot={"player_id": "a b+é"}))
     req = render(d, _ep("v2", V2_URL), now_ms=NOW_MS)
@@ -215,10 +215,37 @@ def test_v2_expands_url_macros_with_quoting_and_signs_the_empty_body() -> None:
     assert "content-type" not in req.headers
     assert req.headers["idempotency-key"] == "msg_abc"
     assert req.headers["postback-attempt"] == "1"
-    # the body is empty, not JSON: verify the signature only
-    assert Webhook(SECRET).verify(req.body, req.headers, json_parse=False) is None
-    with pytest.raises(Exception):  # noqa: B017 - the library's own verification error
-        Webhook(generate_secret(b"\x08" * 32)).verify(req.body, req.headers, json_parse=False)
+    # the body is empty: the signature covers the request target, so the values in it
+    target = "/cb?cid=cv%2F1%26x%3D2&amt=1.250000&p=a%20b%2B%C3%A9"
+    assert Webhook(SECRET).verify(target.encode(), req.headers, json_parse=False) is None
+    for forged in (b"", b"/cb?cid=cv%2F1%26x%3D2&amt=9.000000&p=a%20b%2B%C3%A9"):
+        with pytest.raises(Exception):  # noqa: B017 - the library's own verification error
+            Webhook(SECRET).verify(forged, req.headers, json_parse=False)
+    with pytest.raises(Exception):  # noqa: B017
+        Webhook(generate_secret(b"\x08" * 32)).verify(target.encode(), req.headers,
+                                                      json_parse=False)
+
+
+@pytest.mark.parametrize(("template", "values", "target"), [
+    # a dot-segment value stays a value (yarl resolved /cb/../ok to /ok)
+    ("https://pub.example/cb/{snapshot.a}/ok?x=1", {"a": ".."}, "/cb/%2E%2E/ok?x=1"),
+    ("https://pub.example/cb/{snapshot.a}", {"a": "."}, "/cb/%2E"),
+    # escapes a server reads as separators stay escaped (yarl decoded %3B and %26)
+    ("https://pub.example/c/{snapshot.a}?v={snapshot.a}", {"a": "x;y&z/w"},
+     "/c/x%3By%26z%2Fw?v=x%3By%26z%2Fw"),
+    # the template's own unencoded text is encoded once, its escapes kept
+    ("https://pub.example/a b/é?q=1%20{snapshot.a}", {"a": "v"}, "/a%20b/%C3%A9?q=1%20v"),
+    ("https://bücher.example?q={snapshot.a}", {"a": "v"}, "/?q=v"),
+])
+def test_v2_sends_and_signs_the_target_it_rendered(
+        template: str, values: dict[str, str], target: str) -> None:
+    from postbacks.core.targets import as_sent, request_target
+
+    d = make_delivery(conversion=make_conversion(source_snapshot=values))
+    req = render(d, _ep("v2", template), now_ms=NOW_MS)
+    assert request_target(req.url) == target
+    assert as_sent(req.url).raw_path_qs == target  # what the HTTP client puts on the line
+    assert Webhook(SECRET).verify(target.encode(), req.headers, json_parse=False) is None
 
 
 @pytest.mark.parametrize(("url", "config", "problem"), [
@@ -226,6 +253,8 @@ def test_v2_expands_url_macros_with_quoting_and_signs_the_empty_body() -> None:
     ("https://pub.example/cb?x={payout", {}, "malformed template"),
     ("ftp://pub.example/cb?x={app_id}", {}, "URL scheme must be http or https"),
     ("https://{app_id}.pub.example/cb", {}, "not the host"),
+    ("https://pub.example/cb?x=1#cid={conversion_id}", {}, "a fragment"),
+    ("https://pub.example/cb?x={app_id}\r\nX-Injected: 1", {}, "control character"),
     ("https://pub.example/cb", {"fields": ["app_id"]}, "fields/aliases apply to v3"),
     ("https://pub.example/cb", {"schema_version": 2}, "schema_version applies to v3 only"),
     ("https://pub.example/cb", {"headers": {"webhook-id": "x"}}, "may not override"),

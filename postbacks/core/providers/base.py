@@ -164,6 +164,8 @@ def url_problems(url: str) -> list[str]:
     except ValueError as exc:
         return [f"URL does not parse: {exc}"]
     problems: list[str] = []
+    if any(c < " " or c == "\x7f" for c in url):  # yarl drops CR, LF and tab unseen
+        problems.append("URL contains a control character (a line break, a tab, ...)")
     if parts.scheme not in ("http", "https"):
         problems.append(f"URL scheme must be http or https, not {parts.scheme!r}")
     if not host:

@@ -7,8 +7,14 @@ endpoint's own config and is sent as written. Macros are allowed only after the 
 the scheme and host are fixed at save time, so conversion data can never choose where
 a postback goes (the SSRF check runs on a host the configuration named).
 
-The body is empty; the Standard Webhooks signature covers ``{id}.{timestamp}.`` (the
-empty body), so a receiver can still authenticate the call with its usual library.
+The body is empty, so the Standard Webhooks signature covers the **request target**
+instead: ``{id}.{timestamp}.{target}``, the path and query exactly as on the request line
+(``/cb?cid=cv_1&amt=1.250000``). The values are in the URL, and a signature over nothing
+would let anyone who saw one request send its headers with other values. A receiver
+verifies with its usual library by passing the raw target as the payload. The rendered
+URL is sent byte for byte (:mod:`postbacks.core.targets`): literal text the template
+wrote unencoded (a space, a non-ASCII letter) is percent-encoded at render, and a macro
+value of ``.`` or ``..`` is sent as ``%2E``/``%2E%2E``, never taken as a dot-segment.
 V3's payload settings (``schema_version``, ``fields``, ``aliases``) do not apply here and
 are refused rather than silently ignored.
 """
@@ -31,13 +37,29 @@ from postbacks.core.providers.base import (
     standard_webhook_headers,
     url_problems,
 )
+from postbacks.core.targets import request_target
 from postbacks.records import DeliveryRecord
 
 __all__ = ["V2Provider", "template_problems"]
 
 
 def _quote(value: str) -> str:
+    if value.strip(".") == "":  # "." or "..": a dot-segment a server would resolve
+        return "%2E" * len(value)
     return quote(value, safe="")
+
+
+# what a URL may hold as written: reserved and unreserved characters, and escapes
+_URL_SAFE = "/?:@!$&'()*+,;=%[]~"
+
+
+def _encoded(url: str) -> str:
+    """``url`` with the template's literal text after the host percent-encoded where it
+    is not URL text already (a space, a non-ASCII letter); escapes are kept."""
+    start = url.find("//") + 2 if "//" in url else 0
+    cut = min((i for i in (url.find("/", start), url.find("?", start)) if i >= 0),
+              default=len(url))
+    return url[:cut] + quote(url[cut:], safe=_URL_SAFE)
 
 
 def template_problems(url: str) -> list[str]:
@@ -54,6 +76,9 @@ def template_problems(url: str) -> list[str]:
         return problems  # reported by url_problems
     if any(c in parts.scheme + parts.netloc for c in "{}"):
         problems.append("macros are allowed only in the path and query, not the host")
+    if "#" in url:
+        problems.append("a fragment (#...) is never sent: the text and macros after # "
+                        "would be lost; put them in the query")
     return problems
 
 
@@ -84,10 +109,12 @@ class V2Provider(Provider):
         problems = template_problems(endpoint.url) + _unused_payload_config(endpoint.config)
         if problems:
             raise RenderError("; ".join(problems))
-        url = expand(endpoint.url, d, quote=_quote)
+        url = _encoded(expand(endpoint.url, d, quote=_quote))
         keys = require_active_keys(endpoint, now_ms)
         body = b""
-        headers = {**standard_webhook_headers(d, keys, body, now_ms=now_ms), **delivery_headers(d)}
+        signed = request_target(url).encode()  # the values are in the URL: sign it
+        headers = {**standard_webhook_headers(d, keys, signed, now_ms=now_ms),
+                   **delivery_headers(d)}
         headers = merge_custom_headers(headers, endpoint, self.reserved_headers)
         return RenderedRequest("GET", url, headers, body)
 
