@@ -35,6 +35,7 @@ __all__ = [
     "CONSUMER_LAG",
     "DATABASE_UP",
     "DEAD_LETTER_REASONS",
+    "DELETED_UNREAD",
     "DLQ_TOTAL",
     "ENDPOINTS_DISABLED",
     "ENDPOINT_VIEW_CHECKED",
@@ -93,6 +94,11 @@ BACKLOG_AGE = Gauge(
     "or, on a delay topic, fell due; by group and topic (0 when caught up; grows while the "
     "stage is stalled or down)", ["group", "topic"],
 )
+DELETED_UNREAD = Gauge(
+    "postbacks_records_deleted_unread",
+    "Records retention has deleted past a stage group's committed offset, by group and "
+    "topic: never read by that group, and lost to it (the monitor's view, while the "
+    "stage is down or stuck; 0 otherwise)", ["group", "topic"])
 CONSUMER_LAG = Gauge("postbacks_consumer_lag_records",
                      "Records a stage's group has yet to finish, by group, topic and partition",
                      ["group", "topic", "partition"])

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from postbacks.core.backlog import PartitionProgress, backlog_ages, lag_of
+from postbacks.core.backlog import PartitionProgress, backlog_ages, deleted_unread, lag_of
 from postbacks.core.endpoint_health import disable_reason
 from postbacks.db.connect import connect
 from postbacks.db.endpoint_health import candidates, disable
@@ -42,6 +42,7 @@ from postbacks.metrics import (
     BACKLOG_AGE,
     CONSUMER_LAG,
     DATABASE_UP,
+    DELETED_UNREAD,
     ENDPOINTS_DISABLED,
     GAP_DELIVERIES,
     GAP_OLDEST_AGE,
@@ -75,6 +76,8 @@ class Monitor:
         self.clock = clock
         self._lag_labels: set[tuple[str, str, str]] = set()
         self._age_labels: set[tuple[str, str]] = set()
+        self._deleted_labels: set[tuple[str, str]] = set()
+        self._deleted: dict[tuple[str, str], int] = {}
         # Until a check first succeeds its "last success" is the monitor's start, so a
         # check that never succeeds still goes stale (PostbacksMonitorStale).
         for check in _CHECKS:
@@ -135,6 +138,17 @@ class Monitor:
         for group_topic, age in ages.items():
             BACKLOG_AGE.labels(*group_topic).set(age)
         self._age_labels |= set(ages)
+        deleted = deleted_unread(parts)
+        for gone in {k for k in self._deleted_labels - deleted.keys() if k[0] in measured}:
+            DELETED_UNREAD.remove(*gone)
+            self._deleted_labels.discard(gone)
+        for (group, topic), n in deleted.items():
+            if n and n != self._deleted.get((group, topic)):  # logged as it grows
+                log.error("monitor: %s: %d record(s) of %s deleted by retention past the "
+                          "group's committed offset: it never read them", group, n, topic)
+            self._deleted[(group, topic)] = n
+            DELETED_UNREAD.labels(group, topic).set(n)
+        self._deleted_labels |= set(deleted)
 
     def _disable(self) -> None:
         """Auto-disable (seed 003): endpoints that have only failed for

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["PartitionProgress", "backlog_ages", "lag_of", "position_of"]
+__all__ = ["PartitionProgress", "backlog_ages", "deleted_unread", "lag_of", "position_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,4 +67,16 @@ def backlog_ages(parts: Iterable[PartitionProgress], now_ms: int,
             since = max(p.oldest_ms, p.due_ms or 0)
             age = max(0.0, (now_ms - since) / 1000)
         out[key] = max(out.get(key, 0.0), age)
+    return out
+
+
+def deleted_unread(parts: Iterable[PartitionProgress]) -> dict[tuple[str, str], int]:
+    """Records retention has deleted past a group's committed offset, per (group, topic):
+    the group never read them, and will resume at the log's start. 0 for every topic
+    measured without such a gap. Seen here while the stage is down or stuck; the stage
+    itself reports the loss only when it is next assigned the partition."""
+    out: dict[tuple[str, str], int] = {}
+    for p in parts:
+        gap = p.start - p.committed if p.committed is not None and p.committed < p.start else 0
+        out[(p.group, p.topic)] = out.get((p.group, p.topic), 0) + gap
     return out

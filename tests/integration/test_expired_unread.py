@@ -16,12 +16,15 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import REGISTRY
 
 from postbacks.codec import codec_for
+from postbacks.errors import ServiceUnavailable
+from postbacks.kafka.lag import ProgressReader
+from postbacks.monitor import Monitor
 from postbacks.settings import Settings
 from postbacks.tools.procs import wait_for
 from streams.relay import GROUP, run_relay
 from tests.kafka_util import decode, read_topic
 from tests.unit.factories import make_delivery
-from topics import TOPICS
+from topics import GROUPS, TOPICS
 
 
 def test_records_deleted_before_the_group_read_them_are_logged_and_counted(
@@ -46,6 +49,25 @@ def test_records_deleted_before_the_group_read_them_are_logged_and_counted(
     for f in admin.delete_records([TopicPartition(topic, 0, 7)]).values():
         f.result(timeout=30)
 
+    # the monitor sees the loss while the stage is down (the stage, only when it is back)
+    monitor = Monitor(settings, ProgressReader(settings, [
+        g for g in GROUPS if g.stage == "relay"]))
+
+    def deleted_unread() -> float | None:
+        try:
+            monitor.publish(monitor.reader.read(None), int(time.time() * 1000))
+        except ServiceUnavailable:
+            return None
+        return REGISTRY.get_sample_value("postbacks_records_deleted_unread",
+                                         {"group": group, "topic": topic})
+
+    with caplog.at_level(logging.ERROR, logger="postbacks.monitor"):
+        assert wait_for(deleted_unread, 30, what="a round of the monitor") == 4
+    assert [r.getMessage() for r in caplog.records if r.name == "postbacks.monitor"] == [
+        f"monitor: {group}: 4 record(s) of {topic} deleted by retention past the group's "
+        "committed offset: it never read them"]
+    caplog.clear()
+
     def counted() -> float:
         return REGISTRY.get_sample_value("postbacks_records_expired_unread_total",
                                          {"group": group, "topic": topic}) or 0.0
@@ -63,10 +85,12 @@ def test_records_deleted_before_the_group_read_them_are_logged_and_counted(
             stop.set()
             relay.join(30)
     assert sorted(got) == ["dlv_exp_7", "dlv_exp_8", "dlv_exp_9"]
+    # the relay committed past the gap: the monitor's figure is back to 0
+    wait_for(lambda: deleted_unread() == 0, 30, what="the monitor's figure back to 0")
     last = REGISTRY.get_sample_value(
         "postbacks_records_expired_unread_last_timestamp_seconds",
         {"group": group, "topic": topic})
     assert last is not None and abs(last - time.time()) < 120  # what the alert reads
-    [line] = [r.getMessage() for r in caplog.records]
+    [line] = [r.getMessage() for r in caplog.records if r.name == "postbacks.kafka.expired"]
     assert f"{topic}[0]: 4 record(s) deleted by retention" in line
     assert "its position 3, the log now starts at 7" in line
