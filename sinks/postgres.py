@@ -29,7 +29,6 @@ insert met a stored row. The statement was about a third of PostgreSQL's CPU per
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import logging
 import time
@@ -49,7 +48,7 @@ from postbacks.codec import codec_for
 from postbacks.core.endpoint_health import fold_attempts
 from postbacks.db.connect import connect
 from postbacks.db.endpoint_health import record_batch
-from postbacks.db.migrate import ensure_attempt_partitions
+from postbacks.db.migrate import DayPartitions
 from postbacks.errors import DeadLetterError, InvalidRecord
 from postbacks.kafka.leaders import until_leader_known
 from postbacks.metrics import DLQ_TOTAL, SINK_ROWS
@@ -76,6 +75,7 @@ class PostgresSink:
         self.settings = settings
         self.group = settings.topic(GROUP)
         self._conn: psycopg.Connection[Any] | None = None
+        self._days = DayPartitions()
         self._types: dict[str, list[int]] = {}  # per table, read when connecting
         self._rows: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
         self._touched: set[str] = set()  # ids the projection statement re-derives
@@ -122,8 +122,8 @@ class PostgresSink:
             use_orjson(self._conn)
             self._types = column_types(self._conn)
             self._indexed = indexed_columns(self._conn)
-            ensure_attempt_partitions(self._conn, dt.datetime.now(dt.UTC).date())
             self._conn.commit()
+            self._days.keep(self._conn)  # the coming week's partitions, and daily after
         return self._conn
 
     def close(self) -> None:
@@ -366,6 +366,7 @@ class PostgresSink:
         for reason, n in self._dead.items():
             DLQ_TOTAL.labels(stage="sink", reason=reason).inc(n)
         self._dead.clear()
+        self._days.keep(conn)  # once a UTC day: a sink stays connected for weeks
         return written
 
     def forget(self, partitions: list[TopicPartition]) -> None:

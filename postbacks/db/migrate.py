@@ -11,12 +11,15 @@ as usual; the table is left as it is. The Alembic configuration is built here (n
 the measurements behind the choice.
 
 SQLAlchemy and Alembic are imported only when a migration function runs: the sink imports
-:func:`ensure_attempt_partitions` from here and needs neither.
+:func:`ensure_attempt_partitions` and :class:`DayPartitions` from here and needs neither.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -164,3 +167,52 @@ def ensure_attempt_partitions(conn: psycopg.Connection, today: dt.date, ahead: i
         "SELECT postbacks_ensure_attempt_partitions(%s, %s)", (today - dt.timedelta(days=1), ahead)
     ).fetchone()
     return int(row[0]) if row else 0
+
+
+log = logging.getLogger(__name__)
+
+
+class DayPartitions:
+    """The coming week's daily partitions, made again each UTC day on a connection that
+    lives for days (the sink's): made only at connect, a sink up for a week wrote every
+    later day into the default partitions, which retention never drops and which make
+    each later partition's creation scan them under its parent's lock.
+
+    :meth:`keep` runs after a write. It makes them in a short transaction of its own
+    under a lock timeout (creating a partition locks its parent: it must wait behind no
+    long query, and no writer may queue behind it); when it cannot (a lock held, another
+    sink making the same partition) it is logged and tried again ``retry_s`` later.
+    """
+
+    def __init__(self, *, lock_timeout_ms: int = 5000, retry_s: float = 300.0,
+                 today: Callable[[], dt.date] = lambda: dt.datetime.now(dt.UTC).date(),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.lock_timeout_ms = lock_timeout_ms
+        self.retry_s = retry_s
+        self._today = today
+        self._clock = clock
+        self._done: dt.date | None = None
+        self._next_try = 0.0
+
+    def keep(self, conn: psycopg.Connection) -> bool:
+        """Make the partitions if today's round is not done; True when they are made
+        (or were today). Only on a connection outside a transaction (run after a write's
+        commit): inside one, the partitions' lock would last until its end. Never raises
+        for a database error: the next write meets a broken connection itself."""
+        today = self._today()
+        if self._done == today:
+            return True
+        if (self._clock() < self._next_try
+                or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE):
+            return False
+        try:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = {int(self.lock_timeout_ms)}")
+                ensure_attempt_partitions(conn, today)
+        except psycopg.Error as exc:
+            self._next_try = self._clock() + self.retry_s
+            log.warning("could not make the coming days' partitions (%s); trying again in "
+                        "%g s", str(exc).strip() or type(exc).__name__, self.retry_s)
+            return False
+        self._done = today
+        return True

@@ -31,6 +31,7 @@ from typing import Any
 import psycopg
 
 from postbacks.db.delivery_keys import delete_partition_keys
+from postbacks.db.migrate import DayPartitions
 
 __all__ = ["DAY_PARTITION", "DELIVERY_PARTITION", "Expired", "attempt_partitions",
            "day_partitions", "delivery_partitions", "drop_expired", "expired", "overdue_days"]
@@ -129,6 +130,8 @@ def drop_expired(database_url: str, *, keep_days: int, today: dt.date, dry_run: 
                              actor)
         if gone is not None:
             out.append(gone)
+        if not dry_run:  # and the coming week's, should no sink have made them
+            DayPartitions(today=lambda: today).keep(conn)
     return out
 
 
