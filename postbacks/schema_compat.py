@@ -1,23 +1,27 @@
-"""The schema-evolution gate: is a new schema version both backward and forward compatible
-with the previous one?
+"""The schema-evolution gate: is every schema version both backward and forward compatible
+with every other one kept?
 
 Backward: a reader on the new version reads data written with the old one. Forward: a
 reader still on the old version reads data written with the new one (deploy skew: the
 producer upgraded first). Checked by Avro schema resolution on generated records of every
 shape the writer allows, so a removed default, a changed type or a new required field is
-caught.
+caught. Every pair, not only neighbours: the decoder resolves any older writer's version
+straight to the newest reader, and two steps that each pass (v2 adds a field with a
+default, v3 drops the default) can still leave v1's records unreadable by v3.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import fastavro
 from fastavro.schema import parse_schema
 from fastavro.utils import generate_many
 
-__all__ = ["compatibility_errors"]
+__all__ = ["chain_errors", "compatibility_errors"]
 
 
 def _reads(writer: Any, reader: Any, samples: int) -> str | None:
@@ -42,3 +46,11 @@ def compatibility_errors(old: dict[str, Any], new: dict[str, Any], samples: int 
     if (err := _reads(new_p, old_p, samples)) is not None:
         errors.append(f"not forward compatible (old reader, new data): {err}")
     return errors
+
+
+def chain_errors(versions: Sequence[dict[str, Any]], samples: int = 50) -> list[str]:
+    """Empty when every version is backward and forward compatible with every other one;
+    else each failing pair's errors, named by the versions' positions (v1 first)."""
+    return [f"v{i + 1} -> v{j + 1}: {err}"
+            for (i, old), (j, new) in itertools.combinations(enumerate(versions), 2)
+            for err in compatibility_errors(old, new, samples)]

@@ -12,7 +12,7 @@ import pytest
 
 from postbacks import records
 from postbacks.codec import RECORD_FILES, load_schema_versions
-from postbacks.schema_compat import compatibility_errors
+from postbacks.schema_compat import chain_errors, compatibility_errors
 
 AVRO = Path(__file__).resolve().parents[2] / "schemas" / "avro"
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -37,11 +37,26 @@ def _standalone(stem: str) -> list[dict[str, typing.Any]]:
 
 
 @pytest.mark.parametrize("stem", sorted(RECORD_FILES.values()))
-def test_every_version_is_backward_and_forward_compatible_with_the_previous(stem: str) -> None:
+def test_every_version_is_backward_and_forward_compatible_with_every_other(stem: str) -> None:
     versions = _standalone(stem)
     assert versions, f"no schema files for {stem}"
-    for old, new in itertools.pairwise(versions):
-        assert compatibility_errors(old, new) == []
+    assert chain_errors(versions) == []
+
+
+def test_a_chain_whose_neighbours_pass_but_whose_ends_do_not_is_refused() -> None:
+    """v2 adds ``b`` with a default, v3 drops the default: each step passes, but v3 cannot
+    read v1's records (no ``b``, no default), which the decoder would meet on any topic
+    still holding v1 records."""
+    def version(*fields: dict[str, typing.Any]) -> dict[str, typing.Any]:
+        return {"type": "record", "name": "R", "namespace": "t",
+                "fields": [{"name": "a", "type": "string"}, *fields]}
+
+    v1 = version()
+    v2 = version({"name": "b", "type": "string", "default": ""})
+    v3 = version({"name": "b", "type": "string"})
+    assert all(not compatibility_errors(o, n) for o, n in itertools.pairwise((v1, v2, v3)))
+    errors = chain_errors([v1, v2, v3])
+    assert errors and all(e.startswith("v1 -> v3: ") for e in errors), errors
 
 
 def test_conversion_event_has_a_prior_version_kept() -> None:
