@@ -69,6 +69,7 @@ __all__ = [
     "SINK_ROWS",
     "SINK_WAITING",
     "STAGE_RECORDS",
+    "TXN_ABORTS",
     "TXN_SECONDS",
     "UNFINISHED",
     "VALIDATION_FAILED",
@@ -161,6 +162,11 @@ PRODUCERS_REPLACED = Counter(
 # Per transaction of a consume-transform-produce stage: the offset send and the commit are
 # broker round trips that every batch waits on (and its outputs stay invisible to
 # read_committed readers until the commit's markers are written).
+TXN_ABORTS = Counter(
+    "postbacks_transaction_aborts",
+    "Stage transactions aborted and their batch read again, by stage and Kafka error code "
+    "(a few at a rebalance or broker restart; a steady stream is an output the broker "
+    "refuses every time: a topic deleted, an ACL, a size limit)", ["stage", "code"])
 TXN_SECONDS = Histogram(
     "postbacks_transaction_seconds",
     "Time in a stage transaction's broker calls, by stage and step (offsets | commit)",

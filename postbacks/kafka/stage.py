@@ -35,7 +35,7 @@ from postbacks.errors import DeadLetterError
 from postbacks.kafka.clients import consume_gathered, records, transactional_config
 from postbacks.kafka.txn import TxnProducer, retrying
 from postbacks.kafka.watchdog import guard, subscribe_watched
-from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS, TXN_SECONDS
+from postbacks.metrics import DLQ_TOTAL, STAGE_RECORDS, TXN_ABORTS, TXN_SECONDS
 from postbacks.records import DeadLetterRecord
 from postbacks.settings import Settings
 from topics import TOPICS
@@ -285,6 +285,7 @@ def _commit_batch(
         # with its producer, which a new one replaces: the same as an abort.
         t0 = time.monotonic()
         if not txn.send_offsets(positions, consumer.consumer_group_metadata()):
+            TXN_ABORTS.labels(stage=stage, code="offsets_send_hung").inc()
             _rewind(consumer, deadline)
             return False
         t1 = time.monotonic()
@@ -296,9 +297,12 @@ def _commit_batch(
         return True
     except KafkaException as exc:
         kerr = exc.args[0] if exc.args else None
+        # _STATE: a produce refused because the transaction has already failed (librdkafka
+        # knows it before commit does): abort it like any abortable error, not restart
         if isinstance(kerr, KafkaError) and (kerr.txn_requires_abort() or (
-                kerr.retriable() and not kerr.fatal())):
+                not kerr.fatal() and (kerr.retriable() or kerr.code() == KafkaError._STATE))):
             log.warning("%s: aborting transaction: %s", stage, kerr)
+            TXN_ABORTS.labels(stage=stage, code=kerr.name()).inc()
             retrying(f"{stage}: abort", lambda: producer.abort_transaction(30), deadline)
             _rewind(consumer, deadline)
             return False

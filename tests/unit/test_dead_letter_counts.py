@@ -6,7 +6,7 @@ from __future__ import annotations
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from postbacks.kafka.stage import Output, commit_batch
-from postbacks.metrics import DLQ_TOTAL
+from postbacks.metrics import DLQ_TOTAL, TXN_ABORTS
 from postbacks.settings import Settings
 
 
@@ -93,3 +93,32 @@ def test_output_keeps_the_dead_letter_in_order() -> None:
     out.add_dead_letter(b"k", b"2", "undecodable")
     assert out.items == [("a", None, b"1"), ("dlq.v1", b"k", b"2")]
     assert dict(out.dead) == {"undecodable": 1}
+
+
+class FailedTxnProducer(Producer):
+    """librdkafka refuses a produce with _STATE once the transaction has failed (an epoch
+    bump after a broker restart, an output the broker refused): neither retriable nor
+    marked abortable, it ended the process in place; it is aborted and read again."""
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None) -> None:
+        raise KafkaException(KafkaError(KafkaError._STATE, "transaction has failed"))
+
+
+def aborts(stage: str, code: str) -> float:
+    return TXN_ABORTS.labels(stage=stage, code=code)._value.get()  # type: ignore[attr-defined]
+
+
+def test_a_produce_refused_because_the_transaction_failed_aborts_it() -> None:
+    before = aborts("statestage", "_STATE")
+    p = FailedTxnProducer(abort_commit=False)
+    ok = commit_batch("statestage", Settings(), Consumer(), Txn(p), batch(),  # type: ignore[arg-type]
+                      {("conversions.v1", 0): 10}, timeout_s=5)
+    assert not ok and p.aborted == 1
+    assert aborts("statestage", "_STATE") == before + 1
+
+
+def test_every_abort_is_counted_by_stage_and_code() -> None:
+    before = aborts("countstage", "_STATE")
+    ok, _ = run(abort=True)
+    assert not ok
+    assert aborts("countstage", "_STATE") == before + 1
