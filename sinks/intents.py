@@ -192,7 +192,9 @@ class IntentBook:
         if not pending:
             return [], set()
         cands = list(pending.values())
-        since = min(p.intent.attempted_at_ms for p in cands) - self.lost_after_ms
+        # never before 1970: an intent another producer dated near year 1 put the bound
+        # before the calendar Python can hold, and the sink died on it at every start
+        since = max(0, min(p.intent.attempted_at_ms for p in cands) - self.lost_after_ms)
         cur.execute(_REDONE, ([p.intent.attempt_id for p in cands],
                               [p.intent.delivery_id for p in cands],
                               [p.attempt_no for p in cands], [p.trigger for p in cands],

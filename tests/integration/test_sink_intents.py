@@ -125,3 +125,19 @@ def test_an_intent_with_no_result_is_written_after_the_bound(
          (same_process["attempt_id"], "unknown", "agent_lost")])
     assert all("in time" in r[6] for r in rows)
     assert {r[1] for r in _intents(settings, lost["delivery_id"])} == {"no_result"}
+
+
+def test_an_intent_dated_at_the_start_of_the_calendar_does_not_stop_the_sink(
+        settings: Settings, namespace: str) -> None:
+    """Another producer's intent stamped within the lost-intent bound of 0001-01-01: the
+    search for its redone attempts began before year 1, which Python cannot represent, and
+    the sink died on the same record at every start."""
+    feed = _Feed(settings)
+    year_one_ms = -62135596800000 + 100_000
+    d = make_delivery(delivery_id=f"dlv_{namespace}_y1", endpoint_id=f"ep_{namespace}")
+    intent = make_attempt(d, now_ms=year_one_ms, result="sending", req=REQ,
+                          attempt_id=f"att_{namespace}_y1", agent_instance="a1")
+    feed.batch(intent)
+    later, final = _pair(namespace, "after_y1", "a1", int(time.time() * 1000))
+    feed.batch(later, final)  # the sink goes on
+    assert [r[1] for r in _rows(settings, f"dlv_{namespace}_after_y1")] == ["delivered"]
