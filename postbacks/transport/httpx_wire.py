@@ -58,7 +58,10 @@ class HttpxWire:
         client = self._client(key.server_hostname)
         try:
             req = client.build_request(
-                method, origin(key) + target, headers=sent, content=body,
+                # values as UTF-8 bytes, as h1 and aiohttp send them (httpx would encode a
+                # str as ASCII and refuse any other letter)
+                method, origin(key) + target,
+                headers={k.encode(): v.encode() for k, v in sent.items()}, content=body,
                 timeout=httpx.Timeout(None, connect=connect_timeout_s),
                 extensions={"sni_hostname": key.server_hostname} if key.server_hostname else None,
             )

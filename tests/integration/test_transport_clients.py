@@ -260,3 +260,18 @@ def test_a_connect_unanswered_past_its_bound_is_a_connect_error(client: str) -> 
             silent.close()
 
     run(main)
+
+
+def test_a_non_ascii_header_value_is_sent_as_utf8_by_every_client(client: str) -> None:
+    """A header value saved before the console refused non-ASCII values: h1 and aiohttp
+    sent it as UTF-8, httpx refused it (UnicodeEncodeError, recorded as a permanent
+    ``invalid_url``). Every client now sends the same bytes."""
+    async def main() -> None:
+        async with receiver() as rec, HttpTransport(timeout_s=5, allow_loopback=True,
+                                                    client=client) as t:
+            result = await t.send(_post(rec.url("/ok"), **{"x-note": "ключ é"}))
+        assert result.http == HttpResult(200, None, None), result
+        [(_, _, headers, _)] = rec.seen
+        assert headers["x-note"] == "ключ é"
+
+    run(main)
