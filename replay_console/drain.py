@@ -210,7 +210,7 @@ def run_drainer(settings: Settings, stop: threading.Event, *,
     drainer: Drainer | None = None
     while not stop.is_set():
         try:
-            with connect(settings.database_url) as conn:
+            with connect(settings.database_url, kept=True) as conn:  # held for hours
                 if not _try_lock(conn, settings.topic_prefix):
                     if until_job is not None:
                         return False

@@ -14,7 +14,11 @@ import psycopg
 
 from postbacks.db.connect import connect
 
-__all__ = ["ConnPool"]
+__all__ = ["STATEMENT_TIMEOUT_MS", "ConnPool"]
+
+# A page's query past this is cancelled (503, "narrow it"): a search over months of a big
+# table must not hold one of the few connections, and its locks, for minutes.
+STATEMENT_TIMEOUT_MS = 60_000
 
 T = TypeVar("T")
 
@@ -22,8 +26,10 @@ T = TypeVar("T")
 class ConnPool:
     """A few PostgreSQL connections used from worker threads, one per call."""
 
-    def __init__(self, database_url: str, size: int = 4) -> None:
+    def __init__(self, database_url: str, size: int = 4,
+                 statement_timeout_ms: int = STATEMENT_TIMEOUT_MS) -> None:
         self._url = database_url
+        self.statement_timeout_ms = statement_timeout_ms
         self._free: queue.LifoQueue[psycopg.Connection[Any]] = queue.LifoQueue()
         self._sem = threading.BoundedSemaphore(size)
 
@@ -33,7 +39,9 @@ class ConnPool:
             try:
                 conn = self._free.get_nowait()
             except queue.Empty:
-                conn = connect(self._url)
+                # keepalives: a server gone without a word (a failover) fails the query in
+                # ~30 s, not after the kernel's ~15 minutes with a pool slot held
+                conn = connect(self._url, kept=True, statement_timeout_ms=self.statement_timeout_ms)
             ok = False
             try:
                 result = fn(conn)

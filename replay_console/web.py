@@ -232,6 +232,13 @@ def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) ->
             log.warning("console: database read only: %s", exc)
             return problem(c, request, 503, "the database takes no changes now (read only);"
                            " try again later", {})
+        except psycopg.errors.QueryCanceled as exc:
+            status = 503
+            log.warning("console: %s %s: a query ran over its time: %s", request.method,
+                        request.path, exc)
+            return problem(c, request, 503, f"the query ran over "
+                           f"{c.pool.statement_timeout_ms / 1000:g} s and was cancelled: narrow"
+                           " it (a shorter time range, one app or endpoint) and try again", {})
         except psycopg.OperationalError as exc:
             status = 503
             log.warning("console: database unavailable: %s", exc)

@@ -22,19 +22,20 @@ from postbacks.db.endpoints import upsert_endpoint
 from postbacks.settings import Settings
 from postbacks.tools.procs import free_port
 from replay_console.auth import create_token
+from replay_console.pool import ConnPool
 from replay_console.web import make_app
 
 _CSRF = re.compile(r'name="csrf" value="([0-9a-f]+)"')
 
 
 @contextmanager
-def console_server(settings: Settings, lookup: Callable[[str], list[str]] | None = None
-                   ) -> Iterator[int]:
+def console_server(settings: Settings, lookup: Callable[[str], list[str]] | None = None,
+                   pool: ConnPool | None = None) -> Iterator[int]:
     """Serve the console on a free port until the block ends; yields the port."""
     port = free_port()
     ready = threading.Event()
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(make_app(settings, lookup=lookup), access_log=None)
+    runner = web.AppRunner(make_app(settings, lookup=lookup, pool=pool), access_log=None)
 
     def run() -> None:
         asyncio.set_event_loop(loop)
