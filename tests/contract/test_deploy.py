@@ -130,6 +130,11 @@ def test_every_stage_is_scraped_where_it_runs() -> None:
     component = "agent"
     assert re.sub(job["regex"], job["replacement"].replace("$1", r"\1"), component) == \
         "postbacks-agent"
+    # a pod that ended (an evicted one keeps its IP) is not scraped as a stage down
+    phase = next(r for r in relabels if r.get("source_labels") == ["__meta_kubernetes_pod_phase"])
+    assert phase["action"] == "drop"
+    assert all(re.fullmatch(phase["regex"], p) for p in ("Failed", "Succeeded", "Pending"))
+    assert not re.fullmatch(phase["regex"], "Running")
     services = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())["services"]
     stages = {n for n, s in services.items()
               if re.search(r"postbacks (fanout|gate|agent|relay|sink|monitor|notifier"
