@@ -328,13 +328,14 @@ def start_series(stage: str) -> None:
     if stage == "agent":
         for result in ATTEMPT_RESULTS:
             child(ATTEMPTS_TOTAL, result)
+    if stage in ("agent", "gate"):  # both read the control topic's halts
+        for why in ("dated_ahead", "unknown_detector"):  # found at start: seen from 0
+            CONTROL_REFUSED.labels(why)
     if stage == "gate":
         # a signal counted once per window (a global burst) is seen from its first
         for signal in (*(r.value for r in HoldReason), "retrodated_burst"):
             for mode in (Mode.DETECT, Mode.ENFORCE):
                 ANOMALY_SIGNALS.labels(signal, mode.value)
-        for why in ("dated_ahead", "unknown_detector"):  # found at start: seen from 0
-            CONTROL_REFUSED.labels(why)
         for scope in _TRIP_SCOPES:
             for detector in Detector:
                 ANOMALY_TRIPS.labels(scope, detector.value)

@@ -43,3 +43,20 @@ def test_the_agent_starts_every_attempt_result_and_the_gate_every_signal() -> No
         for mode in ("detect", "enforce"):
             assert _value("postbacks_anomaly_signals_total", reason=signal,
                           mode=mode) is not None, (signal, mode)
+
+
+def test_the_agent_starts_the_control_refusal_series() -> None:
+    """The agent also refuses halts dated ahead or naming an unknown detector, often at
+    its start: a series born at 1 is never seen by increase(). Checked in a fresh process
+    (the registry is per process, and the gate's start above creates the same series)."""
+    import subprocess
+    import sys
+
+    code = ("from prometheus_client import REGISTRY\n"
+            "from postbacks.metrics import start_series\n"
+            "start_series('agent')\n"
+            "print([REGISTRY.get_sample_value('postbacks_gate_control_refused_total',"
+            " {'reason': r}) for r in ('dated_ahead', 'unknown_detector')])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[0.0, 0.0]"
