@@ -126,7 +126,8 @@ def run_relay(
                     held.clear()  # rewound to committed offsets: everything is re-read
                     RELAY_PAUSED.set(0)
                     consumer.resume(consumer.assignment())
-                processed.inc(len(batch.offsets))
+                else:  # the records released, once committed (not the partitions)
+                    processed.inc(batch.released)
     finally:
         consumer.close()
 
@@ -141,11 +142,13 @@ class _Batch:
         self.limit = limit  # what one message of the relay's producer may hold
         self.out = Output()
         self.offsets: dict[tuple[str, int], int] = {}
+        self.released = 0
         self._codec = codec
         self._dlq = dlq
 
     def release(self, m: Message, d: DeliveryRecord | DeadLetterError) -> None:
         self.offsets[(m.topic() or "", m.partition() or 0)] = (m.offset() or 0) + 1
+        self.released += 1
         if isinstance(d, DeadLetterError):
             dl = dead_letter_for(m, "relay", d, d.reason, self.now_ms, limit=self.limit)
             self.out.add_dead_letter(dl["original_key"], self._dlq.encode(dl), d.reason)

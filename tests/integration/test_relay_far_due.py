@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from confluent_kafka import Producer
+from prometheus_client import REGISTRY
 
 from postbacks.codec import codec_for
 from postbacks.kafka.clients import make_consumer
@@ -62,3 +63,29 @@ def test_a_due_at_years_ahead_is_dead_lettered_and_the_partition_flows(
     assert "h ahead of the relay's clock" in got["dlv_far"]
     # and it ends on outcomes.v1 (its status stayed quarantined or failing for good)
     assert got["outcome dlv_far"] == "dead_lettered: invalid_record"
+
+
+def test_the_relays_throughput_counts_records_not_partitions(settings: Settings) -> None:
+    """``postbacks_stage_records_total{stage="relay"}`` grew by the partitions of each
+    batch (and for aborted batches too): 20 records due at once counted one or two."""
+    codec = codec_for("Delivery")
+    now = int(time.time() * 1000)
+    p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                  "enable.idempotence": True})
+    topic = settings.topic(TOPICS.retry_tier("5s").base)
+    for i in range(20):
+        p.produce(topic, codec.encode(make_delivery(delivery_id=f"dlv_count_{i}",
+                                                    endpoint_id="ep_count", due_at=now)),
+                  b"ep_count", partition=0)
+    assert p.flush(10) == 0
+
+    def released() -> float:
+        return REGISTRY.get_sample_value("postbacks_stage_records_total",
+                                         {"stage": "relay"}) or 0.0
+
+    before = released()
+    with relay_running(settings):
+        wait_for(lambda: released() >= before + 20, 60, progress=released,
+                 what="20 records counted")
+        time.sleep(1.0)  # nothing more is counted
+    assert released() == before + 20
