@@ -33,17 +33,35 @@ def expired_unread(c: Consumer, positions: Mapping[tuple[str, int], int],
     deadline = time.monotonic() + timeout_s
     out = []
     for (topic, partition), position in sorted(positions.items()):
-        if position < 0:
-            continue  # nothing committed: the group starts where the log does
         left = deadline - time.monotonic()
         if left <= 0:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
                                             f"out of time after {timeout_s:g} s"))
         low, _high = c.get_watermark_offsets(TopicPartition(topic, partition),
                                              timeout=left, cached=False)
-        if position < low:
+        if position < 0:  # nothing committed: the group starts where the log does
+            _unstarted(topic, partition, low)
+        elif position < low:
             out.append((topic, partition, position, low))
     return out
+
+
+_warned: set[tuple[str, int, int]] = set()
+
+
+def _unstarted(topic: str, partition: int, low: int) -> None:
+    """A partition the group has no offset for, whose log no longer starts at 0: the
+    group's first start on an old topic, or its offsets lost (the group deleted, or
+    ``offsets.retention.minutes`` passed while it had no member), when everything from
+    the log's start is processed again. Said once per process: a log line names it."""
+    if low <= 0 or (topic, partition, low) in _warned:
+        return
+    _warned.add((topic, partition, low))
+    log.warning("%s[%d]: this group has no committed offset, and the log starts at %d: it "
+                "reads from there. If the group ran before, its offsets were lost (the group "
+                "deleted, or its offsets expired while it had no member) and the records "
+                "from %d are processed again (their ids are stable: receivers deduplicate)",
+                topic, partition, low, low)
 
 
 def check_expired(c: Consumer, group: str, partitions: list[TopicPartition],

@@ -38,6 +38,10 @@ def test_records_deleted_before_the_group_read_them_are_logged_and_counted(
         p.produce(topic, codec_for("Delivery").encode(make_delivery(
             delivery_id=f"dlv_exp_{i}", endpoint_id="ep_exp", due_at=now)), b"ep_exp",
             partition=0)
+    for i in range(4):  # and 4 on a partition the group never had an offset for
+        p.produce(topic, codec_for("Delivery").encode(make_delivery(
+            delivery_id=f"dlv_new_{i}", endpoint_id="ep_new", due_at=now)), b"ep_new",
+            partition=1)
     assert p.flush(10) == 0
     # the group had read 3 of them when it stopped ...
     c = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers, "group.id": group,
@@ -46,7 +50,8 @@ def test_records_deleted_before_the_group_read_them_are_logged_and_counted(
     c.close()
     # ... and retention deleted the log up to offset 7 meanwhile
     admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
-    for f in admin.delete_records([TopicPartition(topic, 0, 7)]).values():
+    for f in admin.delete_records([TopicPartition(topic, 0, 7),
+                                   TopicPartition(topic, 1, 2)]).values():
         f.result(timeout=30)
 
     # the monitor sees the loss while the stage is down (the stage, only when it is back)
@@ -74,23 +79,29 @@ def test_records_deleted_before_the_group_read_them_are_logged_and_counted(
 
     stop = threading.Event()
     relay = threading.Thread(target=run_relay, args=(settings, stop), daemon=True)
-    with caplog.at_level(logging.ERROR, logger="postbacks.kafka.expired"):
+    with caplog.at_level(logging.WARNING, logger="postbacks.kafka.expired"):
         relay.start()
         try:
             got = [decode("Delivery", m)["delivery_id"]
-                   for m in read_topic(settings, TOPICS.dispatch.base, 3)]
+                   for m in read_topic(settings, TOPICS.dispatch.base, 5)]
             wait_for(lambda: counted() == 4, 30, what="4 records counted as expired unread",
                      progress=counted)
         finally:
             stop.set()
             relay.join(30)
-    assert sorted(got) == ["dlv_exp_7", "dlv_exp_8", "dlv_exp_9"]
+    assert sorted(got) == ["dlv_exp_7", "dlv_exp_8", "dlv_exp_9", "dlv_new_2", "dlv_new_3"]
     # the relay committed past the gap: the monitor's figure is back to 0
     wait_for(lambda: deleted_unread() == 0, 30, what="the monitor's figure back to 0")
     last = REGISTRY.get_sample_value(
         "postbacks_records_expired_unread_last_timestamp_seconds",
         {"group": group, "topic": topic})
     assert last is not None and abs(last - time.time()) < 120  # what the alert reads
-    [line] = [r.getMessage() for r in caplog.records if r.name == "postbacks.kafka.expired"]
+    [line] = [r.getMessage() for r in caplog.records
+              if r.name == "postbacks.kafka.expired" and r.levelno == logging.ERROR]
+    # no offset for partition 1, whose log no longer starts at 0: said, not silent
+    [fresh] = [r.getMessage() for r in caplog.records
+               if r.name == "postbacks.kafka.expired" and r.levelno == logging.WARNING]
+    assert fresh.startswith(f"{topic}[1]: this group has no committed offset, and the log "
+                            "starts at 2")
     assert f"{topic}[0]: 4 record(s) deleted by retention" in line
     assert "its position 3, the log now starts at 7" in line
