@@ -64,6 +64,7 @@ __all__ = [
     "QUARANTINED_DEPTH",
     "RELAY_PAUSED",
     "RENDER_ERRORS",
+    "PARTITIONS_AHEAD",
     "RETENTION_OVERDUE",
     "RETRODATED",
     "SINK_ROWS",
@@ -115,6 +116,11 @@ QUARANTINED_DEPTH = Gauge("webhook_quarantined_depth",
 ENDPOINTS_DISABLED = Gauge("webhook_endpoints_disabled",
                            "Endpoints disabled by the platform (auto-disable): their "
                            "deliveries are parked until re-enabled")
+PARTITIONS_AHEAD = Gauge("postbacks_partitions_ahead_seconds",
+                         "How far ahead of today, in whole days, a daily-partitioned table's "
+                         "newest partition reaches (6 while they are made each day; below 0 "
+                         "the day's rows go to the default partition, which retention never "
+                         "drops)", ["table"])
 RETENTION_OVERDUE = Gauge("postbacks_retention_overdue_seconds",
                           "How long the oldest daily partition of a table has been past the "
                           "retention window, in whole days (0: none; a daily retention job "

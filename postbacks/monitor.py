@@ -13,6 +13,8 @@ detector's count (:mod:`postbacks.db.gaps`), and sets:
   partition of ``delivery_attempts`` and ``deliveries`` is past the retention window, which
   stays at most a day while ``postbacks retention`` runs daily and grows when it stops or
   keeps failing;
+- ``postbacks_partitions_ahead_seconds{table}``: how far ahead of today (whole days) the
+  newest daily partition reaches; the sink and the retention job keep it at 6 days;
 - ``postbacks_monitor_last_success_timestamp_seconds{check}`` per check (``kafka``,
   ``gaps``, ``disable``, ``retention``; the monitor's start until the first success), and
   ``postbacks_monitor_errors_total{check}`` when one fails: a check that fails leaves its
@@ -48,6 +50,7 @@ from postbacks.metrics import (
     GAP_OLDEST_AGE,
     MONITOR_ERRORS,
     MONITOR_LAST_SUCCESS,
+    PARTITIONS_AHEAD,
     QUARANTINED_DEPTH,
     RETENTION_OVERDUE,
 )
@@ -187,8 +190,12 @@ class Monitor:
         today = dt.datetime.fromtimestamp(self.clock(), dt.UTC).date()
         with connect(self.settings.database_url) as conn:
             for table in _RETAINED:
+                days = day_partitions(conn, table)
                 RETENTION_OVERDUE.labels(table).set(86_400 * overdue_days(
-                    day_partitions(conn, table), today, self.settings.attempt_retention_days))
+                    days, today, self.settings.attempt_retention_days))
+                # no partition at all: as far behind as "none since yesterday"
+                newest = days[-1][1] if days else today - dt.timedelta(days=1)
+                PARTITIONS_AHEAD.labels(table).set(86_400 * (newest - today).days)
 
 
 def run_monitor(settings: Settings, stop: threading.Event) -> None:

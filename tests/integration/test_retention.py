@@ -16,7 +16,13 @@ import psycopg
 import pytest
 
 from postbacks.db.connect import connect
-from postbacks.db.retention import attempt_partitions, drop_expired, expired, overdue_days
+from postbacks.db.retention import (
+    attempt_partitions,
+    day_partitions,
+    drop_expired,
+    expired,
+    overdue_days,
+)
 
 # Days long past (no test writes attempts then), so the partitions made here hold only
 # the rows put in them.
@@ -166,3 +172,37 @@ def test_the_monitor_shows_a_retention_job_that_has_not_run(
     monitor._check("retention", monitor._retention)
     assert gauge.get() == 0
     assert RETENTION_OVERDUE.labels("deliveries")._value.get() == 0  # type: ignore[attr-defined]
+
+
+def test_the_monitor_shows_partitions_running_out_and_retention_makes_them(
+        migrated: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coming days' partitions are made by the sink (each day) and by the retention
+    job; with neither running they run out, and each later day's rows go to the default
+    partition, which retention never drops. ``postbacks_partitions_ahead_seconds`` (alert
+    PostbacksPartitionsRunningOut) shows how far ahead they reach."""
+    from postbacks.metrics import PARTITIONS_AHEAD
+    from postbacks.monitor import Monitor
+    from postbacks.settings import load_settings
+
+    for k, v in migrated.items():
+        monkeypatch.setenv(k, v)
+    settings = load_settings()
+    url = migrated["POSTBACKS_DATABASE_URL"]
+    monitor = Monitor(settings, reader=None)  # type: ignore[arg-type]
+    today = dt.datetime.now(dt.UTC).date()
+
+    def ahead() -> dict[str, float]:
+        monitor._check("retention", monitor._retention)
+        return {t: PARTITIONS_AHEAD.labels(t)._value.get()  # type: ignore[attr-defined]
+                for t in ("delivery_attempts", "deliveries")}
+
+    assert min(ahead().values()) >= 6 * 86_400.0  # made by the migration
+    with connect(url) as conn:  # days on with nothing making them: one day left
+        for table in ("delivery_attempts", "deliveries"):
+            for name, day in day_partitions(conn, table):
+                if day > today + dt.timedelta(days=1):
+                    conn.execute(f'DROP TABLE "{name}"')
+        conn.commit()
+    assert ahead() == {"delivery_attempts": 86_400.0, "deliveries": 86_400.0}
+    drop_expired(url, keep_days=settings.attempt_retention_days, today=today)
+    assert ahead() == {"delivery_attempts": 6 * 86_400.0, "deliveries": 6 * 86_400.0}
