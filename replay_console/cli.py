@@ -61,7 +61,8 @@ def _by(args: argparse.Namespace, what: str) -> str:
     by: str | None = args.by
     if by is None:
         login = _login_name()
-        return "cli" if login is None or name_problem(login, "") else CLI_PREFIX + login
+        return ("cli" if login is None or name_problem(login, "")
+                else CLI_PREFIX + login.strip())
     problem = name_problem(by, f"--by (who {what} it)")
     if problem:
         raise ValueError(problem)

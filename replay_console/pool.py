@@ -41,7 +41,12 @@ class ConnPool:
             except queue.Empty:
                 # keepalives: a server gone without a word (a failover) fails the query in
                 # ~30 s, not after the kernel's ~15 minutes with a pool slot held
-                conn = connect(self._url, kept=True, statement_timeout_ms=self.statement_timeout_ms)
+                conn = connect(self._url, kept=True)
+                # set here, not as a connection option: that would replace any options
+                # the URL gives (a search_path), and PgBouncer refuses it
+                conn.execute("SELECT set_config('statement_timeout', %s, false)",
+                             (f"{int(self.statement_timeout_ms)}ms",))
+                conn.commit()
             ok = False
             try:
                 result = fn(conn)

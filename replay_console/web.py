@@ -238,7 +238,8 @@ def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) ->
                         request.path, exc)
             return problem(c, request, 503, f"the query ran over "
                            f"{c.pool.statement_timeout_ms / 1000:g} s and was cancelled: narrow"
-                           " it (a shorter time range, one app or endpoint) and try again", {})
+                           " it (a shorter time range, one app or endpoint) and try again; a"
+                           " replay may also have waited that long behind another one", {})
         except psycopg.OperationalError as exc:
             status = 503
             log.warning("console: database unavailable: %s", exc)

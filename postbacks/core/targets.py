@@ -18,13 +18,17 @@ from yarl import URL
 
 __all__ = ["as_sent", "request_target"]
 
-# RFC 3986: unreserved, reserved (gen-delims and sub-delims), and percent-escapes
-_ENCODED = re.compile(r"(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})*")
+# RFC 3986, after the host: unreserved, the delimiters a path and query may hold as they
+# are, and percent-escapes. Not "[" and "]": yarl escaped them there, and strict servers
+# (Tomcat) refuse them bare. The authority (an IPv6 host is in brackets) is ASCII.
+_ENCODED = re.compile(r"(?:[A-Za-z0-9\-._~:/?#@!$&'()*+,;=]|%[0-9A-Fa-f]{2})*")
+_AUTHORITY = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[A-Za-z0-9\-._~:@!$&'()*+,;=%\[\]]*")
 
 
 @functools.lru_cache(maxsize=4096)
 def _parse(url: str) -> URL:
-    if _ENCODED.fullmatch(url):
+    head = _AUTHORITY.match(url)
+    if head is not None and _ENCODED.fullmatch(url, head.end()):
         return URL(url, encoded=True)
     return URL(url)
 

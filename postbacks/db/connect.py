@@ -29,16 +29,12 @@ _KEPT: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_int
                          "keepalives_count": 3, "tcp_user_timeout": 30_000}
 
 
-def connect(database_url: str, *, autocommit: bool = False, kept: bool = False,
-            statement_timeout_ms: int | None = None) -> psycopg.Connection:
-    """A connection; ``kept``: with keepalives (held open between uses);
-    ``statement_timeout_ms``: every statement on it cancelled past that time."""
-    extra: dict[str, Any] = dict(_KEPT) if kept else {}
-    if statement_timeout_ms is not None:
-        extra["options"] = f"-c statement_timeout={int(statement_timeout_ms)}"
+def connect(database_url: str, *, autocommit: bool = False,
+            kept: bool = False) -> psycopg.Connection:
+    """A connection; ``kept``: with keepalives (held open between uses)."""
     try:
         return psycopg.connect(database_url, autocommit=autocommit, connect_timeout=10,
-                               **extra)
+                               **(_KEPT if kept else {}))
     except psycopg.OperationalError as exc:
         raise ServiceUnavailable(
             f"PostgreSQL is not reachable at {redact_url(database_url)} (POSTBACKS_DATABASE_URL): "

@@ -179,12 +179,13 @@ class DayPartitions:
     each later partition's creation scan them under its parent's lock.
 
     :meth:`keep` runs after a write. It makes them in a short transaction of its own
-    under a lock timeout (creating a partition locks its parent: it must wait behind no
-    long query, and no writer may queue behind it); when it cannot (a lock held, another
-    sink making the same partition) it is logged and tried again ``retry_s`` later.
+    under a short lock timeout: creating a partition locks its parent, so it must not wait
+    behind a long query, and the readers and writers that queue behind its request wait
+    at most that long. When it cannot (a lock held, another sink making the same
+    partition) it is logged and tried again ``retry_s`` later: there are days to spare.
     """
 
-    def __init__(self, *, lock_timeout_ms: int = 5000, retry_s: float = 300.0,
+    def __init__(self, *, lock_timeout_ms: int = 1000, retry_s: float = 300.0,
                  today: Callable[[], dt.date] = lambda: dt.datetime.now(dt.UTC).date(),
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.lock_timeout_ms = lock_timeout_ms

