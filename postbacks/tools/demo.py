@@ -273,10 +273,10 @@ def run_demo(settings: Settings, o: DemoOptions) -> int:
     log_dir = state_dir / "logs" / f"demo-{ns}"
     rows: list[Row] = []
     with Stack(env, log_dir, tied=True) as stack:
-        rport = free_port()
-        stack.start("receiver", "receiver", "--port", str(rport))
+        _, rport = stack.start_listening(
+            "receiver", "receiver", "--port", "{port}",
+            ready=lambda p: http_json(f"http://127.0.0.1:{p}/_control/stats"))
         base = f"http://127.0.0.1:{rport}"
-        wait_for(lambda: http_json(f"{base}/_control/stats"), 30, what="the receiver")
         groups = _seed_groups(settings, o, ns, base)
         g = {x.name: x for x in groups}
         _say(f"namespace {ns}: {len(g['healthy'].endpoint_ids)} healthy endpoints over"
@@ -287,9 +287,10 @@ def run_demo(settings: Settings, o: DemoOptions) -> int:
             port = free_port()
             metrics[stage] = f"http://127.0.0.1:{port}/metrics"
             stack.start(stage, stage, extra_env={"POSTBACKS_METRICS_PORT": str(port)})
-        cport = free_port()
+        _, cport = stack.start_listening(
+            "console", "console", "serve", "--port", "{port}",
+            ready=lambda p: http_json(f"http://127.0.0.1:{p}/healthz"))
         console = f"http://127.0.0.1:{cport}"
-        stack.start("console", "console", "serve", "--port", str(cport))
         with connect(settings.database_url) as conn:
             _i, support = create_token(conn, name=f"demo-support-{ns}", role="support",
                                        created_by="demo")

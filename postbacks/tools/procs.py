@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -155,6 +155,27 @@ class Stack:
         proc = Proc(name, popen, log_path, log_file)
         self.procs[name] = proc
         return proc
+
+    def start_listening(self, name: str, *args: str, ready: Callable[[int], Any],
+                        timeout: float = 30.0, tries: int = 3) -> tuple[Proc, int]:
+        """Start a process that listens on a port picked here (``{port}`` in ``args``) and
+        wait until ``ready(port)``. A free port can be taken by another process before this
+        one binds it (a stage's metrics server on port 0): it then exits with "address
+        already in use", and is started again on another port."""
+        for _ in range(tries):
+            port = free_port()
+            proc = self.start(name, *(a.replace("{port}", str(port)) for a in args))
+
+            def up(proc: Proc = proc, port: int = port) -> str | None:
+                if not proc.alive():
+                    return "exited"
+                return "up" if ready(port) else None
+
+            if wait_for(up, timeout, what=f"{name} on port {port}") == "up":
+                return proc, port
+            if "address already in use" not in proc.tail():
+                raise RuntimeError(f"{name} exited at its start:\n{proc.tail()}")
+        raise RuntimeError(f"{name}: every port tried was taken before it could bind one")
 
     def stop_all(self) -> None:
         for proc in list(self.procs.values()):

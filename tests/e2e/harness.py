@@ -74,10 +74,10 @@ class Harness:
     sent: int = 0
 
     def start_receiver(self) -> None:
-        port = free_port()
-        self.stack.start("receiver", "receiver", "--port", str(port))
+        _, port = self.stack.start_listening(
+            "receiver", "receiver", "--port", "{port}",
+            ready=lambda p: http_json(f"http://127.0.0.1:{p}/_control/stats"))
         self.base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: http_json(f"{self.base}/_control/stats"), 30, what="receiver")
 
     def endpoint(self, name: str, *, provider: str = "v3", url: str | None = None,
                  method: str = "POST", config: Mapping[str, Any] | None = None,

@@ -27,7 +27,7 @@ import yaml
 from postbacks.db.anomaly import set_mode
 from postbacks.db.connect import connect
 from postbacks.settings import Settings
-from postbacks.tools.procs import Stack, free_port, wait_for
+from postbacks.tools.procs import Stack, free_port, http_json, wait_for
 from tests.e2e.harness import STAGES, Harness, metrics_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,8 +98,8 @@ def test_three_faults_fire_their_alerts_and_recovery_resolves_them(
             conn.commit()
         h.start_stages()
         stack.start("monitor", "monitor")
-        console_port = free_port()
-        stack.start("console", "console", "serve", "--port", str(console_port))
+        stack.start_listening("console", "console", "serve", "--port", "{port}",
+                              ready=lambda p: http_json(f"http://127.0.0.1:{p}/healthz"))
         targets = {name: metrics_target(stack.procs[name].log_path)
                    for name in (*STAGES, "monitor")}
         targets["console"] = _console_target(stack.procs["console"].log_path)

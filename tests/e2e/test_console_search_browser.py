@@ -21,7 +21,7 @@ from postbacks.core.endpoint import EndpointConfig
 from postbacks.db.connect import connect
 from postbacks.db.endpoints import upsert_endpoint
 from postbacks.settings import Settings
-from postbacks.tools.procs import Stack, free_port, http_json, wait_for
+from postbacks.tools.procs import Stack, http_json
 from tests.e2e.browser import CHROMIUM, FLAGS, shot
 from tests.integration.anomaly_helpers import held_delivery, insert_deliveries
 from tests.integration.console_util import token
@@ -56,10 +56,10 @@ def test_support_finds_a_delivery_and_pages_dead_letters_in_a_real_browser(
         settings: Settings, stack: Stack, namespace: str) -> None:
     ns = namespace
     w = _seed(settings, ns)
-    port = free_port()
-    stack.start("console", "console", "serve", "--port", str(port), "--no-drain")
+    _, port = stack.start_listening(
+        "console", "console", "serve", "--port", "{port}", "--no-drain",
+        ready=lambda p: http_json(f"http://127.0.0.1:{p}/healthz"))
     base = f"http://127.0.0.1:{port}"
-    wait_for(lambda: http_json(f"{base}/healthz"), 30, what="console")
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:

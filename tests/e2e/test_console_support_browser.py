@@ -26,7 +26,7 @@ from playwright.sync_api import Page, sync_playwright
 
 from postbacks.core.identity import delivery_id
 from postbacks.settings import Settings
-from postbacks.tools.procs import Stack, free_port, http_json, wait_for
+from postbacks.tools.procs import Stack, http_json, wait_for
 from tests.e2e.browser import CHROMIUM, FLAGS, shot, sign_in
 from tests.e2e.harness import Harness
 from tests.integration.console_util import token
@@ -56,10 +56,9 @@ def test_rerender_after_a_macro_fix_search_endpoints_and_import_in_a_real_browse
     ep = h.endpoint("fix", provider="v2", method="GET",
                     url=f"{h.base}/hooks/ep_{ns}_fix?c={{conversion_id}}&x={{no_such_macro}}")
     h.start_stages()
-    port = free_port()
-    stack.start("console", "console", "serve", "--port", str(port))
+    _, port = stack.start_listening("console", "console", "serve", "--port", "{port}",
+                                    ready=lambda p: http_json(f"http://127.0.0.1:{p}/healthz"))
     base = f"http://127.0.0.1:{port}"
-    wait_for(lambda: http_json(f"{base}/healthz"), 30, what="console")
 
     cohort = h.emit("fix", 3)
     h.wait_status(ep, "suppressed", 3, timeout=120)

@@ -9,6 +9,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
+
+import pytest
 
 PARENT = textwrap.dedent("""
     import sys, tempfile, time
@@ -56,3 +59,26 @@ def test_an_untied_stack_outlives_its_parent() -> None:
     finally:
         if alive:
             os.kill(child, signal.SIGTERM)
+
+
+def test_a_listener_whose_port_was_taken_meanwhile_starts_on_another(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A free port picked for the console or the receiver can be bound by another process
+    (a stage's metrics server on port 0) before it binds it: it exited ("address already
+    in use") and the demo or the test waited for it in vain. It is started again on
+    another port."""
+    import socket
+
+    from postbacks.tools import procs
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1], procs.free_port()])
+        monkeypatch.setattr(procs, "free_port", lambda: next(ports))
+        with procs.Stack({}, tmp_path) as stack:
+            proc, port = stack.start_listening(
+                "receiver", "receiver", "--port", "{port}",
+                ready=lambda p: procs.http_json(f"http://127.0.0.1:{p}/_control/stats"))
+            assert port != taken.getsockname()[1] and proc.alive()
+            assert "address already in use" in (tmp_path / "receiver.log").read_text()
