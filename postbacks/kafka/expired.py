@@ -47,9 +47,9 @@ def expired_unread(c: Consumer, positions: Mapping[tuple[str, int], int],
     # log no longer starts at 0, and only with the time the losses above left (an idle
     # partition never commits: there can be many of them).
     for (topic, partition), position in sorted(positions.items()):
-        left = deadline - time.monotonic()
         if position >= 0 or (topic, partition) in _looked:
             continue
+        left = deadline - time.monotonic()
         if left <= 0:
             break
         try:

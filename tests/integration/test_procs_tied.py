@@ -13,13 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from postbacks.tools.procs import http_json, wait_for
+
 PARENT = textwrap.dedent("""
     import sys, tempfile, time
     from pathlib import Path
     from postbacks.tools.procs import Stack, free_port
     stack = Stack({}, Path(tempfile.mkdtemp()), tied=sys.argv[1] == "tied")
-    proc = stack.start("receiver", "receiver", "--port", str(free_port()))
-    print(proc.pid, flush=True)
+    port = free_port()
+    proc = stack.start("receiver", "receiver", "--port", str(port))
+    print(proc.pid, port, flush=True)
     time.sleep(120)
 """)
 
@@ -35,8 +38,10 @@ def _alive(pid: int) -> bool:
 def _child_after_parent_killed(mode: str, wait_s: float) -> tuple[int, bool]:
     parent = subprocess.Popen([sys.executable, "-c", PARENT, mode], stdout=subprocess.PIPE)
     assert parent.stdout is not None
-    child = int(parent.stdout.readline())
-    time.sleep(1.0)  # the child is up and past its start
+    child, port = map(int, parent.stdout.readline().split())
+    # the child is up and past its start (it answers)
+    wait_for(lambda: http_json(f"http://127.0.0.1:{port}/_control/stats"), 30,
+             what="the child receiver")
     assert _alive(child)
     parent.send_signal(signal.SIGKILL)
     parent.wait(10)

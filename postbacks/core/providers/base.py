@@ -137,9 +137,11 @@ def delivery_headers(d: DeliveryRecord) -> dict[str, str]:
 
 
 def standard_webhook_headers(
-    d: DeliveryRecord, keys: list[bytes], body: bytes, *, now_ms: int
+    d: DeliveryRecord, keys: list[bytes], *contents: bytes, now_ms: int
 ) -> dict[str, str]:
-    """Standard Webhooks ``webhook-id``/``-timestamp``/``-signature`` over ``body``.
+    """Standard Webhooks ``webhook-id``/``-timestamp``/``-signature``: one signature per
+    key over each of ``contents`` in turn (the body; ``v2``: its target, then the empty
+    body it always signed).
 
     The message id is the idempotency key, so a receiver deduping on ``webhook-id``
     dedupes across retries and replays too.
@@ -149,7 +151,7 @@ def standard_webhook_headers(
     return {
         "webhook-id": msg_id,
         "webhook-timestamp": str(ts),
-        "webhook-signature": signature_header(keys, msg_id, ts, body),
+        "webhook-signature": " ".join(signature_header(keys, msg_id, ts, c) for c in contents),
     }
 
 

@@ -13,10 +13,11 @@ too: ``{id}.{timestamp}.{target}``, the path and query exactly as on the request
 lets anyone who saw one request send its headers with other values. A receiver verifies
 with its usual library by passing the raw target as the payload. ``webhook-signature``
 carries the target's signatures first, then those over the empty body that v2 always
-sent (the canonical string is a contract: receivers written against it keep working). The rendered
-URL is sent byte for byte (:mod:`postbacks.core.targets`): literal text the template
-wrote unencoded (a space, a non-ASCII letter) is percent-encoded at render, and a macro
-value of ``.`` or ``..`` is sent as ``%2E``/``%2E%2E``, never taken as a dot-segment.
+sent (the canonical string is a contract: receivers written against it keep working).
+The rendered URL is sent byte for byte (:mod:`postbacks.core.targets`): literal text the
+template wrote unencoded (a space, a non-ASCII letter) is percent-encoded at render, and
+a macro value of ``.`` or ``..`` is sent as ``%2E``/``%2E%2E``, not as a literal
+dot-segment (a server that decodes before resolving dot-segments may still resolve it).
 V3's payload settings (``schema_version``, ``fields``, ``aliases``) do not apply here and
 are refused rather than silently ignored.
 """
@@ -42,7 +43,6 @@ from postbacks.core.providers.base import (
     standard_webhook_headers,
     url_problems,
 )
-from postbacks.core.signing import signature_header
 from postbacks.core.targets import request_target
 from postbacks.records import DeliveryRecord
 
@@ -122,14 +122,12 @@ class V2Provider(Provider):
         url = _encoded(expand(endpoint.url, d, quote=_quote))
         keys = require_active_keys(endpoint, now_ms)
         body = b""
-        signed = request_target(url).encode()  # the values are in the URL: sign it
-        headers = {**standard_webhook_headers(d, keys, signed, now_ms=now_ms),
+        # the values are in the URL: sign its target; then the empty body, as v2 always
+        # did (a frozen contract): receivers that verify that one go on working, those
+        # that verify the target authenticate the values
+        signed = (request_target(url).encode(), body)
+        headers = {**standard_webhook_headers(d, keys, *signed, now_ms=now_ms),
                    **delivery_headers(d)}
-        # and, after it, the signature over the empty body that v2 sent before (a frozen
-        # contract): receivers that verify that one go on working, those that verify the
-        # target authenticate the values
-        headers["webhook-signature"] += " " + signature_header(
-            keys, d["idempotency_key"], now_ms // 1000, body)
         headers = merge_custom_headers(headers, endpoint, self.reserved_headers)
         return RenderedRequest("GET", url, headers, body)
 
