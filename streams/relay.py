@@ -11,7 +11,10 @@ sooner): in the order they were enqueued. A ripe record that is due goes to disp
 not due yet goes back to the end of its own tier (it hops: a 5.7-h wait in ``retry.1h.v1``
 takes five), so the records of one endpoint (one key: one partition) stay in their order,
 as strict ordering needs of a head and the followers parked behind it. ``quarantine.v1``
-records ripen at their ``due_at``.
+records ripen at their ``due_at``, which the agent puts at most a minute after it enqueued
+them; one due later than that (another producer, a clock ahead) ripens two minutes after
+it was enqueued and goes to the delay topic its remaining wait belongs in. A record's
+``enqueued_at`` counts as the relay's clock when it is missing or ahead of it.
 
 The consumer keeps polling (so it stays in its group) with a poll timeout no longer than
 the wait for the earliest paused head: records are never released early, and late by about
@@ -36,6 +39,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from postbacks.codec import Codec, codec_for
 from postbacks.core.delay import due_too_far, is_due, ripe_at, wait_s
 from postbacks.core.outcomes import make_outcome
+from postbacks.core.quarantine import QUARANTINE_AHEAD_MS, divert_topic
 from postbacks.errors import DeadLetterError, InvalidRecord
 from postbacks.kafka.clients import (
     check_broker,
@@ -55,6 +59,7 @@ __all__ = ["run_relay"]
 
 log = logging.getLogger(__name__)
 
+_SKEW_MS = 60_000  # a quarantine record may be due this much later than the agent meant
 GROUP = "postbacks-relay"
 _OUTCOME = codec_for("Outcome")
 
@@ -72,6 +77,7 @@ def run_relay(
     # a retry tier's period by topic: its records ripen this long after being enqueued
     period_ms = {settings.topic(TOPICS.retry_tier(name).base): seconds * 1000
                  for name, seconds in RETRY_TIERS}
+    period_ms[settings.topic(TOPICS.quarantine.base)] = QUARANTINE_AHEAD_MS + _SKEW_MS
     tiers = {settings.topic(TOPICS.retry_tier(name).base): TOPICS.retry_tier(name).base
              for name, _seconds in RETRY_TIERS}
 
@@ -111,7 +117,7 @@ def run_relay(
                     d = rec
                 except DeadLetterError as exc:
                     d = exc  # dead-lettered in its turn, so offsets stay in order
-                ripe = _ripe(d, period_ms.get(key[0]))
+                ripe = _ripe(d, period_ms.get(key[0]), now_ms)
                 if key in held:
                     held[key].append((m, d, ripe))
                 elif is_due(ripe, now_ms):
@@ -157,8 +163,8 @@ class _Batch:
         due = d["due_at"]
         d["enqueued_at"] = self.now_ms
         if due is not None and due > self.now_ms:  # ripe, not due: to the end of its tier
-            self.out.add(self.tiers[m.topic() or ""], d["endpoint_id"].encode(),
-                         self._codec.encode(d))
+            tier = self.tiers.get(m.topic() or "") or divert_topic(due, self.now_ms)
+            self.out.add(tier, d["endpoint_id"].encode(), self._codec.encode(d))
             return
         if due is not None:
             LATENCY.labels(phase="relay_lateness").observe((self.now_ms - due) / 1000)
@@ -176,6 +182,7 @@ class _Batch:
         self.out.add(TOPICS.outcomes.base, d["endpoint_id"].encode(), o)
 
 
-def _ripe(d: DeliveryRecord | DeadLetterError, period_ms: int | None) -> int | None:
+def _ripe(d: DeliveryRecord | DeadLetterError, period_ms: int | None,
+          now_ms: int) -> int | None:
     return None if isinstance(d, DeadLetterError) else ripe_at(d["due_at"], d["enqueued_at"],
-                                                                period_ms)
+                                                                period_ms, now_ms)

@@ -15,11 +15,20 @@ def is_due(due_at_ms: int | None, now_ms: int) -> bool:
 
 
 def ripe_at(due_at_ms: int | None, enqueued_at_ms: int | None,
-            period_ms: int | None) -> int | None:
-    """When the relay takes a record off its partition's head: its ``due_at``; in a retry
-    tier (``period_ms``), one period after it was enqueued if that is sooner, so a tier's
-    records leave in the order they came (None: at once)."""
-    if due_at_ms is None or period_ms is None or enqueued_at_ms is None:
+            period_ms: int | None, now_ms: int | None = None) -> int | None:
+    """When the relay takes a record off its partition's head: its ``due_at``; in a delay
+    topic with a period (``period_ms``: a retry tier's, or the most a quarantine wait can
+    be), one period after it was enqueued if that is sooner, so a topic's records leave in
+    the order they came (None: at once).
+
+    ``now_ms``, the reader's clock, stands in for an ``enqueued_at`` that is missing or
+    ahead of it (another producer, a clock ahead): such a record still ripens within one
+    period, and one ``due_at`` far ahead cannot hold the partition behind it until then."""
+    if due_at_ms is None or period_ms is None:
+        return due_at_ms
+    if now_ms is not None and (enqueued_at_ms is None or enqueued_at_ms > now_ms):
+        enqueued_at_ms = now_ms
+    if enqueued_at_ms is None:
         return due_at_ms
     return min(due_at_ms, enqueued_at_ms + period_ms)
 

@@ -88,3 +88,60 @@ def test_the_relays_throughput_counts_records_not_partitions(settings: Settings)
         wait_for(lambda: released() >= before + 20, 60, progress=released,
                  what="20 records counted")
     assert released() == before + 20  # the relay stopped: nothing more was counted
+
+
+def test_a_quarantine_or_tier_head_with_a_far_due_at_ripens_within_its_period(
+        settings: Settings) -> None:
+    """A head due 72 h ahead (within the bound above) that no agent put there: on
+    ``quarantine.v1`` (the agent puts a record there at most a minute before its due
+    time), or on a tier with an ``enqueued_at`` ahead of the relay's clock. Each used to
+    ripen only at its ``due_at``, pausing its partition, and every other endpoint's
+    delivery behind it, for 72 h. It ripens within its topic's period and moves on to the
+    delay topic its wait belongs in; the deliveries behind it go to dispatch."""
+    codec = codec_for("Delivery")
+    now = int(time.time() * 1000)
+    far = now + 72 * 3_600_000
+    p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                  "enable.idempotence": True})
+    quarantine = settings.topic(TOPICS.quarantine.base)
+    tier = settings.topic(TOPICS.retry_tier("5s").base)
+    heads = [(quarantine, "dlv_q_far", far, now - 118_000), (quarantine, "dlv_q_next", now, now),
+             (tier, "dlv_t_far", far, far), (tier, "dlv_t_next", now, now)]
+    for topic, did, due, enqueued in heads:
+        p.produce(topic, codec.encode(make_delivery(
+            delivery_id=did, endpoint_id="ep_h", due_at=due, enqueued_at=enqueued)),
+            b"ep_h", partition=0)
+    assert p.flush(10) == 0
+
+    delay_topics = {settings.topic(s.base) for s in (*TOPICS.retry, TOPICS.quarantine)}
+    reader = make_consumer(settings, "test-far-head-reader")
+    reader.subscribe([settings.topic(TOPICS.dispatch.base), *sorted(delay_topics)])
+    got: dict[str, str] = {}
+
+    def read() -> dict[str, str]:
+        for m in reader.consume(100, 0.2):
+            if m.error() is not None or not m.value():
+                continue
+            d = codec.decode(m.value())
+            did = str(d["delivery_id"])
+            if m.topic() not in delay_topics:
+                got[did] = "dispatched"
+            elif did.endswith("_far") and now - 60_000 < (d["enqueued_at"] or 0) < far - 60_000:
+                got[did] = m.topic()  # republished by the relay, enqueued on its clock
+        return got
+
+    started = time.monotonic()
+    try:
+        with relay_running(settings):
+            wait_for(lambda: {"dlv_q_next", "dlv_t_next"} <= set(read()) and
+                     {"dlv_q_far", "dlv_t_far"} <= set(got), 60, interval=0.0,
+                     what="the records behind the far heads dispatched, the heads moved on",
+                     progress=lambda: got)
+    finally:
+        reader.close()
+    assert time.monotonic() - started < 60
+    assert got["dlv_q_next"] == got["dlv_t_next"] == "dispatched"
+    # the quarantine head goes to the retry tier its 72-h wait belongs in; the tier's
+    # head to the end of its own tier, with the relay's clock as its enqueue time
+    assert got["dlv_q_far"] == settings.topic(TOPICS.retry_tier("6h").base), got
+    assert got["dlv_t_far"] == tier, got

@@ -49,3 +49,17 @@ def test_a_retry_tier_record_ripens_one_period_after_it_came(
     from postbacks.core.delay import ripe_at
 
     assert ripe_at(due, enqueued, period) == expected
+
+
+@pytest.mark.parametrize(("due", "enqueued", "period", "expected"), [
+    (NOW + 72 * 3_600_000, None, 5_000, NOW + 5_000),         # no enqueue time: the reader's
+    (NOW + 72 * 3_600_000, NOW + 72 * 3_600_000, 5_000, NOW + 5_000),  # enqueued "ahead"
+    (NOW + 72 * 3_600_000, NOW - 4_000, 5_000, NOW + 1_000),  # enqueued earlier: kept
+    (NOW + 2_000, None, 5_000, NOW + 2_000),                  # due sooner: at its due_at
+    (NOW + 72 * 3_600_000, None, None, NOW + 72 * 3_600_000),  # no period: at its due_at
+])
+def test_the_readers_clock_stands_in_for_a_missing_or_future_enqueue_time(
+        due: int, enqueued: int | None, period: int | None, expected: int) -> None:
+    from postbacks.core.delay import ripe_at
+
+    assert ripe_at(due, enqueued, period, NOW) == expected
