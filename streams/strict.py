@@ -80,11 +80,32 @@ class OrderState:
 
     @classmethod
     def load(cls, raw: bytes) -> OrderState:
-        d = json.loads(raw)
+        """A state as :meth:`dump` wrote it; ValueError for anything else (another
+        producer's record: a number where a name goes, ``1e400``, nesting)."""
+        try:
+            d = json.loads(raw)
+        except RecursionError as exc:
+            raise ValueError("nested too deeply") from exc
         if not isinstance(d, dict):
             raise ValueError("not an object")
-        return cls(d.get("head"), d.get("topic"), int(d.get("due_at") or 0), d.get("tail"),
-                   d.get("drain"), int(d.get("drain_due") or 0), int(d.get("enqueued") or 0))
+        return cls(_name(d, "head"), _name(d, "topic"), _instant(d, "due_at"), _name(d, "tail"),
+                   _name(d, "drain"), _instant(d, "drain_due"), _instant(d, "enqueued"))
+
+
+def _name(d: dict[str, object], key: str) -> str | None:
+    v = d.get(key)
+    if v is None or isinstance(v, str):
+        return v
+    raise ValueError(f"{key} is {type(v).__name__}, not a string")
+
+
+def _instant(d: dict[str, object], key: str) -> int:
+    v = d.get(key)
+    if v is None:
+        return 0
+    if type(v) is not int or not 0 <= v < 2**63:
+        raise ValueError(f"{key} is {v!r}, not a time in milliseconds")
+    return v
 
 
 def load_states(settings: Settings, timeout_s: float = 30.0) -> dict[str, OrderState]:

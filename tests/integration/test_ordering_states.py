@@ -21,10 +21,14 @@ def test_unreadable_ordering_records_are_passed_over(settings: Settings) -> None
     producer.produce(topic, state.dump(), b"\xff\xfe not utf-8", partition=0)
     producer.produce(topic, b"{not json", b"ep_bad_value", partition=0)
     producer.produce(topic, b"\xff\xfe", b"ep_bad_bytes", partition=0)
+    # JSON, but not a state: 1e400 is a float infinity (int() of it raised OverflowError)
+    producer.produce(topic, b'{"due_at": 1e400}', b"ep_inf", partition=0)
+    producer.produce(topic, b'{"head": 5}', b"ep_bad_head", partition=0)
+    producer.produce(topic, b"[" * 100_000 + b"]" * 100_000, b"ep_deep", partition=0)
     producer.produce(topic, state.dump(), b"ep_strict", partition=0)
     assert producer.flush(30) == 0
 
     states = load_states(settings, timeout_s=60)
 
     assert states["ep_strict"] == state
-    assert "ep_bad_value" not in states and "ep_bad_bytes" not in states
+    assert not {"ep_bad_value", "ep_bad_bytes", "ep_inf", "ep_bad_head", "ep_deep"} & set(states)

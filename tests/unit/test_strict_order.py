@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from postbacks.codec import codec_for
 from postbacks.core.retry import RetryPolicy
 from streams.delivery import Deliverer
@@ -145,6 +147,16 @@ def test_a_lost_head_stops_blocking_after_its_grace() -> None:
     rig.strict.tick(rig.lane)
     rig.arrive("d2")
     assert rig.queued() == ["d2"]
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"due_at": 1e400}', b'{"drain_due": -1}', b'{"enqueued": 1.5}', b'{"due_at": "5"}',
+    b'{"due_at": true}', b'{"head": 5}', b'{"tail": ["d1"]}', b'{"topic": {}}',
+    b"[" * 100_000 + b"]" * 100_000, b"[]",
+])
+def test_a_record_that_is_not_a_state_is_refused_with_a_value_error(raw: bytes) -> None:
+    with pytest.raises(ValueError):  # (what load_states passes over with a warning)
+        OrderState.load(raw)
 
 
 def test_state_round_trips_and_a_busy_endpoint_keeps_its_own() -> None:
