@@ -12,7 +12,6 @@ for (``--no-wait`` returns at once).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 from typing import Any, cast
@@ -119,6 +118,8 @@ def _replay(settings: Settings, args: argparse.Namespace) -> int:
     from postbacks.db.connect import connect
     from replay_console.actions import create_replay
     from replay_console.drain import wait_for_job
+    from replay_console.guard import json_text
+    from replay_console.problem import Problem
     from replay_console.queries import FilterError
     from replay_console.rules import ActionError
 
@@ -138,10 +139,9 @@ def _replay(settings: Settings, args: argparse.Namespace) -> int:
             raw["fields"] = [f.strip() for f in args.fields.split(",") if f.strip()]
         if args.aliases:
             try:
-                raw["aliases"] = json.loads(args.aliases)
-            except ValueError as exc:
-                raise OverrideError(f"--aliases is not JSON ({exc}); e.g. "
-                                    '{"payout":"amount"}') from None
+                raw["aliases"] = json_text(args.aliases, "--aliases")
+            except Problem as exc:
+                raise OverrideError(f"{exc}; e.g. " '{"payout":"amount"}') from None
         override = parse_override(raw) if raw else None
     except (FilterError, OverrideError, ValueError) as exc:
         return fail(args, str(exc), 2)

@@ -126,11 +126,11 @@ def _config_text(arg: str) -> str:
 
 
 def _create_cmd(settings: Settings, args: argparse.Namespace) -> int:
-    import json
-
     from postbacks.db.connect import connect
     from replay_console.auth import cli_principal, name_problem
     from replay_console.endpoints import create_endpoint
+    from replay_console.guard import json_text
+    from replay_console.problem import Problem
     from replay_console.rules import ActionError
 
     problem = name_problem(args.actor, "--actor")
@@ -138,11 +138,11 @@ def _create_cmd(settings: Settings, args: argparse.Namespace) -> int:
         return fail(args, problem, 2)
     actor = args.actor.strip()
     try:
-        config = json.loads(_config_text(args.config)) if args.config else None
+        config = json_text(_config_text(args.config), "--config") if args.config else None
     except OSError as exc:
         return fail(args, f"--config: cannot read {args.config[1:]!r}: {exc.strerror}", 2)
-    except ValueError as exc:
-        return fail(args, f"--config is not JSON: {exc}", 2)
+    except Problem as exc:
+        return fail(args, str(exc), 2)
     if config is not None and not isinstance(config, dict):
         return fail(args, "--config must be a JSON object", 2)
     types = [t for arg in (args.event_types or ["*"]) for t in arg.split(",")]

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from postbacks.core.override import Override, OverrideError, parse_override
 from replay_console import queries as q
-from replay_console.guard import check_body
+from replay_console.guard import check_body, json_text
 from replay_console.problem import Problem
 
 __all__ = [
@@ -144,10 +144,7 @@ def override_from(body: Mapping[str, Any]) -> Override | None:
             raw["fields"] = [f.strip() for f in fields.split(",") if f.strip()]
         aliases = text(body, "aliases")
         if aliases:
-            try:
-                raw["aliases"] = json.loads(aliases)
-            except ValueError as exc:
-                raise OverrideError(f"aliases must be a JSON object: {exc}") from exc
+            raw["aliases"] = json_text(aliases, "aliases")
         return parse_override(raw) if raw else None
     except OverrideError as exc:
         raise Problem(400, str(exc)) from exc

@@ -7,6 +7,7 @@ value or a nesting it cannot handle. A refusal is a 4xx that names the input, ne
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
@@ -88,6 +89,29 @@ def session_cookie_in(request: web.Request) -> str | None:
     (every page, /login included, redirected to /login)."""
     value = request.cookies.get("pb_session")
     return value if value and _COOKIE.fullmatch(value) else None
+
+
+def json_text(raw: str, what: str) -> Any:
+    """A JSON value given as text inside a body or on a command line (an endpoint's
+    config, an override's aliases), held to :func:`check_body`'s rules: no NaN or
+    Infinity, no NUL or other control characters, no deep nesting (PostgreSQL's jsonb
+    stores none of them, and the save failed there as a 500)."""
+    def refuse(constant: str) -> Any:
+        raise Problem(400, f"{what} holds {constant}: only finite numbers are allowed")
+
+    try:
+        value = json.loads(raw, parse_constant=refuse)
+    except ValueError as exc:
+        raise Problem(400, f"{what} is not JSON: {str(exc)[:200]}") from exc
+    except RecursionError:
+        raise Problem(400, f"{what} is nested more than {MAX_DEPTH} levels deep") from None
+    try:
+        check_body(value, what)
+    except Problem as exc:
+        message = str(exc)
+        raise Problem(exc.status, message if message.startswith(what) else
+                      f"{what}: {message}") from None
+    return value
 
 
 def check_body(value: Any, what: str = "body", depth: int = 0) -> None:

@@ -29,6 +29,7 @@ from replay_console.forms import (
     text,
     whole,
 )
+from replay_console.guard import json_text
 from replay_console.http import (
     ACTION,
     REFUSED,
@@ -199,10 +200,7 @@ def _config_and_types(request: web.Request, body: Mapping[str, Any],
     and ``event_types`` (a list in the API, comma-separated in a form); None when absent."""
     config = body.get("config")
     if isinstance(config, str):
-        try:
-            config = json.loads(config) if config.strip() else None
-        except ValueError as exc:
-            raise Problem(400, f"config is not JSON: {exc}") from exc
+        config = json_text(config, "config") if config.strip() else None
     if config is not None and not isinstance(config, dict):
         raise Problem(400, "config must be a JSON object")
     raw_types = body.get("event_types")

@@ -682,6 +682,31 @@ def test_oversized_and_malformed_requests_get_a_4xx(settings: Settings, namespac
         assert sup.get("/api/v1/deliveries").status == 200  # still serving
 
 
+def test_config_text_that_jsonb_cannot_hold_gets_a_400(settings: Settings, namespace: str) -> None:
+    """An endpoint's config given as JSON text (a form field, or a string in the API body)
+    is parsed after the body's own checks: NaN, a NUL escape or deep nesting in it passed
+    the config's validation and failed in PostgreSQL's jsonb, a 500."""
+    ns = namespace
+    w = _world(settings, ns)
+    ep = f"/api/v1/endpoints/{w['ep_a']}"
+    texts = ['{"validator": {"kind": "json_field", "field": "status", "op": "equals",'
+             ' "value": NaN}}',
+             '{"aliases": {"payout_usd": "amt\\u0000"}}',
+             '{"notify_endpoint_id": "ep_x\\u0000"}',
+             '{"a": ' * 3000 + "1" + "}" * 3000]
+    with console_server(settings) as port:
+        adm = Client(port, bearer=token(settings, f"adm-{ns}", "admin"))
+        before = adm.get(ep).json()
+        for text in texts:
+            for path, body in [(ep, {"config": text}),
+                               ("/api/v1/endpoints", {"app_id": w["a"], "config": text,
+                                                      "url": "https://new.example/h"})]:
+                r = adm.post(path, body=body)
+                assert r.status == 400, (path, text[:60], r.status, r.text[:300])
+                assert "config" in r.json()["error"], r.json()
+        assert adm.get(ep).json() == before
+
+
 def test_static_files_never_leave_their_folder(settings: Settings) -> None:
     with console_server(settings) as port:
         anon = Client(port)
@@ -845,6 +870,13 @@ def test_cli_help_and_bad_arguments(settings: Settings, namespace: str,
         ("held", "release", "--delivery-id", "a", "--all", "--actor", "x"),
         ("endpoints", "create", "--app", "a", "--url", "https://x.example/", "--config", "{"),
         ("endpoints", "create", "--app", "a", "--url", "https://x.example/", "--config", "[1]"),
+        ("endpoints", "create", "--app", "a", "--url", "https://x.example/", "--config",
+         '{"validator": {"kind": "json_field", "field": "s", "op": "equals", "value": NaN}}'),
+        ("endpoints", "create", "--app", "a", "--url", "https://x.example/", "--config",
+         '{"aliases": {"payout_usd": "amt\\u0000"}}'),
+        ("endpoints", "create", "--app", "a", "--url", "https://x.example/", "--config",
+         "[" * 5000 + "]" * 5000),
+        ("deliveries", "replay", f"dlv_{ns}_none", "--aliases", '{"payout": "a\\u0000"}'),
         ("endpoints", "enable", f"ep_{ns}_none", "--backlog", "bogus", "--actor", "x"),
         ("deliveries", "bogus"), ("held",), ("console",),
     ]
