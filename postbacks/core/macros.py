@@ -70,7 +70,10 @@ def iso_utc(epoch_ms: int) -> str:
         t = _EPOCH + timedelta(milliseconds=epoch_ms)
     except OverflowError:  # from another producer: the fan-out refuses such a time
         raise RenderError(f"time {epoch_ms} is outside 0001..9999 (epoch ms)") from None
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+    # (not strftime: its %Y leaves a year before 1000 unpadded, "1-01-01T...", which no
+    # ISO-8601 parser reads)
+    return (f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:"
+            f"{t.second:02d}.{t.microsecond // 1000:03d}Z")
 
 
 def _opt_str(value: int | str | None) -> str | None:

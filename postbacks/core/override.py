@@ -77,9 +77,15 @@ def parse_override(raw: str | Mapping[str, Any] | None) -> Override | None:
             data = json.loads(raw)
         except ValueError as exc:
             raise OverrideError(f"override is not JSON: {exc}") from exc
+        except RecursionError:
+            raise OverrideError("override is nested too deeply") from None
     else:
         data = raw
-        if len(json.dumps(data, default=str).encode()) > MAX_OVERRIDE_BYTES:
+        try:
+            size = len(json.dumps(data, default=str).encode())
+        except RecursionError:
+            raise OverrideError("override is nested too deeply") from None
+        if size > MAX_OVERRIDE_BYTES:
             raise OverrideError(f"override is larger than {MAX_OVERRIDE_BYTES} bytes")
     if not isinstance(data, Mapping):
         raise OverrideError("override must be a JSON object with url, fields or aliases")

@@ -47,6 +47,7 @@ def test_override_parses_url_fields_and_aliases() -> None:
     ('{"url": "https://x/' + "a" * 3000 + '"}', "longer than 2048"),
     ('{"url": "https://x/", "fields": ["' + "f" * MAX_OVERRIDE_BYTES + '"]}',
      f"larger than {MAX_OVERRIDE_BYTES} bytes"),
+    ("[" * 3000 + "]" * 3000, "nested too deeply"),  # fits the size, beats the parser
 ])
 def test_bad_overrides_are_refused_with_the_reason(raw: str, words: str) -> None:
     with pytest.raises(OverrideError, match=words.replace("(", r"\(").replace(")", r"\)")):
