@@ -27,6 +27,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from postbacks.core.endpoint import Endpoint, EndpointConfig
+from postbacks.core.fanout import ROUTABLE_APP_ID
 from postbacks.core.override import Override, apply_override
 from postbacks.core.redact import MASK, Redaction, redact_request
 from postbacks.errors import ConfigError
@@ -175,11 +176,9 @@ def create_endpoint(
     from postbacks.db.crypto import SecretBox
     from postbacks.db.endpoints import add_secret as store
     from postbacks.ids import new_id
-    from replay_console.filters import ID
-
     require(p, "edit_endpoint", "create endpoints")
     app_id = app_id.strip()
-    if not ID.match(app_id) or "*" in app_id:
+    if not ROUTABLE_APP_ID.fullmatch(app_id):
         return [f"app {app_id[:60]!r} is not a valid app id"], None
     now_ms = int(time.time() * 1000)
     try:

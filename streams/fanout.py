@@ -37,6 +37,7 @@ from postbacks.core.fanout import (
     MAX_ID_CHARS,
     MAX_PAYOUT_MICROS,
     MIN_OCCURRED_AT_MS,
+    ROUTABLE_APP_ID,
     check_conversion,
     plan_deliveries,
     shown,
@@ -44,7 +45,7 @@ from postbacks.core.fanout import (
 )
 from postbacks.db.crypto import SecretBox
 from postbacks.db.endpoint_cache import EndpointCache
-from postbacks.errors import DeadLetterError
+from postbacks.errors import DeadLetterError, InvalidRecord
 from postbacks.kafka.clients import check_broker, make_consumer
 from postbacks.kafka.stage import (
     DELIVERY_HEADROOM,
@@ -96,6 +97,11 @@ def run_fanout(settings: Settings, stop: threading.Event) -> None:
                     f" may take (the record is {len(msg.value() or b''):,} bytes)",
                     reason=TOO_LARGE)
             planned.append((key, value))
+        if not planned and not ROUTABLE_APP_ID.fullmatch(event["app_id"]):
+            raise InvalidRecord(  # no endpoint can ever have it: an upstream bug, shown
+                f"conversion {shown(event['conversion_id'])}: app_id {ascii(event['app_id'])[:80]}"
+                " can never match an endpoint (app ids are ASCII letters, digits and _.:-; "
+                "a look-alike letter, a space or a slash is an upstream bug)")
         if not planned:  # not an error (an app with no publisher postbacks), but seen:
             FANOUT_UNROUTED.inc()  # a typo in app_id or event_type lands here too
         size = sum(len(k) + len(v) for k, v in planned)

@@ -20,7 +20,7 @@ from postbacks.errors import InvalidRecord
 from postbacks.records import ConversionEvent, DeliveryRecord
 
 __all__ = ["MAX_FUTURE_MS", "MAX_ID_CHARS", "MAX_PAYOUT_MICROS", "MIN_OCCURRED_AT_MS",
-           "REQUIRED_FIELDS", "check_conversion", "plan_deliveries", "shown",
+           "REQUIRED_FIELDS", "ROUTABLE_APP_ID", "check_conversion", "plan_deliveries", "shown",
            "validate_conversion"]
 
 REQUIRED_FIELDS = ("event_id", "conversion_id", "app_id", "event_type")
@@ -79,6 +79,9 @@ _TEXTS = ("event_id", "conversion_id", "app_id", "event_type", "goal_id", "origi
 # the conversion reached no one without a trace.
 _INVISIBLE = frozenset({"Cf", "Zl", "Zp"})
 _CURRENCY = re.compile(r"[A-Z]{3}")  # ISO 4217
+# An app id an endpoint can be saved with (the console's and the CLI's check): a
+# conversion whose app_id is outside it can never be routed
+ROUTABLE_APP_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}", re.ASCII)
 _AMOUNT = re.compile(r"[0-9]{1,18}(\.[0-9]{1,18})?")
 
 

@@ -210,6 +210,12 @@ def test_every_hostile_record_is_dead_lettered_or_fanned_out_and_the_partition_f
         # endpoint, and no one learnt of it
         Case("app_id with a zero-width space", up.enc("cv_zw_app", app_id=up.app + "\u200b"),
              reason=inv, words=("an invisible character",)),
+        # ... or by a look-alike letter, or by a character no endpoint's app id can hold
+        Case("app_id with a Cyrillic look-alike letter",
+             up.enc("cv_cyr_app", app_id="\u0430" + up.app[1:]), reason=inv,
+             words=("can never match an endpoint",)),
+        Case("app_id with a slash", up.enc("cv_slash_app", app_id=up.app + "/1"), reason=inv,
+             words=("can never match an endpoint",)),
         Case("currency not ISO 4217", up.enc("cv_cur", original_currency="usd "), reason=inv,
              words=("is not a three-letter ISO 4217 code",)),
         Case("payout negative", up.enc("cv_pay_neg", payout_usd_micros=-1), reason=inv,
