@@ -387,8 +387,10 @@ class Lanes:
                                   probe=probe) if sent else unused(before, probe=probe))
         self._changed(lane, before, own=True)
         work.slot.finish(out)  # before anything parked behind it (finishing order)
-        if self.strict is not None and self._strict(self.endpoint(lane.endpoint_id)):
-            if work.slot.detached:  # revoked or aborted meanwhile: the owner redoes it
+        if self.strict is not None and lane.endpoint_id in self.strict.states:
+            if not self._strict(self.endpoint(lane.endpoint_id)):
+                self.strict.unwind(lane)  # no longer strict while this was out
+            elif work.slot.detached:  # revoked or aborted meanwhile: the owner redoes it
                 self.strict.dropped(lane, work)
             else:
                 self.strict.after(lane, work, out)
@@ -419,6 +421,9 @@ class Lanes:
         """Re-pump every lane (a breaker may have become ready to probe)."""
         for lane in self.lanes.values():
             if self.strict is not None and lane.endpoint_id in self.strict.states:
-                self.strict.tick(lane)
+                if self._strict(self.endpoint(lane.endpoint_id)):
+                    self.strict.tick(lane)
+                else:
+                    self.strict.unwind(lane)
             if lane.queue or lane.redrives:
                 self.pump(lane)

@@ -282,6 +282,23 @@ class StrictOrder:
             self.dirty.add(lane.endpoint_id)
         self._release(lane, st)
 
+    def unwind(self, lane: Lane) -> None:
+        """The endpoint is no longer strict (its ``ordering`` changed, or it was deleted):
+        once nothing of it is in flight, what was held back goes to its lane, and its state
+        is cleared and published cleared. Until then its in-flight head still counted as
+        here, no later delivery was released, and its partition's offsets stayed behind
+        the first one held back for ever."""
+        st = self.states.get(lane.endpoint_id)
+        if st is None or st.partition is None or st.revoked or lane.in_flight:
+            return  # (not this agent's to change; or an answer still to come)
+        lane.queue.extend(st.waiting)
+        st.waiting.clear()
+        st.here = False
+        if (st.head, st.topic, st.tail, st.drain) != (None, None, None, None):
+            st.head = st.topic = st.tail = st.drain = None
+            st.due_at = st.drain_due = st.enqueued = 0
+            self.dirty.add(lane.endpoint_id)
+
     # -- state ---------------------------------------------------------------------------
     def dropped(self, lane: Lane, work: Work) -> None:
         """A strict delivery sent while its partition was revoked (or its batch aborted):
