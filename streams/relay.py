@@ -8,9 +8,13 @@ the next tier's (``retry.1h.v1``: 1 h to 6 h), and several endpoints share a par
 a record due in 6 h at the head held one due in 1 h behind it for 5 h. A record in a retry
 tier therefore ripens one tier period after it was enqueued (or at its ``due_at``, if
 sooner): in the order they were enqueued. A ripe record that is due goes to dispatch; one
-not due yet goes back to the end of its own tier (it hops: a 5.7-h wait in ``retry.1h.v1``
-takes five), so the records of one endpoint (one key: one partition) stay in their order,
-as strict ordering needs of a head and the followers parked behind it. ``quarantine.v1``
+not due yet hops to the delay topic its remaining wait belongs in, enqueued when it
+ripened: the end of its own tier while that wait is a period or more (a 5.7-h wait in
+``retry.1h.v1`` takes five hops), a shorter tier, then ``quarantine.v1``, after. Back to
+its own tier every time, a record waited behind the records enqueued up to a period after
+it (a 6.5-h retry left ``retry.6h.v1`` after 12 h). The hop is decided from the record's
+own times, which a strict endpoint's head and the followers parked behind it share, so
+they hop together and stay in their order (one key: one partition). ``quarantine.v1``
 records ripen at their ``due_at``, which the agent puts at most a minute after it enqueued
 them; one due later than that (another producer, a clock ahead) ripens two minutes after
 it was enqueued and goes to the delay topic its remaining wait belongs in. A record's
@@ -60,6 +64,7 @@ __all__ = ["run_relay"]
 log = logging.getLogger(__name__)
 
 _SKEW_MS = 60_000  # a quarantine record may be due this much later than the agent meant
+_HOP_SLACK_MS = 60_000  # a hop counts from when the record ripened if read this soon after
 GROUP = "postbacks-relay"
 _OUTCOME = codec_for("Outcome")
 
@@ -78,8 +83,6 @@ def run_relay(
     period_ms = {settings.topic(TOPICS.retry_tier(name).base): seconds * 1000
                  for name, seconds in RETRY_TIERS}
     period_ms[settings.topic(TOPICS.quarantine.base)] = QUARANTINE_AHEAD_MS + _SKEW_MS
-    tiers = {settings.topic(TOPICS.retry_tier(name).base): TOPICS.retry_tier(name).base
-             for name, _seconds in RETRY_TIERS}
 
     def on_revoke(_c: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
@@ -97,12 +100,12 @@ def run_relay(
             heads = [q[0][2] or 0 for q in held.values() if q]
             msgs = consume_ready(consumer, settings.batch_size,
                                  wait_s(heads, int(clock() * 1000)))
-            batch = _Batch(int(clock() * 1000), codec, dlq, limit, tiers)
+            batch = _Batch(int(clock() * 1000), codec, dlq, limit)
             now_ms = batch.now_ms
             release = batch.release
             for key, queue in list(held.items()):
                 while queue and is_due(queue[0][2], now_ms):
-                    release(*queue.popleft()[:2])
+                    release(*queue.popleft())
                 if not queue:
                     del held[key]
                     consumer.resume([TopicPartition(*key)])
@@ -121,7 +124,7 @@ def run_relay(
                 if key in held:
                     held[key].append((m, d, ripe))
                 elif is_due(ripe, now_ms):
-                    release(m, d)
+                    release(m, d, ripe)
                 else:
                     consumer.pause([TopicPartition(*key)])
                     held[key] = deque([(m, d, ripe)])
@@ -141,10 +144,8 @@ def run_relay(
 class _Batch:
     """What one loop turn republishes (or dead-letters) and the offsets it commits."""
 
-    def __init__(self, now_ms: int, codec: Codec, dlq: Codec, limit: int,
-                 tiers: dict[str, str]) -> None:
+    def __init__(self, now_ms: int, codec: Codec, dlq: Codec, limit: int) -> None:
         self.now_ms = now_ms
-        self.tiers = tiers  # a retry tier's full topic name -> its registry name
         self.limit = limit  # what one message of the relay's producer may hold
         self.out = Output()
         self.offsets: dict[tuple[str, int], int] = {}
@@ -152,7 +153,8 @@ class _Batch:
         self._codec = codec
         self._dlq = dlq
 
-    def release(self, m: Message, d: DeliveryRecord | DeadLetterError) -> None:
+    def release(self, m: Message, d: DeliveryRecord | DeadLetterError,
+                ripe: int | None = None) -> None:
         self.offsets[(m.topic() or "", m.partition() or 0)] = (m.offset() or 0) + 1
         self.released += 1
         if isinstance(d, DeadLetterError):
@@ -161,11 +163,23 @@ class _Batch:
             self._ended(m, d)
             return
         due = d["due_at"]
-        d["enqueued_at"] = self.now_ms
-        if due is not None and due > self.now_ms:  # ripe, not due: to the end of its tier
-            tier = self.tiers.get(m.topic() or "") or divert_topic(due, self.now_ms)
-            self.out.add(tier, d["endpoint_id"].encode(), self._codec.encode(d))
+        if due is not None and due > self.now_ms:
+            # ripe, not due: on to the delay topic its remaining wait belongs in, counted
+            # from when it ripened -- its own tier while that wait is a period or more, a
+            # shorter one after. (Back to the end of its own tier, it waited behind records
+            # enqueued up to a period after it: a 6.5-h retry left retry.6h.v1 after 12 h.)
+            # From the record's own times only: a head and the followers parked behind it
+            # share them, so they go to the same topic, in their order.
+            # (the relay's clock instead when it read the record long after it ripened:
+            # a wait counted from an enqueue time far back would pick a tier too long
+            # for what is left, and one that ripened at once again, hop after hop)
+            at = (ripe if ripe is not None and 0 <= self.now_ms - ripe <= _HOP_SLACK_MS
+                  else self.now_ms)
+            d["enqueued_at"] = at
+            self.out.add(divert_topic(due, at), d["endpoint_id"].encode(),
+                         self._codec.encode(d))
             return
+        d["enqueued_at"] = self.now_ms
         if due is not None:
             LATENCY.labels(phase="relay_lateness").observe((self.now_ms - due) / 1000)
         self.out.add(TOPICS.dispatch.base, d["endpoint_id"].encode(), self._codec.encode(d))

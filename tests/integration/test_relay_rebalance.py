@@ -52,7 +52,8 @@ def test_a_paused_partition_lost_in_a_rebalance_is_read_again(settings: Settings
     p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers})
     p.produce(settings.topic(TOPICS.quarantine.base),
               codec.encode(make_delivery(delivery_id="dlv_paused", endpoint_id="ep_r",
-                                         due_at=due_at)), b"ep_r", partition=0)
+                                         due_at=due_at, enqueued_at=int(time.time() * 1000))),
+              b"ep_r", partition=0)
     assert p.flush(10) == 0
 
     reader = make_consumer(settings, "test-dispatch-reader")

