@@ -121,11 +121,11 @@ def id_list(body: Mapping[str, Any], key: str) -> list[str]:
     return out
 
 
-def whole(body: Mapping[str, Any], key: str) -> int | None:
+def whole(body: Mapping[str, Any], key: str, digits: int = 12) -> int | None:
     v = text(body, key)
     if v is None:
         return None
-    if not (v.isascii() and v.isdigit()) or len(v) > 12:
+    if not (v.isascii() and v.isdigit()) or len(v) > digits:
         raise Problem(400, f"{key} must be a whole number")
     return int(v)
 

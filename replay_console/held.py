@@ -157,10 +157,14 @@ def resolve_held(
     delivery_ids: Sequence[str] = (), endpoint: str | None = None, reason: str | None = None,
     app: str | None = None, all_: bool = False, limit: int = 10_000,
     confirm: int | None = None, yes: bool = False, app_ids: Sequence[str] | None = None,
+    held_until_ms: int | None = None,
 ) -> Resolved:
     """Release or reject held deliveries (``kind`` = released | rejected): one Kafka
     transaction, then one audit row per delivery. More than :data:`CONFIRM_ABOVE` need
-    ``yes`` or ``confirm`` equal to the number that match. Raises :class:`HeldError`."""
+    ``yes`` or ``confirm`` equal to the number that match; a ``confirm`` given must equal
+    it whatever the number (a count read off a page is what the reviewer saw, not what
+    matches at the click). ``held_until_ms``: only those held no later than that (the
+    newest hold the page showed). Raises :class:`HeldError`."""
     from postbacks.codec import codec_for
     from postbacks.core.outcomes import make_outcome
     from postbacks.db.anomaly import audit_held, held_deliveries, lock_held
@@ -181,7 +185,7 @@ def resolve_held(
         lock_held(conn)  # until commit: a concurrent release/reject waits, then skips these
         held = held_deliveries(
             conn, endpoint_id=endpoint, reason=reason, app_id=app,
-            delivery_ids=ids or None, limit=max(limit, len(ids)),
+            delivery_ids=ids or None, limit=max(limit, len(ids)), held_until_ms=held_until_ms,
         )
         if app_ids is not None:
             held = [h for h in held if h.app_id in app_ids]
@@ -192,6 +196,11 @@ def resolve_held(
                                 f"{', '.join(missing)}; nothing was {kind}")
         if not held:
             raise HeldError(f"no held deliveries match; nothing was {kind}")
+        if confirm is not None and confirm != len(held):
+            raise NeedsConfirmation(
+                len(held), f"{len(held)} held deliveries match now, not the {confirm} "
+                f"confirmed; nothing was {kind}: look again, and confirm {len(held)} to "
+                f"{verb} them")
         if len(held) > CONFIRM_ABOVE and not yes and confirm != len(held):
             raise NeedsConfirmation(
                 len(held), f"{len(held)} held deliveries would be {kind}"

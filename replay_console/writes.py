@@ -180,7 +180,7 @@ def resolve(c: Console, kind: str) -> Handler:
                 resolve_held, c.settings, kind=kind, actor=p.actor, note=text(body, "note"),
                 delivery_ids=ids, endpoint=kw["endpoint"], reason=kw["reason"],
                 app=kw["app"], all_=flag(body, "all"),
-                confirm=whole(body, "confirm"))
+                confirm=whole(body, "confirm"), held_until_ms=whole(body, "held_until", 15))
         except NeedsConfirmation as exc:
             raise Problem(409, str(exc), needs_confirmation=exc.count) from exc
         except HeldError as exc:

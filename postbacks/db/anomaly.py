@@ -249,9 +249,13 @@ def close_halt(
 
 
 def _held_where(endpoint_id: str | None, reason: str | None, app_id: str | None,
-                delivery_ids: Sequence[str] | None) -> tuple[str, list[Any]]:
+                delivery_ids: Sequence[str] | None,
+                held_until_ms: int | None = None) -> tuple[str, list[Any]]:
     where = ["d.status = 'held'"]
     args: list[Any] = []
+    if held_until_ms is not None:  # held no later than that millisecond (the page's newest)
+        where.append("(d.held_at IS NULL OR d.held_at < to_timestamp(%s / 1000.0))")
+        args.append(held_until_ms + 1)
     for column, value in (("endpoint_id", endpoint_id), ("hold_reason", reason),
                           ("app_id", app_id)):
         if value is not None:
@@ -272,10 +276,12 @@ def held_deliveries(
     conn: psycopg.Connection[Any], *, endpoint_id: str | None = None,
     reason: str | None = None, app_id: str | None = None,
     delivery_ids: Sequence[str] | None = None, limit: int = 1000,
+    held_until_ms: int | None = None,
 ) -> list[HeldDelivery]:
     """Held deliveries matching every given filter, oldest hold first. Deliveries already
-    released or rejected (audited, not yet projected by the sink) are left out."""
-    where, args = _held_where(endpoint_id, reason, app_id, delivery_ids)
+    released or rejected (audited, not yet projected by the sink) are left out, and with
+    ``held_until_ms`` those held after that millisecond."""
+    where, args = _held_where(endpoint_id, reason, app_id, delivery_ids, held_until_ms)
     rows = conn.execute(
         "SELECT d.delivery_id, d.endpoint_id, d.app_id, d.idempotency_key, d.hold_reason,"
         " d.held_at, d.payout_usd_micros, d.attempt_count, d.created_at, d.snapshot"
@@ -299,10 +305,11 @@ def held_cohorts(
     where, args = _held_where(endpoint_id, reason, app_id, None)
     return [
         {"endpoint_id": r[0], "hold_reason": r[1], "count": int(r[2]),
-         "payout_usd_micros": int(r[3] or 0), "oldest_ms": ms_of(r[4])}
+         "payout_usd_micros": int(r[3] or 0), "oldest_ms": ms_of(r[4]),
+         "newest_ms": ms_of(r[5])}
         for r in conn.execute(
             "SELECT d.endpoint_id, d.hold_reason, count(*), sum(d.payout_usd_micros),"
-            f" min(d.held_at) FROM deliveries d WHERE {where}"
+            f" min(d.held_at), max(d.held_at) FROM deliveries d WHERE {where}"
             " GROUP BY d.endpoint_id, d.hold_reason ORDER BY min(d.held_at) NULLS FIRST"
             " LIMIT %s", (*args, limit))
     ]

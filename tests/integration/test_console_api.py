@@ -5,6 +5,8 @@ drainer's per-endpoint cap, the audit trail of every mutation, and CLI parity.""
 from __future__ import annotations
 
 import json
+import re
+import time
 from typing import Any
 
 import pytest
@@ -121,6 +123,45 @@ def test_roles_and_the_publisher_scope(settings: Settings, namespace: str) -> No
     assert records[0]["trigger"] == "release"
     assert records[0]["triggered_by"] == f"reviewer:rev-{ns}"
     assert ("reviewer:rev-" + ns, "held.release") in _audit(settings, f"dlv_{ns}_3")
+
+
+def test_a_cohort_release_resolves_what_the_page_showed(
+        settings: Settings, namespace: str) -> None:
+    """The held page's cohort form posted only the cohort and the count shown, and the
+    release selected again at the click: deliveries held after the page was read went out
+    unreviewed with the rest, and the count was only checked above 100."""
+    ns = namespace
+    ep, app = f"ep_{ns}_c", f"app_{ns}_c"
+    with connect(settings.database_url) as conn:
+        upsert_endpoint(conn, endpoint_id=ep, app_id=app, url=f"https://pub.example/{ep}",
+                        config=EndpointConfig())
+        conn.commit()
+    insert_deliveries(settings, [held_delivery(ns, n, endpoint=ep, app=app) for n in (1, 2)])
+    cohort = {"endpoint": ep, "reason": "retrodated"}
+    with console_server(settings) as port:
+        page = Client(port)
+        page.sign_in(token(settings, f"rev-page-{ns}", "reviewer"))
+        shown = page.get("/held").text
+        form = re.search(r'name="endpoint" value="' + ep + r'".*?</form>', shown, re.S)
+        assert form is not None, shown
+        assert 'name="confirm" value="2"' in form.group(0)
+        held_until = int(re.findall(r'name="held_until" value="(\d+)"', form.group(0))[0])
+        time.sleep(0.05)
+        insert_deliveries(settings, [held_delivery(ns, 3, endpoint=ep, app=app)])  # later
+
+        rev = Client(port, bearer=token(settings, f"rev-{ns}", "reviewer"))
+        r = rev.post("/api/v1/held/release", body={**cohort, "confirm": 2})
+        assert r.status == 409 and r.json()["needs_confirmation"] == 3, r.text
+        assert "nothing was released" in r.json()["error"]
+        assert topic_size(settings, RETRY_5S) == 0
+        r = rev.post("/api/v1/held/release",
+                     body={**cohort, "confirm": 2, "held_until": held_until})
+        assert r.status == 200, r.text
+        assert sorted(r.json()["delivery_ids"]) == [f"dlv_{ns}_1", f"dlv_{ns}_2"]
+    assert ("reviewer:rev-" + ns, "held.release") not in _audit(settings, f"dlv_{ns}_3")
+    with connect(settings.database_url) as conn:
+        assert conn.execute("SELECT status FROM deliveries WHERE delivery_id = %s",
+                            (f"dlv_{ns}_3",)).fetchone() == ("held",)
 
 
 def test_csrf_is_required_on_every_cookie_form(settings: Settings, namespace: str) -> None:
