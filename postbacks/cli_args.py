@@ -7,7 +7,18 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["finite", "port", "whole"]
+__all__ = ["MAX_NOTE", "finite", "note", "port", "whole"]
+
+MAX_NOTE = 1000  # characters of an audited note or reason (copied into every row it covers)
+
+
+def note(text: str) -> str:
+    """An audited note: at most :data:`MAX_NOTE` characters (a bulk action copies it into
+    each of its audit rows and outcome reasons)."""
+    if len(text) > MAX_NOTE:
+        raise argparse.ArgumentTypeError(f"a note of {len(text):,} characters; at most "
+                                         f"{MAX_NOTE:,}")
+    return text
 
 
 def port(text: str) -> int:

@@ -10,7 +10,7 @@ import re
 import sys
 from typing import Any, cast
 
-from postbacks.cli_args import port
+from postbacks.cli_args import note, port
 from postbacks.cli_output import fail, print_json, print_table
 from postbacks.settings import Settings
 
@@ -200,6 +200,6 @@ def add_parser(subparsers: Any) -> None:
                           "its sessions end at their next request.")
     sp.add_argument("token_id", metavar="ID", help="the token id (tok_..., see token list)")
     sp.add_argument("--by", help="who revokes it (audited as cli:<by>; default: your login name)")
-    sp.add_argument("--note", help="why (audited)")
+    sp.add_argument("--note", type=note, help="why (audited)")
     sp.add_argument("--json", action="store_true", help="print JSON")
     sp.set_defaults(func=_token_revoke)

@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any, cast
 
-from postbacks.cli_args import whole
+from postbacks.cli_args import note, whole
 from postbacks.cli_output import fail, iso, print_json, print_table, shown, usd
 from postbacks.settings import Settings
 
@@ -318,7 +318,7 @@ def add_parser(subparsers: Any) -> None:
     sp.add_argument("--url", help="edit: send this re-drive to this URL")
     sp.add_argument("--fields", help="edit: V3 field subset, comma separated")
     sp.add_argument("--aliases", help='edit: V3 key aliases as JSON, e.g. {"payout":"amount"}')
-    sp.add_argument("--note", help="why (audited)")
+    sp.add_argument("--note", type=note, help="why (audited)")
     sp.add_argument("--confirm", type=whole(0), help="bulk: the number of deliveries you expect")
     sp.add_argument("--yes", action="store_true", help="bulk: confirm whatever matches")
     sp.add_argument("--no-wait", action="store_true", help="queue it and return")
@@ -330,7 +330,7 @@ def add_parser(subparsers: Any) -> None:
         "deliveries with its current config (a preview: nothing sent), then, with --yes, "
         "replay them as a bulk replay of the previewed count (capped and audited).")
     sp.add_argument("--endpoint", required=True, help="endpoint id")
-    sp.add_argument("--note", help="why (audited)")
+    sp.add_argument("--note", type=note, help="why (audited)")
     sp.add_argument("--yes", action="store_true", help="replay what the preview shows")
     sp.add_argument("--no-wait", action="store_true", help="queue it and return")
     sp.add_argument("--json", action="store_true", help="the preview as JSON")

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any, cast
 
+from postbacks.cli_args import note
 from postbacks.cli_output import fail, iso, print_json, print_table
 from postbacks.settings import Settings
 from replay_console.held import HeldError, NeedsConfirmation, resolve_held
@@ -193,7 +194,7 @@ def add_parser(subparsers: Any) -> None:
                     "credentials, out of the command line and the shell's history)")
     sp.add_argument("--name", help="a display name")
     sp.add_argument("--actor", required=True, help="who you are (audited)")
-    sp.add_argument("--note", help="why (audited)")
+    sp.add_argument("--note", type=note, help="why (audited)")
     sp.add_argument("--json", action="store_true",
                     help="print JSON: endpoint_id, app_id, secret_id, secret")
     sp.set_defaults(func=_create_cmd)
@@ -212,5 +213,5 @@ def add_parser(subparsers: Any) -> None:
     sp.add_argument("--backlog", required=True, choices=BACKLOG_CHOICES,
                     help="what to do with its parked deliveries")
     sp.add_argument("--actor", required=True, help="who you are (audited)")
-    sp.add_argument("--note", help="why (audited)")
+    sp.add_argument("--note", type=note, help="why (audited)")
     sp.set_defaults(func=_enable_cmd)

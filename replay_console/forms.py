@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from postbacks.cli_args import MAX_NOTE
 from postbacks.core.override import Override, OverrideError, parse_override
 from replay_console import queries as q
 from replay_console.guard import check_body, json_text
@@ -22,6 +23,7 @@ __all__ = [
     "flag",
     "id_list",
     "is_api",
+    "note_of",
     "override_from",
     "text",
     "whole",
@@ -88,6 +90,15 @@ def _parse_body(request: web.Request, raw: bytes) -> dict[str, Any]:
     except ValueError as exc:
         raise Problem(400, f"form has more than {MAX_FIELDS} fields") from exc
     return {k: (v if len(v) > 1 else v[0]) for k, v in form.items()}
+
+
+def note_of(body: Mapping[str, Any], key: str = "note") -> str | None:
+    """An audited note or reason, at most ``MAX_NOTE`` characters: a bulk action copies
+    it into each of its audit rows (and a held one into each outcome's reason)."""
+    v = text(body, key)
+    if v is not None and len(v) > MAX_NOTE:
+        raise Problem(400, f"{key} is {len(v):,} characters long; at most {MAX_NOTE:,}")
+    return v
 
 
 def text(body: Mapping[str, Any], key: str) -> str | None:

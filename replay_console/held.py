@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+from postbacks.cli_args import note
 from postbacks.cli_output import fail, iso, print_json, print_table, usd
 from postbacks.records import DeliveryRecord
 from postbacks.settings import Settings
@@ -306,7 +307,7 @@ def add_parser(subparsers: Any) -> None:
         _filters(sp)
         sp.add_argument("--all", action="store_true", help="every held delivery")
         sp.add_argument("--actor", required=True, help="who you are (audited)")
-        sp.add_argument("--note", help="why (audited, and in the outcome's reason)")
+        sp.add_argument("--note", type=note, help="why (audited, and in the outcome's reason)")
         sp.add_argument("--yes", action="store_true",
                         help=f"confirm resolving more than {CONFIRM_ABOVE}")
         sp.add_argument("--limit", type=_limit, default=10_000,

@@ -25,6 +25,7 @@ from replay_console.forms import (
     flag,
     id_list,
     is_api,
+    note_of,
     override_from,
     text,
     whole,
@@ -59,7 +60,7 @@ def replay_one(c: Console) -> Handler:
             raise Problem(403, f"a {p.role} may not replay deliveries")
         body = await body_of(request)
         override = override_from(body)
-        note = text(body, "note")
+        note = note_of(body)
         promote = flag(body, "promote")
         confirmed = flag(body, "confirm") or is_api(request)
         if override:
@@ -99,7 +100,7 @@ def replay_bulk(c: Console) -> Handler:
             doing(request, "replay")
         flt = None if ids else filter_from(body)
         job = await c.pool.run(lambda conn: act.create_replay(
-            conn, c.settings, p, delivery_ids=ids, flt=flt, note=text(body, "note"),
+            conn, c.settings, p, delivery_ids=ids, flt=flt, note=note_of(body),
             confirm=whole(body, "confirm"), lookup=c.lookup))
         return done(request, {"job_id": job.job_id, "total": job.total,
                               "skipped": job.skipped},
@@ -127,7 +128,7 @@ def resolve_dl(c: Console) -> Handler:
         doing(request, "resolve_dead_letter")
         require(p, "suppress", "resolve dead letters")
         body = await body_of(request)
-        await c.pool.run(lambda conn: sup.resolve_dead_letter(conn, p, dl, text(body, "note")))
+        await c.pool.run(lambda conn: sup.resolve_dead_letter(conn, p, dl, note_of(body)))
         return done(request, {"resolved": dl}, "/dead-letters")
     return h
 
@@ -140,7 +141,7 @@ def resolve_suppression(c: Console) -> Handler:
         require(p, "suppress", "resolve suppressions")
         body = await body_of(request)
         await c.pool.run(lambda conn: sup.resolve_suppression(conn, p, did,
-                                                              text(body, "note")))
+                                                              note_of(body)))
         return done(request, {"resolved": did}, "/suppressions")
     return h
 
@@ -157,7 +158,7 @@ def rerender(c: Console) -> Handler:
             raise Problem(403, f"a {p.role} may not replay deliveries")
         body = await body_of(request)
         job = await c.pool.run(lambda conn: rerender_replay(
-            conn, c.settings, p, eid, confirm=whole(body, "confirm"), note=text(body, "note")))
+            conn, c.settings, p, eid, confirm=whole(body, "confirm"), note=note_of(body)))
         return done(request, {"job_id": job.job_id, "total": job.total,
                               "skipped": job.skipped}, f"/replays/{job.job_id}", status=202)
     return h
@@ -177,7 +178,7 @@ def resolve(c: Console, kind: str) -> Handler:
         kw = {k: text(body, k) for k in ("endpoint", "reason", "app")}
         try:
             r = await asyncio.to_thread(
-                resolve_held, c.settings, kind=kind, actor=p.actor, note=text(body, "note"),
+                resolve_held, c.settings, kind=kind, actor=p.actor, note=note_of(body),
                 delivery_ids=ids, endpoint=kw["endpoint"], reason=kw["reason"],
                 app=kw["app"], all_=flag(body, "all"),
                 confirm=whole(body, "confirm"), held_until_ms=whole(body, "held_until", 15))
@@ -229,7 +230,7 @@ def endpoint_save(c: Console) -> Handler:
             problems = await c.pool.run(lambda conn: eps.save_endpoint(
                 conn, c.settings, p, eid, url=text(body, "url"), config=config,
                 event_types=types,
-                confirmation=text(body, "confirmation"), note=text(body, "note"),
+                confirmation=text(body, "confirmation"), note=note_of(body),
                 lookup=c.lookup, step_up_key=c.key))
         except ActionError as exc:
             if is_api(request) or "confirmation" not in exc.extra:
@@ -241,7 +242,7 @@ def endpoint_save(c: Console) -> Handler:
                                 "confirmation": exc.extra["confirmation"],
                                 "url": exc.extra["url"], "config": body.get("config") or "",
                                 "event_types": text(body, "event_types") or "",
-                                "note": text(body, "note") or "", "message": str(exc)})
+                                "note": note_of(body) or "", "message": str(exc)})
         if problems:
             counted(request[ACTION], "refused")
             _audit_target_refused(request, problems)
@@ -322,7 +323,7 @@ def endpoint_create(c: Console) -> Handler:
         problems, created = await c.pool.run(lambda conn: eps.create_endpoint(
             conn, c.settings, p, app_id=app_id, url=url,
             provider=text(body, "provider") or "v3", event_types=types, config=config,
-            name=text(body, "name") or "", note=text(body, "note"), lookup=c.lookup))
+            name=text(body, "name") or "", note=note_of(body), lookup=c.lookup))
         if created is None:
             counted(request[ACTION], "refused")
             _audit_target_refused(request, problems)

@@ -667,6 +667,10 @@ def test_oversized_and_malformed_requests_get_a_4xx(settings: Settings, namespac
         assert r.status == 400 and "fields" in r.json()["error"]
         r = sup.get("/api/v1/deliveries?" + "&".join(f"a{i}=1" for i in range(60)))
         assert r.status == 400
+        # a note is copied into every audit row (and held outcome) of a bulk action
+        r = sup.post("/api/v1/replays", body={"filter": {"status": "delivered"},
+                                              "confirm": 1, "note": "n" * 1001})
+        assert r.status == 400 and "note is 1,001 characters" in r.json()["error"], r.text
         for head, body in [
                 (b"GET /api/v1/deliveries?a=" + b"x" * 20_000 + b" HTTP/1.1", b""),
                 (b"GET /api/v1/deliveries HTTP/1.1\r\nX-Big: " + b"y" * 20_000, b""),
@@ -859,6 +863,7 @@ def test_cli_help_and_bad_arguments(settings: Settings, namespace: str,
         ("deliveries", "replay", f"dlv_{ns}_none", "--aliases", "{bad"),
         ("deliveries", "replay", f"dlv_{ns}_none", "--aliases", "[1]"),
         ("deliveries", "replay", f"dlv_{ns}_none", "--confirm", "x"),
+        ("deliveries", "replay", f"dlv_{ns}_none", "--note", "n" * 1001),
         ("deliveries", "replay", f"dlv_{ns}_none", "--role", "publisher"),
         ("deliveries", "rerender"), ("deliveries", "rerender", "--endpoint", f"ep_{ns}_none"),
         ("deliveries", "import", f"/nonexistent/{ns}.csv"), ("deliveries", "import", "/"),
