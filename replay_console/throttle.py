@@ -17,7 +17,14 @@ forgotten first.
 and reason in ``after``): one row per actor, action, status and reason a minute (a
 repeat of the same refusal is not written again; a refusal for another reason, another
 target named in it, is), at most :data:`AUDIT_PER_ACTOR` rows a minute per actor and
-:data:`AUDIT_PER_MINUTE` per instance; the rest are counted in the log.
+:data:`AUDIT_PER_MINUTE` per instance. Refusals before sign-in (``anonymous:``) have a
+budget of their own (:data:`AUDIT_ANONYMOUS_PER_MINUTE`, and are not told apart by path),
+so a flood of them from many addresses cannot spend the budget that records what signed-in
+actors were refused. A refusal the handler marks for audit (a probe of an internal host,
+an edit refused, a cookie of an ended session) is written past those budgets, up to
+:data:`AUDIT_MARKED_PER_ACTOR` a minute per signed-in actor (:data:`AUDIT_PER_ACTOR` per
+address before sign-in). What a minute's budgets leave out is written after it as one
+``refused.unaudited`` row per actor, with the count, and in the log.
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ import psycopg
 from aiohttp import web
 from psycopg.types.json import Jsonb
 
-__all__ = ["AUDIT_PER_ACTOR", "AUDIT_PER_MINUTE", "LIMIT", "MAX_KEYS", "PREFIX_CHARS", "WINDOW_S",
+__all__ = ["AUDIT_ANONYMOUS_PER_MINUTE", "AUDIT_MARKED_PER_ACTOR", "AUDIT_PER_ACTOR",
+           "AUDIT_PER_MINUTE", "LIMIT", "MAX_KEYS", "PREFIX_CHARS", "WINDOW_S",
            "ActionLimit", "RefusalAudit", "SignInThrottle", "Throttled", "client_address"]
 
 log = logging.getLogger("postbacks.console")
@@ -47,6 +55,9 @@ PREFIX_CHARS = 8
 MAX_KEYS = 10_000
 AUDIT_PER_MINUTE = 1_000
 AUDIT_PER_ACTOR = 60
+AUDIT_ANONYMOUS_PER_MINUTE = 200
+AUDIT_MARKED_PER_ACTOR = 600
+ANONYMOUS = "anonymous:"
 _RETRY_IN = re.compile(r": try again in \d+ s$")  # a 429's wait: the same refusal
 
 
@@ -178,38 +189,80 @@ def route_action(request: web.Request, action: str | None) -> str:
 class RefusalAudit:
     """Writes the audit row of a refused request, bounded (see the module doc)."""
 
-    def __init__(self, per_minute: int = AUDIT_PER_MINUTE) -> None:
+    def __init__(self, per_minute: int = AUDIT_PER_MINUTE,
+                 anonymous_per_minute: int = AUDIT_ANONYMOUS_PER_MINUTE) -> None:
         self.per_minute = per_minute
+        self.anonymous_per_minute = anonymous_per_minute
         self._minute = -1
         self._seen: set[tuple[str, str, int, str, str]] = set()
+        self._rows = {True: 0, False: 0}  # this minute's rows: anonymous, signed in
         self._per_actor: dict[str, int] = {}
-        self._dropped = 0
+        self._dropped: dict[str, int] = {}
+        self._unaudited: list[tuple[str, int, int]] = []  # (actor, count, minute) to write
         self._lock = threading.Lock()
 
     def admit(self, actor: str, action: str, status: int = 403, reason: str = "", *,
-              path: str = "", now: float | None = None) -> bool:
+              path: str = "", now: float | None = None, marked: bool = False) -> bool:
         """Whether to write this row: the first of its (actor, action, status, reason,
         path) this minute, and within the minute's budgets (one harmless refusal used to
         hide every other refusal of its action that minute: probes of internal hosts, or of
-        other deliveries' paths, included)."""
+        other deliveries' paths, included). ``marked``: the handler asked for its audit."""
         minute = int((time.time() if now is None else now) // 60)
+        anonymous = actor.startswith(ANONYMOUS)
         with self._lock:
             if minute != self._minute:
-                if self._dropped:
-                    log.warning("console: %d refused requests were not audited in the "
-                                "last minute (over %d rows)", self._dropped, self.per_minute)
-                self._minute, self._seen, self._dropped = minute, set(), 0
-                self._per_actor = {}
-            key = (actor, action, status, _RETRY_IN.sub("", reason[:500]), path[:200])
+                self._roll(minute)
+            key = (actor, action, status, _RETRY_IN.sub("", reason[:500]),
+                   "" if anonymous else path[:200])
             if key in self._seen:
                 return False
             rows = self._per_actor.get(actor, 0)
-            if len(self._seen) >= self.per_minute or rows >= AUDIT_PER_ACTOR:
-                self._dropped += 1
+            budget = self.anonymous_per_minute if anonymous else self.per_minute
+            if marked:  # (anonymous: a cookie this console signed, its session ended)
+                over = rows >= (AUDIT_PER_ACTOR if anonymous else AUDIT_MARKED_PER_ACTOR)
+            else:
+                over = self._rows[anonymous] >= budget or rows >= AUDIT_PER_ACTOR
+            if over:
+                self._dropped[actor] = self._dropped.get(actor, 0) + 1
                 return False
             self._seen.add(key)
+            self._rows[anonymous] += 1
             self._per_actor[actor] = rows + 1
             return True
+
+    def _roll(self, minute: int) -> None:
+        if self._dropped:
+            log.warning("console: %d refused requests were not audited in the last minute "
+                        "(over the budgets), by %d actor(s)", sum(self._dropped.values()),
+                        len(self._dropped))
+            # the anonymous ones in one row: their addresses are the flood, not the news
+            anon = sum(n for a, n in self._dropped.items() if a.startswith(ANONYMOUS))
+            self._unaudited.extend((a, n, self._minute) for a, n in self._dropped.items()
+                                   if not a.startswith(ANONYMOUS))
+            if anon:
+                self._unaudited.append((ANONYMOUS + "*", anon, self._minute))
+            del self._unaudited[:-1000]  # (bounded, should nothing write them)
+        self._minute, self._seen, self._dropped = minute, set(), {}
+        self._rows = {True: 0, False: 0}
+        self._per_actor = {}
+
+    def take_unaudited(self, now: float | None = None) -> list[tuple[str, int, int]]:
+        """(actor, refusals not written, minute) of the minutes already over, once."""
+        minute = int((time.time() if now is None else now) // 60)
+        with self._lock:
+            if minute != self._minute:
+                self._roll(minute)
+            out, self._unaudited = self._unaudited, []
+        return out
+
+    @staticmethod
+    def write_unaudited(conn: psycopg.Connection[Any],
+                        rows: list[tuple[str, int, int]]) -> None:
+        for actor, count, minute in rows:
+            conn.execute(
+                "INSERT INTO audit_log (actor, action, target_type, target_id, after)"
+                " VALUES (%s, 'refused.unaudited', 'console_route', '*', %s)",
+                (actor[:200], Jsonb({"count": count, "minute_start_s": minute * 60})))
 
     @staticmethod
     def write(conn: psycopg.Connection[Any], actor: str, action: str, path: str,

@@ -152,16 +152,24 @@ def _bearer(request: web.Request) -> str | None:
 
 
 async def _audit_refusal(c: Console, refusals: RefusalAudit, request: web.Request,
-                         status: int, reason: str) -> None:
+                         status: int, reason: str, marked: bool = False) -> None:
     p = request.get(PRINCIPAL)
     actor = p.actor if p is not None else \
         f"anonymous:{client_address(request, c.trusted_proxies)}"
     action = route_action(request, request.get(ACTION))
-    if not refusals.admit(actor, action, status, reason, path=request.path):
+    admitted = refusals.admit(actor, action, status, reason, path=request.path,
+                              marked=marked)
+    unaudited = refusals.take_unaudited()
+    if not admitted and not unaudited:
         return
+
+    def write(conn: Any) -> None:
+        refusals.write_unaudited(conn, unaudited)
+        if admitted:
+            refusals.write(conn, actor, action, request.path, status, reason)
+
     try:
-        await c.pool.run(lambda conn: refusals.write(conn, actor, action, request.path,
-                                                     status, reason))
+        await c.pool.run(write)
     except Exception:  # the refusal stands; its audit row is best effort
         log.exception("console: could not audit a refused request")
 
@@ -261,7 +269,7 @@ def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) ->
             CONSOLE_REQUESTS.labels(_route(request), f"{status // 100}xx").observe(
                 time.perf_counter() - start)
             if status in (403, 429) or audit:
-                await _audit_refusal(c, refusals, request, status, reason)
+                await _audit_refusal(c, refusals, request, status, reason, marked=audit)
 
     return mw
 

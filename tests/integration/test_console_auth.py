@@ -138,13 +138,46 @@ def test_the_throttle_window_passes_and_memory_is_bounded() -> None:
 
 
 def test_refusal_audit_is_bounded_per_actor_action_and_minute() -> None:
-    a = RefusalAudit(per_minute=3)
+    a = RefusalAudit(per_minute=1, anonymous_per_minute=2)
     assert a.admit("anonymous:192.0.2.1", "refused.login", now=60.0)
     assert not a.admit("anonymous:192.0.2.1", "refused.login", now=61.0)
     assert a.admit("anonymous:192.0.2.1", "refused.replay", now=62.0)
-    assert a.admit("support:x", "refused.login", now=63.0)
+    assert not a.admit("anonymous:192.0.2.2", "refused.x", now=62.0)  # anonymous budget
+    assert a.admit("support:x", "refused.login", now=63.0)  # not spent by the anonymous
     assert not a.admit("support:y", "refused.login", now=64.0)  # the minute's budget
     assert a.admit("anonymous:192.0.2.1", "refused.login", now=120.0)  # a new minute
+    # what the budgets left out is written once, after its minute: per signed-in actor,
+    # and the anonymous together
+    assert sorted(a.take_unaudited(now=121.0)) == [("anonymous:*", 1, 1), ("support:y", 1, 1)]
+    assert a.take_unaudited(now=122.0) == []
+
+
+def test_a_flood_of_refusals_cannot_blind_the_audit(settings: Settings) -> None:
+    """Anonymous refusals from many addresses (on as many paths) used to spend the
+    instance's budget, and one actor's harmless refusals its own: the refusals that
+    matter that minute went unwritten, and only the log counted them."""
+    a = RefusalAudit()
+    flood = sum(a.admit(f"anonymous:192.0.2.{i % 17}", "refused.x", 403, "bad csrf",
+                        path=f"/x{i}", now=60.0) for i in range(17 * 60))
+    assert flood == 17  # one per address: the path does not make another row
+    actor = "support:s"
+    spent = sum(a.admit(actor, "refused.edit_endpoint", 403, "not yours", path=f"/e/{i}",
+                        now=61.0) for i in range(AUDIT_PER_ACTOR))
+    assert spent == AUDIT_PER_ACTOR
+    assert not a.admit(actor, "refused.edit_endpoint", 403, "not yours", path="/e/x", now=62)
+    # the handler marks what matters (a probe of an internal host): written past the budget
+    assert a.admit(actor, "refused.test_send", 400, "db.internal is not public", now=62,
+                   marked=True)
+    assert a.admit("reviewer:r", "refused.replay", 401, "session ended", now=63)
+    rows = a.take_unaudited(now=125.0)
+    assert rows == [(actor, 1, 1)]
+    with connect(settings.database_url) as conn:
+        RefusalAudit.write_unaudited(conn, rows)
+        got = conn.execute("SELECT actor, action, after FROM audit_log WHERE actor = %s"
+                           " AND action = 'refused.unaudited' ORDER BY audit_id DESC LIMIT 1",
+                           (actor,)).fetchone()
+        conn.rollback()
+    assert got == (actor, "refused.unaudited", {"count": 1, "minute_start_s": 60})
 
 
 def test_refusal_audit_writes_each_reason_and_bounds_each_actor() -> None:
