@@ -79,7 +79,11 @@ class ConversionProducer:
                                 + "; ".join(wrong), reason="invalid_field")
         validate_conversion(event)
         check_conversion(event, int(time.time() * 1000))
-        value = self._codec.encode(event)
+        try:
+            value = self._codec.encode(event)
+        except (ValueError, UnicodeError) as exc:  # a lone surrogate: no UTF-8 to write
+            raise InvalidRecord(f"conversion {event.get('conversion_id')!r}: it cannot be "
+                                f"encoded: {exc}", reason="invalid_field") from None
         if len(value) > self._max_bytes:
             raise InvalidRecord(f"conversion {event['conversion_id']!r}: {len(value):,} bytes "
                                 f"encoded, over the {self._max_bytes:,} its delivery leaves "

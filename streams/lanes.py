@@ -395,6 +395,17 @@ class Lanes:
             else:
                 self.strict.after(lane, work, out)
         self.pump(lane)
+        self._forget_if_unknown(lane)
+
+    def _forget_if_unknown(self, lane: Lane) -> None:
+        """Drop the idle lane of an endpoint the view does not have (deleted, or an id
+        from another producer): one was made for every such id and kept for good."""
+        if (lane.queue or lane.redrives or lane.in_flight or lane.breaker.state != "closed"
+                or self.endpoint(lane.endpoint_id) is not None
+                or (self.strict is not None and lane.endpoint_id in self.strict.states)):
+            return
+        if self.lanes.get(lane.endpoint_id) is lane:
+            del self.lanes[lane.endpoint_id]
 
     def drop_partitions(self, revoked: set[tuple[str, int]]) -> None:
         """Forget queued work of revoked partitions (their new owner redoes it)."""

@@ -97,3 +97,17 @@ def test_integer_types_and_named_types_are_the_encoders_to_judge() -> None:
     assert type_problems({"n": Int64(), "kind": "a", "x": 3}, fields) == []
     assert type_problems({"n": 2**63, "kind": "a", "x": "3"}, fields) == [
         "n must be a whole number within 64 bits, not int", "x must be a number, not str"]
+
+
+@pytest.mark.parametrize("change", [{"producer": "x\ud800"},
+                                    {"source_snapshot": {"a": "\udcff"}},
+                                    {"goal_id": "g\udfff"}])
+def test_a_string_utf_8_cannot_hold_is_an_invalid_record(emit: Any,
+                                                         change: dict[str, Any]) -> None:
+    """A lone surrogate passes the type checks and then failed in the encoder as a plain
+    ValueError: a caller catching InvalidRecord, as documented, crashed."""
+    event = make_conversion(occurred_at=NOW - 1000, **change)
+    with pytest.raises(InvalidRecord, match="cannot be encoded") as exc:
+        emit.send(event)
+    assert exc.value.reason == "invalid_field"
+    assert emit.kafka.produced == []
