@@ -45,6 +45,8 @@ ACTION = web.RequestKey("action", str)  # the action a POST performs (metrics)
 REFUSED = web.RequestKey("refused", str)
 COOKIE = "pb_session"
 PREVIEWS_AT_ONCE = 2  # re-render previews rendering at once per console instance
+AUTH_CONNECTIONS = 2  # connections that check credentials, apart from the pages' pool
+AUTH_TIMEOUT_MS = 5_000  # a credential check is one indexed lookup
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # No script at all, styles only from the console's own stylesheet, no framing.
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
@@ -116,6 +118,11 @@ class Console:
         self.key = (hashlib.sha256(b"postbacks-console-session|" + configured.encode()).digest()
                     if configured else secrets.token_bytes(32))
         self.env = _env()
+        # credentials are checked on connections of their own, under a short timeout: a
+        # few slow page queries holding the pool stalled every sign-in and every request
+        self.auth_pool = ConnPool(settings.database_url, size=AUTH_CONNECTIONS,
+                                  statement_timeout_ms=AUTH_TIMEOUT_MS)
+        self.in_flight: dict[str, int] = {}  # requests running per actor (see .busy)
         self.previews = asyncio.Semaphore(PREVIEWS_AT_ONCE)  # re-render previews running
         self.previewing: set[str] = set()  # the actors with one running
         self.test_sends = ActionLimit(  # this instance's own counts
@@ -160,10 +167,10 @@ class Console:
         auth = request.headers.get("Authorization", "")
         if auth.startswith("Bearer "):
             token = auth[7:].strip()
-            return await self.pool.run(lambda c: lookup_token(c, token)), None
+            return await self.auth_pool.run(lambda c: lookup_token(c, token)), None
         cookie = session_cookie_in(request)
         if cookie:
-            p = await self.pool.run(lambda c: lookup_session(c, self.key, cookie))
+            p = await self.auth_pool.run(lambda c: lookup_session(c, self.key, cookie))
             return p, cookie if p else None
         return None, None
 

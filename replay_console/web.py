@@ -134,10 +134,14 @@ def make_app(settings: Settings, *, lookup: Lookup | None = None,
     r.add_get("/import", rd.import_page(c))
     add_health_routes(r, c)
     app.on_cleanup.append(lambda _a: asyncio.to_thread(c.pool.close))
+    app.on_cleanup.append(lambda _a: asyncio.to_thread(c.auth_pool.close))
     return app
 
 
 _PUBLIC = {"/healthz", "/metrics", "/login"}
+# Requests one actor may have running at once: the database pool is a few connections
+# shared by everyone, and a slow search holds one until its statement timeout.
+IN_FLIGHT_PER_ACTOR = 2
 _PUBLIC_PREFIX = "/static/"
 
 
@@ -181,6 +185,7 @@ def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) ->
         status = 500
         reason = ""
         audit = False
+        busy: str | None = None  # the actor counted in c.in_flight for this request
         try:
             check_request(request)  # every path segment, parameter, header and cookie
             if request.path not in _PUBLIC and not request.path.startswith(_PUBLIC_PREFIX):
@@ -200,6 +205,13 @@ def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) ->
                                   "out, or the token revoked or expired): sign in again",
                                   audit=ended is not None)
                 request[PRINCIPAL] = p
+                busy = p.actor
+                if c.in_flight.get(busy, 0) >= IN_FLIGHT_PER_ACTOR:
+                    busy = None
+                    raise Throttled(1, f"{IN_FLIGHT_PER_ACTOR} requests of yours are still "
+                                       "running (a slow search holds a database connection"
+                                       " until it ends): wait for them")
+                c.in_flight[busy] = c.in_flight.get(busy, 0) + 1
                 if cookie is not None:
                     request[COOKIE_VALUE] = cookie
                 if request.method not in ("GET", "HEAD") and cookie is not None:
@@ -266,6 +278,12 @@ def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) ->
             status = 500
             return problem(c, request, 500, "internal error (logged)", {})
         finally:
+            if busy is not None:
+                left = c.in_flight.get(busy, 1) - 1
+                if left > 0:
+                    c.in_flight[busy] = left
+                else:
+                    c.in_flight.pop(busy, None)
             CONSOLE_REQUESTS.labels(_route(request), f"{status // 100}xx").observe(
                 time.perf_counter() - start)
             if status in (403, 429) or audit:

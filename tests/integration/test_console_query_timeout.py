@@ -36,3 +36,44 @@ def test_a_page_whose_query_is_cancelled_says_so(settings: Settings, namespace: 
         r = Client(port, bearer=bearer).get("/api/v1/deliveries?q=dlv_x")
     assert r.status == 503
     assert "ran over 0.001 s and was cancelled: narrow it" in r.json()["error"]
+
+
+def test_one_actors_slow_searches_leave_the_console_to_everyone_else(
+        settings: Settings, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four slow searches of one token (each holding a connection until its statement
+    timeout) took every connection of the pool, and every other user's requests, sign-in
+    checks included, waited behind them. One actor has at most two requests running; the
+    rest are answered 429 at once, and credentials are checked on connections of their
+    own."""
+    import threading
+    import time
+
+    from replay_console import queries as q
+
+    real = q.list_deliveries
+    slow_actor = f"support:slow-{namespace}"
+
+    def list_deliveries(conn: psycopg.Connection, p, flt):  # type: ignore[no-untyped-def,type-arg]
+        if p.actor == slow_actor:
+            conn.execute("SELECT pg_sleep(4)")
+        return real(conn, p, flt)
+
+    monkeypatch.setattr(q, "list_deliveries", list_deliveries)
+    slow = Client(0, bearer=token(settings, f"slow-{namespace}", "support"))
+    other = token(settings, f"other-{namespace}", "support")
+    with console_server(settings) as port:
+        slow.port = port
+        answers: list[int] = []
+        threads = [threading.Thread(target=lambda: answers.append(
+            slow.get("/api/v1/deliveries?limit=1").status)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)  # two are sleeping in PostgreSQL, two were refused
+        started = time.monotonic()
+        for _ in range(3):  # another user, and a new sign-in each time
+            assert Client(port, bearer=other).get("/api/v1/deliveries?limit=1").status == 200
+        waited = time.monotonic() - started
+        for t in threads:
+            t.join(30)
+    assert sorted(answers) == [200, 200, 429, 429], answers
+    assert waited < 2.5, f"another user waited {waited:.1f} s behind the slow searches"
