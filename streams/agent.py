@@ -23,7 +23,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from postbacks.codec import codec_for
 from postbacks.core.endpoint import Endpoint
@@ -227,11 +227,32 @@ class Rebalances:
 
 
 def _load_skips(c: Consumer, partitions: list[TopicPartition],
-                skip: dict[tuple[str, int], set[int]]) -> None:
-    """Read the committed offsets' metadata: records above them that already finished."""
+                skip: dict[tuple[str, int], set[int]], *, wait_s: float = 150.0) -> None:
+    """Read the committed offsets' metadata: records above them that already finished.
+
+    A read-committed consumer gets no committed offset while a transaction holding new
+    offsets for the partition is open, and an agent killed mid-commit leaves one open
+    until the coordinator aborts it (``transaction.timeout.ms``, 60 s): the read times out
+    until then. It is tried again for up to ``wait_s``; raising out of the assignment
+    restarted the process, which rebalanced the group again."""
     if not partitions:
         return
-    for tp in c.committed(partitions, timeout=30):
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            committed = c.committed(partitions, timeout=10)
+            break
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if not (isinstance(err, KafkaError) and (
+                    err.code() == KafkaError._TIMED_OUT or err.retriable())) \
+                    or time.monotonic() > deadline:
+                raise
+            log.warning("agent: the committed offsets of %d partition(s) are not readable "
+                        "yet (%s): a transaction of their previous owner is still open, "
+                        "until its coordinator aborts it; trying again", len(partitions),
+                        err.name())
+    for tp in committed:
         done = decode_done(tp.offset, tp.metadata) if tp.offset >= 0 else set()
         skip[(tp.topic, tp.partition)] = done
 
