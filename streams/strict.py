@@ -37,6 +37,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from postbacks.codec import codec_for
 from postbacks.kafka.clients import make_consumer
+from postbacks.kafka.stable import wait_stable
 from postbacks.metrics import STRICT_WAITING
 from postbacks.records import DeliveryRecord
 from postbacks.settings import Settings
@@ -118,6 +119,9 @@ def load_states(settings: Settings, timeout_s: float = 30.0) -> dict[str, OrderS
     try:
         topic = settings.topic(TOPICS.ordering.base)
         parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        # an agent killed mid-commit leaves its transaction open: the states committed
+        # after its first record would be read only once it is aborted
+        wait_stable(settings, topic, sorted(parts))
         left = set(parts)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
         deadline = time.monotonic() + timeout_s

@@ -32,3 +32,45 @@ def test_unreadable_ordering_records_are_passed_over(settings: Settings) -> None
 
     assert states["ep_strict"] == state
     assert not {"ep_bad_value", "ep_bad_bytes", "ep_inf", "ep_bad_head", "ep_deep"} & set(states)
+
+
+def test_states_committed_behind_an_open_transaction_are_waited_for(
+        settings: Settings) -> None:
+    """An agent killed mid-commit leaves its transaction on ordering.v1 open. A read to the
+    end stopped at its first record (the last stable offset), so a state another agent
+    committed after it was not seen: a survivor given its own partitions back after the
+    rebalance adopted the state from before its last commit (a head already delivered, a
+    follower not yet parked)."""
+    import time
+
+    from topics.admin import create_topics as create
+
+    create(settings, [TOPICS.ordering])
+    topic = settings.topic(TOPICS.ordering.base)
+    old = OrderState("dlv_old", "retry.5s.v1", 1_700_000_000_000, None, None, 0, 1)
+    new = OrderState(None, None, 0, None, None, 0, 0)  # its head since delivered
+    plain = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    plain.produce(topic, old.dump(), b"ep_survivor", partition=0)
+    assert plain.flush(30) == 0
+    zombie = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                       "transactional.id": settings.topic("test-ordering-zombie"),
+                       "transaction.timeout.ms": 10_000})
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce(topic, OrderState("dlv_z", "retry.5s.v1", 1, None, None, 0, 0).dump(),
+                   b"ep_zombie", partition=0)
+    assert zombie.flush(30) == 0  # written, never committed: the process was killed
+    survivor = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                         "transactional.id": settings.topic("test-ordering-survivor")})
+    survivor.init_transactions(30)
+    survivor.begin_transaction()
+    survivor.produce(topic, new.dump(), b"ep_survivor", partition=0)
+    survivor.commit_transaction(30)
+
+    started = time.monotonic()
+    states = load_states(settings, timeout_s=60)
+    waited = time.monotonic() - started
+
+    assert states["ep_survivor"] == new, states.get("ep_survivor")
+    assert "ep_zombie" not in states  # aborted by its coordinator
+    assert waited > 3, f"read after {waited:.1f} s: the zombie's transaction was not open"
