@@ -178,6 +178,7 @@ async def _run(settings: Settings, stop: threading.Event) -> None:
                 if now - last_wake >= 1.0:
                     halts.recheck()
                     lanes.wake()
+                    direct.retry_pending()  # breaker transitions not yet stored
                     last_wake = now
                 if now - last_commit >= interval:
                     last_commit = now

@@ -44,6 +44,10 @@ class DirectLog:
         self._poll_s = poll_s
         self._waiting = 0
         self._poller: asyncio.Task[None] | None = None
+        # published without waiting, not yet handed to the producer, latest per key
+        self._pending: dict[tuple[str, bytes | None], bytes] = {}
+        self._latest: dict[tuple[str, bytes | None], int] = {}  # its sequence number
+        self._seq = 0
 
     async def _serve(self) -> None:
         try:
@@ -91,14 +95,44 @@ class DirectLog:
             await asyncio.sleep(0.5)
 
     def publish(self, topic_base: str, key: bytes | None, value: bytes) -> None:
-        """Produce without waiting (breaker transitions: the next one supersedes it)."""
-        try:
-            self._producer.produce(self._settings.topic(topic_base), value, key)
-        except BufferError:
-            log.warning("agent: producer queue full; a breaker transition was not published")
-        except KafkaException as exc:
-            _fatal(exc.args[0] if exc.args else None, topic_base)
-            raise
+        """Produce without waiting (breaker transitions: only the latest per key counts).
+        One the producer's queue has no room for, or the broker did not store, is kept and
+        produced again (:meth:`retry_pending`) unless a later one for its key came: it was
+        dropped, and a restarted or another agent sent to an endpoint whose breaker was
+        open here."""
+        self._seq += 1
+        self._pending[(topic_base, key)] = value
+        self._latest[(topic_base, key)] = self._seq
+        self.retry_pending()
+
+    def retry_pending(self) -> None:
+        """Hand the kept records to the producer (and serve its delivery reports)."""
+        self._producer.poll(0)
+        for k in list(self._pending):
+            topic_base, key = k
+            value, seq = self._pending[k], self._latest[k]
+
+            def report(err: KafkaError | None, _msg: Message, k: tuple[str, bytes | None] = k,
+                       value: bytes = value, seq: int = seq) -> None:
+                if err is None:
+                    if self._latest.get(k) == seq and k not in self._pending:
+                        del self._latest[k]  # stored, and the latest: nothing to keep
+                    return
+                _fatal(err, k[0])
+                if self._latest.get(k) == seq and k not in self._pending:
+                    log.warning("agent: a record for %s was not stored (%s); producing it "
+                                "again", k[0], err)
+                    self._pending[k] = value
+
+            try:
+                self._producer.produce(self._settings.topic(topic_base), value, key,
+                                       on_delivery=report)
+            except BufferError:
+                return  # kept; the next call tries again
+            except KafkaException as exc:
+                _fatal(exc.args[0] if exc.args else None, topic_base)
+                raise
+            del self._pending[k]
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._producer.flush(timeout_s)
