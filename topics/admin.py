@@ -189,7 +189,19 @@ def verify_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> l
             if got != want:
                 drifts.append(Drift(res.name, f"config {key}={got!r}, "
                                               f"{_source(key)} says {want!r}"))
+        limit = actual["max.message.bytes"].value if "max.message.bytes" in actual else None
+        if limit is not None and limit.isdigit() and int(limit) < BATCH_MAX:
+            drifts.append(Drift(res.name, (
+                f"config max.message.bytes={limit!r} is under the {BATCH_MAX:,} bytes a "
+                "producer's record batch may take: the broker refuses a bigger batch, and a "
+                "stage's transaction holding it aborts, at every retry (raise it to at "
+                f"least {BATCH_MAX})")))
     return sorted(drifts, key=lambda d: (d.topic, d.problem))
+
+
+# librdkafka's batch.size and message.max.bytes (1,000,000, the stages' producers keep
+# them) plus a record batch's framing: what the broker must take in one batch
+BATCH_MAX = 1_000_000 + 1024
 
 
 def _source(key: str) -> str:

@@ -302,6 +302,11 @@ def _commit_batch(
         if isinstance(kerr, KafkaError) and (kerr.txn_requires_abort() or (
                 not kerr.fatal() and (kerr.retriable() or kerr.code() == KafkaError._STATE))):
             log.warning("%s: aborting transaction: %s", stage, kerr)
+            if kerr.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE):
+                log.error("%s: the broker refused a record batch as too large: a topic's "
+                          "max.message.bytes is under the producer's batch size, and this "
+                          "batch is refused again each time it is read (`postbacks topics "
+                          "verify` names the topic; raise its max.message.bytes)", stage)
             TXN_ABORTS.labels(stage=stage, code=kerr.name()).inc()
             retrying(f"{stage}: abort", lambda: producer.abort_transaction(30), deadline)
             _rewind(consumer, deadline)

@@ -57,6 +57,23 @@ def test_created_topics_match_and_a_hand_made_one_is_reported_not_accepted(dev: 
     assert r.returncode != 0 and "3 difference(s)" in r.stderr, r.stderr
 
 
+def test_a_topic_taking_smaller_batches_than_the_producers_make_is_drift(
+        dev: Settings) -> None:
+    """A topic whose max.message.bytes is under the producers' batch size: the broker
+    refuses a full batch, and a stage's transaction holding it aborts at every retry (the
+    partition stalls). ``topics verify`` names it."""
+    spec = TOPICS.outcomes
+    name = dev.topic(spec.base)
+    admin = AdminClient({"bootstrap.servers": dev.kafka_bootstrap_servers})
+    from topics.admin import wanted_configs
+
+    admin.create_topics([NewTopic(name, spec.partitions, 1, config={
+        **wanted_configs(dev, spec), "max.message.bytes": "500000"})])[name].result()
+    drifts = [str(d) for d in verify_topics(dev, [spec])]
+    assert len(drifts) == 1, drifts
+    assert "config max.message.bytes='500000' is under the 1,001,024 bytes" in drifts[0]
+
+
 def test_replication_drift_is_reported_against_the_settings(dev: Settings) -> None:
     create_topics(dev)
     assert verify_topics(dev) == []
