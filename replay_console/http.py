@@ -19,10 +19,12 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import jinja2
+import psycopg
 from aiohttp import web
 
 from postbacks.cli_output import usd
 from postbacks.core.ssrf import parse_networks
+from postbacks.errors import ServiceUnavailable
 from postbacks.metrics import CONSOLE_ACTIONS
 from postbacks.settings import Settings
 from replay_console.auth import Principal, csrf_for, lookup_session, lookup_token, may
@@ -165,13 +167,17 @@ class Console:
     async def principal(self, request: web.Request) -> tuple[Principal | None, str | None]:
         """The principal and, when signed in by cookie, the cookie (for CSRF)."""
         auth = request.headers.get("Authorization", "")
-        if auth.startswith("Bearer "):
-            token = auth[7:].strip()
-            return await self.auth_pool.run(lambda c: lookup_token(c, token)), None
-        cookie = session_cookie_in(request)
-        if cookie:
-            p = await self.auth_pool.run(lambda c: lookup_session(c, self.key, cookie))
-            return p, cookie if p else None
+        try:
+            if auth.startswith("Bearer "):
+                token = auth[7:].strip()
+                return await self.auth_pool.run(lambda c: lookup_token(c, token)), None
+            cookie = session_cookie_in(request)
+            if cookie:
+                p = await self.auth_pool.run(lambda c: lookup_session(c, self.key, cookie))
+                return p, cookie if p else None
+        except psycopg.errors.QueryCanceled:
+            raise ServiceUnavailable(  # (its own words, not the pages' "narrow it")
+                f"checking credentials ran over {AUTH_TIMEOUT_MS / 1000:g} s") from None
         return None, None
 
     def render(self, request: web.Request, name: str, status: int = 200,

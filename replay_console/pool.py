@@ -8,6 +8,7 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import psycopg
@@ -32,6 +33,10 @@ class ConnPool:
         self.statement_timeout_ms = statement_timeout_ms
         self._free: queue.LifoQueue[psycopg.Connection[Any]] = queue.LifoQueue()
         self._sem = threading.BoundedSemaphore(size)
+        # threads of its own, one per connection: a call waiting for a connection waits in
+        # this pool's queue, not in a thread of asyncio's shared default executor (calls
+        # piled up there, and then every other pool's calls waited behind them)
+        self._threads = ThreadPoolExecutor(size, thread_name_prefix="console-db")
 
     def call(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """Run ``fn`` in a transaction on a pooled connection (commit if it returns)."""
@@ -65,9 +70,10 @@ class ConnPool:
                         self._free.put(conn)
 
     async def run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        return await asyncio.to_thread(self.call, fn)
+        return await asyncio.get_running_loop().run_in_executor(self._threads, self.call, fn)
 
     def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
         while True:
             try:
                 self._free.get_nowait().close()

@@ -116,7 +116,7 @@ def suppress(c: Console) -> Handler:
         require(p, "suppress", "suppress deliveries")  # before the body, as every write
         body = await body_of(request)
         await c.pool.run(lambda conn: sup.suppress_delivery(conn, p, did,
-                                                            text(body, "reason") or ""))
+                                                            note_of(body, "reason") or ""))
         return done(request, {"suppressed": did}, f"/deliveries/{did}")
     return h
 

@@ -253,6 +253,7 @@ def _load_skips(c: Consumer, partitions: list[TopicPartition],
                         "yet (%s): a transaction of their previous owner is still open, "
                         "until its coordinator aborts it; trying again", len(partitions),
                         err.name())
+            time.sleep(1.0)  # (an error that comes back at once must not spin)
     for tp in committed:
         done = decode_done(tp.offset, tp.metadata) if tp.offset >= 0 else set()
         skip[(tp.topic, tp.partition)] = done

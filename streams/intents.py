@@ -131,7 +131,9 @@ class DirectLog:
                 return  # kept; the next call tries again
             except KafkaException as exc:
                 _fatal(exc.args[0] if exc.args else None, topic_base)
-                raise
+                # refused for good (the topic deleted, no right to it): said, not retried
+                # every second, and the other keys' records still go
+                log.error("agent: a record for %s cannot be produced: %s", topic_base, exc)
             del self._pending[k]
 
     def close(self, timeout_s: float = 10.0) -> None:

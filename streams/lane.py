@@ -37,6 +37,7 @@ class Lane:
     queue: deque[Work] = field(default_factory=deque)
     redrives: deque[Work] = field(default_factory=deque)
     in_flight: int = 0
+    running: set[str] = field(default_factory=set)  # the delivery ids being sent now
     starts: int = 0
     breaker: BreakerState = field(default_factory=BreakerState)
     latency_s: float = 0.0  # EWMA of attempt durations (0 = none finished yet)

@@ -251,6 +251,7 @@ class Lanes:
             self._changed(lane, before, own=True)
             work = lane.pop()
             lane.in_flight += 1
+            lane.running.add(work.delivery["delivery_id"])
             task = asyncio.get_running_loop().create_task(self._run(lane, work, decision.probe))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -378,6 +379,7 @@ class Lanes:
             out = self._failed(work.msg, work.delivery, exc)
         finally:
             lane.in_flight -= 1
+            lane.running.discard(work.delivery["delivery_id"])
             # the endpoint's pace, which its budget and quarantine pacing read: not the
             # agent's own wait on Kafka (in a broker's failover it made every endpoint look
             # seconds slow, quarantined them and spaced their return over minutes)

@@ -13,8 +13,9 @@ ripened: the end of its own tier while that wait is a period or more (a 5.7-h wa
 ``retry.1h.v1`` takes five hops), a shorter tier, then ``quarantine.v1``, after. Back to
 its own tier every time, a record waited behind the records enqueued up to a period after
 it (a 6.5-h retry left ``retry.6h.v1`` after 12 h). The hop is decided from the record's
-own times, which a strict endpoint's head and the followers parked behind it share, so
-they hop together and stay in their order (one key: one partition). ``quarantine.v1``
+own times (when the relay keeps up), which a strict endpoint's head and the followers
+parked behind it share, so they hop together and stay in their order (one key: one
+partition). ``quarantine.v1``
 records ripen at their ``due_at``, which the agent puts at most a minute after it enqueued
 them; one due later than that (another producer, a clock ahead) ripens two minutes after
 it was enqueued and goes to the delay topic its remaining wait belongs in. A record's
@@ -43,7 +44,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from postbacks.codec import Codec, codec_for
 from postbacks.core.delay import due_too_far, is_due, ripe_at, wait_s
 from postbacks.core.outcomes import make_outcome
-from postbacks.core.quarantine import QUARANTINE_AHEAD_MS, divert_topic
+from postbacks.core.quarantine import QUARANTINE_PERIOD_MS, divert_topic
 from postbacks.errors import DeadLetterError, InvalidRecord
 from postbacks.kafka.clients import (
     check_broker,
@@ -63,7 +64,6 @@ __all__ = ["run_relay"]
 
 log = logging.getLogger(__name__)
 
-_SKEW_MS = 60_000  # a quarantine record may be due this much later than the agent meant
 _HOP_SLACK_MS = 60_000  # a hop counts from when the record ripened if read this soon after
 GROUP = "postbacks-relay"
 _OUTCOME = codec_for("Outcome")
@@ -82,7 +82,7 @@ def run_relay(
     # a retry tier's period by topic: its records ripen this long after being enqueued
     period_ms = {settings.topic(TOPICS.retry_tier(name).base): seconds * 1000
                  for name, seconds in RETRY_TIERS}
-    period_ms[settings.topic(TOPICS.quarantine.base)] = QUARANTINE_AHEAD_MS + _SKEW_MS
+    period_ms[settings.topic(TOPICS.quarantine.base)] = QUARANTINE_PERIOD_MS
 
     def on_revoke(_c: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
@@ -168,8 +168,10 @@ class _Batch:
             # from when it ripened -- its own tier while that wait is a period or more, a
             # shorter one after. (Back to the end of its own tier, it waited behind records
             # enqueued up to a period after it: a 6.5-h retry left retry.6h.v1 after 12 h.)
-            # From the record's own times only: a head and the followers parked behind it
-            # share them, so they go to the same topic, in their order.
+            # From the record's own times when read within a minute of ripening, as the
+            # relay keeps up: a head and the followers parked behind it share them, so they
+            # go to the same topic, in their order (behind that, a follower hopping apart
+            # comes back early, and the agent parks it behind its head again).
             # (the relay's clock instead when it read the record long after it ripened:
             # a wait counted from an enqueue time far back would pick a tier too long
             # for what is left, and one that ripened at once again, hop after hop)

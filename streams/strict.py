@@ -288,13 +288,14 @@ class StrictOrder:
 
     def unwind(self, lane: Lane) -> None:
         """The endpoint is no longer strict (its ``ordering`` changed, or it was deleted):
-        once nothing of it is in flight, what was held back goes to its lane, and its state
+        once its head is not being sent, what was held back goes to its lane, and its state
         is cleared and published cleared. Until then its in-flight head still counted as
         here, no later delivery was released, and its partition's offsets stayed behind
         the first one held back for ever."""
         st = self.states.get(lane.endpoint_id)
-        if st is None or st.partition is None or st.revoked or lane.in_flight:
-            return  # (not this agent's to change; or an answer still to come)
+        if st is None or st.partition is None or st.revoked or (
+                st.head is not None and st.head in lane.running):
+            return  # (not this agent's to change; or the head's answer still to come)
         lane.queue.extend(st.waiting)
         st.waiting.clear()
         st.here = False

@@ -199,9 +199,9 @@ def verify_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> l
     return sorted(drifts, key=lambda d: (d.topic, d.problem))
 
 
-# librdkafka's batch.size and message.max.bytes (1,000,000, the stages' producers keep
-# them) plus a record batch's framing: what the broker must take in one batch
-BATCH_MAX = 1_000_000 + 1024
+# librdkafka's batch.size (1,000,000 bytes, framing included; the stages' producers keep
+# it): what the broker must take in one record batch
+BATCH_MAX = 1_000_000
 
 
 def _source(key: str) -> str:

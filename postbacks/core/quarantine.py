@@ -34,13 +34,17 @@ import re
 from postbacks.core.retry import tier_for
 from topics.registry import TOPICS
 
-__all__ = ["DEFAULT_SLOT_S", "PACE_MAX_MS", "QUARANTINE_AHEAD_MS", "UNSEEN", "divert_topic",
-           "paced_due", "quarantine_note", "slot_ms", "times_quarantined"]
+__all__ = ["DEFAULT_SLOT_S", "PACE_MAX_MS", "QUARANTINE_AHEAD_MS", "QUARANTINE_PERIOD_MS",
+           "UNSEEN", "divert_topic", "paced_due", "quarantine_note", "slot_ms",
+           "times_quarantined"]
 
 UNSEEN = "endpoint_unseen"  # the reason of a delivery whose endpoint is not in the view yet
 PACE_MAX_MS = 3_600_000  # a paced delivery comes back at most this far ahead
 DEFAULT_SLOT_S = 0.1  # the time per delivery of an endpoint with no answer timed yet
 QUARANTINE_AHEAD_MS = 60_000  # quarantine.v1 takes diverts due within this
+# the most a quarantine.v1 record waits before the relay takes it off its partition's head
+# (its due time, or this long after it was enqueued: a minute of clock skew allowed)
+QUARANTINE_PERIOD_MS = QUARANTINE_AHEAD_MS + 60_000
 
 _MARK = re.compile(r"^quarantined(?: \((\d+)\))?:")
 

@@ -28,6 +28,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from postbacks.codec import codec_for
 from postbacks.core.backlog import PartitionProgress, lag_of, position_of
 from postbacks.core.delay import ripe_at
+from postbacks.core.quarantine import QUARANTINE_PERIOD_MS
 from postbacks.errors import DeadLetterError, ServiceUnavailable
 from postbacks.settings import Settings
 from topics.registry import RETRY_TIERS, TOPICS, GroupSpec
@@ -42,7 +43,7 @@ Head = tuple[int | None, int | None] | str
 _CAUGHT_UP = "caught-up"
 
 
-def _due_at(value: bytes | None, period_ms: int | None) -> int | None:
+def _due_at(value: bytes | None, period_ms: int | None, now_ms: int) -> int | None:
     """When a delay-topic record is due to leave (its ``due_at``, or in a retry tier when
     it ripens: :func:`~postbacks.core.delay.ripe_at`); None when it has none or cannot be
     read: then its age counts from when it was written."""
@@ -50,7 +51,7 @@ def _due_at(value: bytes | None, period_ms: int | None) -> int | None:
         d = codec_for("Delivery").decode(value)
     except DeadLetterError:
         return None
-    return ripe_at(d.get("due_at"), d.get("enqueued_at"), period_ms)
+    return ripe_at(d.get("due_at"), d.get("enqueued_at"), period_ms, now_ms)
 
 
 def _offset_of(info: Any) -> int:
@@ -73,6 +74,7 @@ class ProgressReader:
         self._delay_topics = {settings.topic(t.base) for t in (*TOPICS.retry, TOPICS.quarantine)}
         self._periods = {settings.topic(TOPICS.retry_tier(n).base): s * 1000
                          for n, s in RETRY_TIERS}
+        self._periods[settings.topic(TOPICS.quarantine.base)] = QUARANTINE_PERIOD_MS
         self._peeker_conf = {
             **base, "group.id": settings.topic("postbacks-monitor"),
             "enable.auto.commit": False, "enable.auto.offset.store": False,
@@ -190,7 +192,8 @@ class ProgressReader:
                         out[key] = _CAUGHT_UP
                     else:
                         ts_type, ts = m.timestamp()
-                        due = (_due_at(m.value(), self._periods.get(key[0]))
+                        due = (_due_at(m.value(), self._periods.get(key[0]),
+                                       int(time.time() * 1000))
                                if key[0] in self._delay_topics else None)
                         out[key] = (ts if ts_type and ts > 0 else None, due)
                     waiting.discard(key)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from postbacks.cli_args import finite, whole
+from postbacks.cli_args import finite, note, whole
 from postbacks.cli_output import fail, iso, print_json, print_table
 from postbacks.core.anomaly.modes import Detector, Mode
 from postbacks.errors import ServiceUnavailable
@@ -271,7 +271,7 @@ def add_parser(subparsers: Any) -> None:
                     "their usual count (off unless set; 0 turns it off again; 50 suits "
                     "about 50 conversions a minute at the quietest hour; see "
                     "docs/containment.md)")
-    sp.add_argument("--note", help="why (recorded in the audit log)")
+    sp.add_argument("--note", type=note, help="why (recorded in the audit log)")
     sp.set_defaults(func=set_mode_cmd)
 
     sp = actions.add_parser(
@@ -280,7 +280,7 @@ def add_parser(subparsers: Any) -> None:
         "state on the control topic so every gate resumes. Only a person can do this.",
     )
     target(sp)
-    sp.add_argument("--note", required=True, help="why it is safe to resume")
+    sp.add_argument("--note", type=note, required=True, help="why it is safe to resume")
     sp.set_defaults(func=close_cmd)
 
     from streams.anomaly_gate import calibrate_global, rehearse

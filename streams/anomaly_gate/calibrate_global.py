@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from postbacks.cli_args import note
 from postbacks.cli_output import fail, print_json
 from postbacks.core.anomaly.detectors import MAX_PAYOUT_MICROS, retrodated
 from postbacks.core.anomaly.modes import ALL_ENDPOINTS
@@ -325,6 +326,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="global scope: write the recommended burst_count to the global "
                     "retrodating row (audited; its mode kept, a new row off)")
     ap.add_argument("--actor", help="who you are (with --apply)")
-    ap.add_argument("--note", help="why (with --apply; recorded in the audit log)")
+    ap.add_argument("--note", type=note, help="why (with --apply; recorded in the audit log)")
     ap.add_argument("--json", action="store_true", help="also print the report as JSON")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")

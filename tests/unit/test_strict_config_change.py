@@ -6,6 +6,7 @@ released, and the partition's offsets stayed behind the first of them until a re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from streams.strict import OrderState
@@ -42,3 +43,29 @@ def test_a_head_answered_after_strict_was_switched_off_releases_what_waited() ->
     # the cleared state is published, so no agent adopts the stale head again
     assert [(t, k) for t, k, _v in writes] == [("ordering.v1", b"ep_s")]
     assert OrderState.load(writes[0][2]).head is None
+
+
+def test_it_does_not_wait_for_the_endpoints_other_requests_to_end() -> None:
+    """Switched off strict, the endpoint sends several at once (concurrency 4): under
+    steady traffic one of them was always out, and what waited behind the head was never
+    released (only the head's own answer is waited for)."""
+    lanes, tracker, gate = _rig()
+    view: dict[str, Any] = lanes.endpoint.__self__
+
+    async def main() -> int:
+        lanes.strict.adopt({"ep_s": OrderState("dlv_0", RETRY, 1, None, None, 0, 0)})
+        _submit(lanes, tracker, 0, endpoint_id="ep_s", trigger="retry")  # the head, back
+        await _turns(10)
+        _submit(lanes, tracker, 1, endpoint_id="ep_s")  # held back behind it
+        view["ep_s"] = dataclasses.replace(_endpoint("ep_s"), concurrency=4)
+        _submit(lanes, tracker, 2, endpoint_id="ep_s")  # not strict now: sent at once
+        await _turns(10)
+        assert gate.sent == 2
+        gate.first.set()  # the head's answer only; dlv_2 is still out
+        await _turns()
+        sent = gate.sent
+        gate.go.set()
+        await _turns()
+        return sent
+
+    assert asyncio.run(main()) == 3  # dlv_1 went out while dlv_2 was still in flight
