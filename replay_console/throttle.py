@@ -36,7 +36,7 @@ import re
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -254,6 +254,27 @@ class RefusalAudit:
                 self._roll(minute)
             out, self._unaudited = self._unaudited, []
         return out
+
+    async def record(self, run: Callable[[Callable[[psycopg.Connection[Any]], None]],
+                                         Awaitable[None]],
+                     actor: str, action: str, path: str, status: int, reason: str, *,
+                     marked: bool = False) -> None:
+        """Write this refusal's row if :meth:`admit` takes it, and the rows of what earlier
+        minutes left out, through ``run`` (the console's pool); best effort."""
+        admitted = self.admit(actor, action, status, reason, path=path, marked=marked)
+        unaudited = self.take_unaudited()
+        if not admitted and not unaudited:
+            return
+
+        def write(conn: psycopg.Connection[Any]) -> None:
+            self.write_unaudited(conn, unaudited)
+            if admitted:
+                self.write(conn, actor, action, path, status, reason)
+
+        try:
+            await run(write)
+        except Exception:  # the refusal stands; its audit row is best effort
+            log.exception("console: could not audit a refused request")
 
     @staticmethod
     def write_unaudited(conn: psycopg.Connection[Any],

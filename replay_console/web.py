@@ -160,22 +160,8 @@ async def _audit_refusal(c: Console, refusals: RefusalAudit, request: web.Reques
     p = request.get(PRINCIPAL)
     actor = p.actor if p is not None else \
         f"anonymous:{client_address(request, c.trusted_proxies)}"
-    action = route_action(request, request.get(ACTION))
-    admitted = refusals.admit(actor, action, status, reason, path=request.path,
-                              marked=marked)
-    unaudited = refusals.take_unaudited()
-    if not admitted and not unaudited:
-        return
-
-    def write(conn: Any) -> None:
-        refusals.write_unaudited(conn, unaudited)
-        if admitted:
-            refusals.write(conn, actor, action, request.path, status, reason)
-
-    try:
-        await c.pool.run(write)
-    except Exception:  # the refusal stands; its audit row is best effort
-        log.exception("console: could not audit a refused request")
+    await refusals.record(c.pool.run, actor, route_action(request, request.get(ACTION)),
+                          request.path, status, reason, marked=marked)
 
 
 def _middleware(c: Console, throttle: SignInThrottle, refusals: RefusalAudit) -> Any:

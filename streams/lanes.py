@@ -35,7 +35,7 @@ from postbacks.core.breaker import (
 )
 from postbacks.core.endpoint import Endpoint
 from postbacks.core.notify import EVENT_TYPE_PREFIX as NOTIFICATION_TYPES
-from postbacks.core.quarantine import UNSEEN, divert_topic, paced_due, slot_ms
+from postbacks.core.quarantine import divert_topic, paced_due, slot_ms
 from postbacks.errors import DeadLetterError
 from postbacks.metrics import BREAKER_OPEN, IN_FLIGHT, QUARANTINED
 from postbacks.records import DeliveryRecord
@@ -43,15 +43,12 @@ from streams.delivery import Deliverer
 from streams.lane import REDRIVES, Lane, Work
 from streams.offsets import Item, Slot
 from streams.strict import StrictOrder
+from streams.unseen import Unseen
 
 __all__ = ["Lane", "Lanes"]
 
 log = logging.getLogger(__name__)
 
-UNSEEN_S = 2.0  # how long a delivery whose endpoint is not seen yet waits (the view is
-# refreshed meanwhile)
-UNSEEN_GRACE_MS = 60_000  # one not back this long after its due time is given up on
-_FIRST_MISS_MAX = 10_000
 _PACED = frozenset({"over_budget", "breaker_open", "retry_after"})  # at the endpoint's pace
 
 
@@ -82,9 +79,8 @@ class Lanes:
         self._codec = codec_for("Delivery")
         if self.strict is None:
             self.strict = StrictOrder(self.deliverer, self._now_ms)
-        # endpoint -> its deliveries diverted as not seen yet, not back: id -> due time
-        self._unseen: dict[str, dict[str, int]] = {}
-        self._first_miss: dict[str, int] = {}  # delivery id -> when the view first lacked it
+        self._unseen = Unseen(lambda out, d, reason, due, now: self._divert(
+            out, d, reason, due, now))
         tasks = self.tasks
         IN_FLIGHT.set_function(lambda: len(tasks))  # a task per delivery in flight
 
@@ -116,7 +112,7 @@ class Lanes:
     def _admit(self, msg: Message, slot: Slot, d: DeliveryRecord, out: list[Item],
                now_ms: int) -> Lane | None:
         """Queue ``d`` in its endpoint's lane (the lane, to pump), or finish its slot."""
-        if self._behind_unseen(out, d, now_ms):
+        if self._unseen.behind(out, d, now_ms):
             slot.finish(out)
             return None
         ep = self.endpoint(d["endpoint_id"])
@@ -283,45 +279,6 @@ class Lanes:
                 out = self._failed(work.msg, work.delivery, exc)
             work.slot.finish(out)
 
-    def _not_seen_yet(self, d: DeliveryRecord) -> bool:
-        """Whether the view may lack ``d``'s endpoint only for not having been refreshed
-        since this agent first missed it (a new, re-created or re-enabled endpoint)."""
-        if self.view_checked_ms is None:
-            return False
-        now_ms = self._now_ms()
-        if len(self._first_miss) > _FIRST_MISS_MAX:  # ids that never came back
-            self._first_miss = {k: t for k, t in self._first_miss.items()
-                                if t > now_ms - UNSEEN_GRACE_MS}
-        first = self._first_miss.setdefault(d["delivery_id"], now_ms)
-        if self.view_checked_ms() <= first:
-            return True
-        del self._first_miss[d["delivery_id"]]
-        return False
-
-    def _divert_unseen(self, out: list[Item], d: DeliveryRecord, now_ms: int) -> None:
-        """Quarantine ``d``, whose endpoint is not in the view yet, behind any of the
-        endpoint's diverted so before it (they come back in the order they left)."""
-        waiting = self._unseen.setdefault(d["endpoint_id"], {})
-        due = max(now_ms + int(UNSEEN_S * 1000), max(waiting.values(), default=0) + 1)
-        back = self._divert(out, d, UNSEEN, due, now_ms)
-        assert back is not None  # (no message: never ended here)
-        waiting[d["delivery_id"]] = back
-
-    def _behind_unseen(self, out: list[Item], d: DeliveryRecord, now_ms: int) -> bool:
-        """While deliveries of ``d``'s endpoint diverted as not seen yet are still out,
-        ``d`` follows them to quarantine (True), seen or not, so it cannot overtake them --
-        the endpoint may order its deliveries strictly. One of them coming back goes on."""
-        waiting = self._unseen.get(d["endpoint_id"])
-        if not waiting:
-            return False
-        if d["delivery_id"] in waiting or now_ms > max(waiting.values()) + UNSEEN_GRACE_MS:
-            waiting.pop(d["delivery_id"], None)
-            if not waiting or now_ms > max(waiting.values()) + UNSEEN_GRACE_MS:
-                del self._unseen[d["endpoint_id"]]  # all back, or given up on
-            return False
-        self._divert_unseen(out, d, now_ms)
-        return True
-
     def _divert(self, out: list[Item], d: DeliveryRecord, reason: str, due_at_ms: int,
                 now_ms: int, msg: Message | None = None) -> int | None:
         """Quarantine ``d`` (no attempt used) until ``due_at_ms`` or, over budget or behind
@@ -358,8 +315,9 @@ class Lanes:
             why = self._halt(work.delivery)
             if why is not None:  # tripped while this waited in its lane
                 self.deliverer.hold(out, work.delivery, why, self._now_ms())
-            elif ep is None and self._not_seen_yet(work.delivery):
-                self._divert_unseen(out, work.delivery, self._now_ms())
+            elif ep is None and self._unseen.not_seen_yet(work.delivery, self._now_ms(),
+                                                          self.view_checked_ms):
+                self._unseen.divert_unseen(out, work.delivery, self._now_ms())
             elif ep is None:
                 exc = DeadLetterError(f"endpoint {lane.endpoint_id} is unknown or disabled")
                 now_ms = self._now_ms()
@@ -370,7 +328,7 @@ class Lanes:
             elif ep.disabled_at_ms is not None:  # disabled while this waited in its lane
                 self.deliverer.park(out, work.delivery, self._now_ms())
             else:
-                self._first_miss.pop(work.delivery["delivery_id"], None)
+                self._unseen.seen(work.delivery["delivery_id"])
                 sent = True
                 result = await self.deliverer.deliver(work.msg, work.delivery, ep, out)
                 unhealthy, waited = result.unhealthy, result.waited_s
@@ -423,7 +381,7 @@ class Lanes:
                                self.lanes, revoked)
 
     def clear(self) -> None:
-        self._unseen.clear()  # every record consumed comes again, in its order
+        self._unseen.waiting.clear()  # every record consumed comes again, in its order
         for lane in self.lanes.values():
             lane.queue.clear()
             lane.redrives.clear()
