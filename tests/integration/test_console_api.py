@@ -15,6 +15,7 @@ from postbacks.core.endpoint import EndpointConfig
 from postbacks.db.connect import connect
 from postbacks.db.endpoints import upsert_endpoint
 from postbacks.settings import Settings
+from postbacks.tools.procs import wait_for
 from replay_console.drain import Drainer
 from tests.integration.anomaly_helpers import (
     held_delivery,
@@ -146,7 +147,9 @@ def test_a_cohort_release_resolves_what_the_page_showed(
         assert form is not None, shown
         assert 'name="confirm" value="2"' in form.group(0)
         held_until = int(re.findall(r'name="held_until" value="(\d+)"', form.group(0))[0])
-        time.sleep(0.05)
+        # held later than the newest hold shown (the helper holds at its clock - 1 s)
+        wait_for(lambda: time.time() * 1000 >= held_until + 1002, 10, interval=0.005,
+                 what="the clock past the newest hold shown")
         insert_deliveries(settings, [held_delivery(ns, 3, endpoint=ep, app=app)])  # later
 
         rev = Client(port, bearer=token(settings, f"rev-{ns}", "reviewer"))

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from postbacks.settings import Settings
+from postbacks.tools.procs import wait_for
 from replay_console.pool import ConnPool
 from tests.integration.console_util import Client, console_server, token
 
@@ -68,7 +69,9 @@ def test_one_actors_slow_searches_leave_the_console_to_everyone_else(
             slow.get("/api/v1/deliveries?limit=1").status)) for _ in range(4)]
         for t in threads:
             t.start()
-        time.sleep(1.0)  # two are sleeping in PostgreSQL, two were refused
+        wait_for(lambda: answers.count(429) == 2, 10, interval=0.01,
+                 what="two of the four refused (the other two in PostgreSQL)",
+                 progress=lambda: answers)
         started = time.monotonic()
         for _ in range(3):  # another user, and a new sign-in each time
             assert Client(port, bearer=other).get("/api/v1/deliveries?limit=1").status == 200
